@@ -1,0 +1,107 @@
+"""The backend protocol: what a numbaconv backend is, for built-in and third-party ones alike.
+
+A backend is any object with the attributes and methods of :class:`Backend` (subclassing it is
+optional but gives sensible defaults). It is registered by a distribution's entry point in the
+group ``numbaconv.backends``; the entry point names a zero-argument callable returning the
+backend object::
+
+    [project.entry-points."numbaconv.backends"]
+    mybackend = "mypackage.backend:make_backend"
+
+Creating the backend object must be cheap and must not compile kernels, import heavy
+libraries or touch a GPU: numbaconv creates every registered backend on first dispatch to read
+its ``name``, ``device`` and ``priority``. Put expensive checks in :meth:`Backend.availability`
+(called once, only when the backend is a candidate) and expensive imports in :meth:`Backend.run`.
+
+Selection, for each call: backends whose ``device`` matches the arrays', that are available,
+in the order of ``use_backend``/``NUMBACONV_BACKEND`` if set, else by descending ``priority``;
+the first whose :meth:`Backend.supports` returns ``None`` runs the call with the algorithm from
+:meth:`Backend.choose` (or the fastest of :meth:`Backend.algorithms` under autotuning).
+
+Operands handed to :meth:`Backend.run`, by op (``problem`` is a
+:class:`numbaconv.problem.ConvProblem` or, for ``conv_backward_bias``, a
+:class:`numbaconv.problem.BiasProblem`):
+
+==========================  ===========================  =====================================
+op                          operands                     result shape
+==========================  ===========================  =====================================
+``conv``                    ``(x, w, bias or None)``     ``problem.y_shape``
+``conv_backward_data``      ``(dy, w)``                  ``problem.x_shape``
+``conv_backward_weight``    ``(x, dy)``                  ``problem.w_shape``
+``conv_backward_bias``      ``(dy,)``                    ``(problem.channels,)``
+``conv_transpose``          ``(x, w, bias or None)``     ``problem.x_shape`` (x has y_shape)
+==========================  ===========================  =====================================
+
+On the CPU every operand is a C-contiguous NumPy array of ``problem.dtype`` in the problem's
+layout, and ``out`` is ``None`` or a C-contiguous, writable array of the result shape and
+dtype. CUDA backends get objects with ``__cuda_array_interface__`` as the user passed them
+(any strides) and must handle them. ``run`` returns the result; when ``out`` is given it must
+write into it and return it, adding to its contents when ``problem.accumulate`` is set.
+Validation has already happened: a backend may assume consistent shapes and dtypes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+class Backend:
+    """Base class and reference documentation of the backend protocol.
+
+    Attributes
+    ----------
+    name : str
+        Unique backend name (the one users pass to ``use_backend``); must equal the entry
+        point's name.
+    device : str
+        ``"cpu"`` (NumPy arrays) or ``"cuda"`` (``__cuda_array_interface__`` arrays).
+    priority : int
+        Higher runs first when several backends support a problem. Built-ins: ``cpu`` and
+        ``cuda`` 100, ``reference`` 0. Third-party accelerators usually pick 50 to 200.
+    version : str
+        Part of the autotune cache key; bump it when algorithms change speed or meaning.
+    ops : frozenset of str
+        The ops this backend implements (see :data:`numbaconv.problem.OPS`).
+    """
+
+    name: str = "unnamed"
+    device: str = "cpu"
+    priority: int = 0
+    version: str = "0"
+    ops: frozenset = frozenset()
+
+    def availability(self) -> Optional[str]:
+        """``None`` if the backend can run here, else the reason it cannot (called once)."""
+        return None
+
+    def supports(self, op: str, problem) -> Optional[str]:
+        """``None`` if this backend runs ``op`` on ``problem``, else a short reason why not."""
+        if op not in self.ops:
+            return f"op {op!r} not implemented"
+        return None
+
+    def algorithms(self, op: str, problem) -> Sequence[str]:
+        """Names of the algorithms that can run this problem (autotuning times each)."""
+        return ("default",)
+
+    def choose(self, op: str, problem) -> tuple[str, str]:
+        """The heuristic's algorithm for this problem and a short reason for it."""
+        algos = self.algorithms(op, problem)
+        return algos[0], ("the only algorithm" if len(algos) == 1 else "the first listed")
+
+    def run(self, op: str, problem, operands: tuple, out, algorithm: str):
+        """Compute ``op`` (see the module docstring for operands and ``out`` semantics)."""
+        raise NotImplementedError
+
+
+def store(result: np.ndarray, out: Optional[np.ndarray], accumulate: bool) -> np.ndarray:
+    """Helper for CPU backends computing into a fresh array: honour ``out`` and accumulate."""
+    if out is None:
+        return result
+    if accumulate:
+        out += result
+    else:
+        out[...] = result
+    return out

@@ -1,0 +1,307 @@
+"""Public convolution functions: validate once, normalise once, dispatch. No kernels here.
+
+Shapes (channels-first, the default ``layout="channels_first"``): x ``(N, C, *S)``, y and dy
+``(N, K, *P)``; channels-last (``layout="channels_last"``): x ``(N, *S, C)``, y and dy
+``(N, *P, K)``. Weights are always ``(K, C // groups, *R)``; a transposed convolution's weight
+is ``(C_in, C_out // groups, *R)`` as in PyTorch's ``ConvTranspose``. One, two or three spatial
+dimensions, taken from ``w.ndim - 2``.
+
+Common keyword arguments (keyword-only): ``stride`` and ``dilation`` (an int or one per
+spatial dim, >= 1); ``padding`` (an int, one int per dim, one ``(before, after)`` pair per dim,
+or ``"same"``/``"valid"`` with TensorFlow's rules, the odd extra pad going after); ``groups``
+(divides C and K; ``groups == C`` is depthwise); ``layout``.
+
+Semantics equal PyTorch's ``conv{1,2,3}d``, ``conv_transpose{1,2,3}d`` and
+``torch.ops.aten.convolution_backward``, extended with asymmetric and same/valid padding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import dispatch
+from . import problem as pb
+
+_DEFAULTS = dict(stride=1, padding=0, dilation=1, groups=1, layout="channels_first")
+
+
+def _contiguous(a):
+    if a is None or not isinstance(a, np.ndarray):
+        return a
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    return np.ascontiguousarray(a)
+
+
+def _run(op, problem, operands, out):
+    """Hand CPU backends C-contiguous native arrays; route a strided ``out`` via a copy."""
+    if problem.device != "cpu":
+        return dispatch.run(op, problem, operands, out)
+    operands = tuple(_contiguous(a) for a in operands)
+    if out is None or (out.flags.c_contiguous and out.dtype.isnative):
+        return dispatch.run(op, problem, operands, out)
+    scratch = _contiguous(out) if problem.accumulate else np.empty(out.shape, out.dtype.name)
+    out[...] = dispatch.run(op, problem, operands, scratch)
+    return out
+
+
+def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
+         layout="channels_first", out=None):
+    """Forward convolution (cross-correlation, like PyTorch's ``conv{1,2,3}d``).
+
+    Parameters
+    ----------
+    x : array, shape (N, C, *S) or (N, *S, C) for channels_last
+    w : array, shape (K, C // groups, *R)
+    bias : array, shape (K,), optional
+    stride, padding, dilation, groups, layout
+        See the module docstring.
+    out : array, shape of y, optional
+        Written in place and returned.
+
+    Returns
+    -------
+    y : array, shape (N, K, *P) or (N, *P, K)
+        ``P = floor((S + before + after - dilation * (R - 1) - 1) / stride) + 1``.
+    """
+    problem = pb.conv_problem(x, w, bias, stride=stride, padding=padding, dilation=dilation,
+                              groups=groups, layout=layout, out=out)
+    return _run("conv", problem, (x, w, bias), out)
+
+
+def conv_backward_data(dy, w, input_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                       layout="channels_first", out=None, accumulate=False):
+    """Data gradient (dgrad) of :func:`conv`: dx = dL/dx given dy = dL/dy.
+
+    Parameters
+    ----------
+    dy : array, shape (N, K, *P) or (N, *P, K)
+    w : array, shape (K, C // groups, *R)
+    input_shape : tuple of int
+        Shape of x (in ``layout``); it resolves which S produced P when stride > 1.
+    out : array, shape input_shape, optional
+    accumulate : bool
+        Add into ``out`` (cuDNN beta = 1); requires ``out``.
+
+    Returns
+    -------
+    dx : array, shape input_shape
+    """
+    problem = pb.conv_backward_data_problem(dy, w, input_shape, stride=stride,
+                                            padding=padding, dilation=dilation,
+                                            groups=groups, layout=layout, out=out,
+                                            accumulate=accumulate)
+    return _run("conv_backward_data", problem, (dy, w), out)
+
+
+def conv_backward_weight(x, dy, weight_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                         layout="channels_first", out=None, accumulate=False):
+    """Weight gradient (wgrad) of :func:`conv`: dw = dL/dw given x and dy.
+
+    Parameters
+    ----------
+    x : array, shape (N, C, *S) or (N, *S, C)
+    dy : array, shape (N, K, *P) or (N, *P, K)
+    weight_shape : tuple of int
+        ``(K, C // groups, *R)``.
+    out : array, shape weight_shape, optional
+    accumulate : bool
+        Add into ``out`` (gradient accumulation across micro-batches); requires ``out``.
+
+    Returns
+    -------
+    dw : array, shape weight_shape
+    """
+    problem = pb.conv_backward_weight_problem(x, dy, weight_shape, stride=stride,
+                                              padding=padding, dilation=dilation,
+                                              groups=groups, layout=layout, out=out,
+                                              accumulate=accumulate)
+    return _run("conv_backward_weight", problem, (x, dy), out)
+
+
+def conv_backward_bias(dy, *, layout="channels_first", out=None, accumulate=False):
+    """Bias gradient (bgrad): db[k] = sum of dy over batch and space.
+
+    Parameters
+    ----------
+    dy : array, shape (N, K, *P) or (N, *P, K)
+    out : array, shape (K,), optional
+    accumulate : bool
+        Add into ``out``; requires ``out``.
+
+    Returns
+    -------
+    db : array, shape (K,)
+    """
+    problem = pb.conv_backward_bias_problem(dy, layout=layout, out=out, accumulate=accumulate)
+    return _run("conv_backward_bias", problem, (dy,), out)
+
+
+def conv_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1,
+                  layout="channels_first", needs=(True, True, True)):
+    """All gradients of :func:`conv` at once, validated together.
+
+    Parameters
+    ----------
+    dy : array, shape of y
+    x : array, shape (N, C, *S) or (N, *S, C)
+    w : array, shape (K, C // groups, *R)
+    needs : tuple of 3 bools
+        Which of (dx, dw, db) to compute.
+
+    Returns
+    -------
+    (dx, dw, db) : tuple
+        Each array, or None where ``needs`` says it is not needed.
+    """
+    needs = pb.check_needs(needs)
+    problem = pb.conv_problem(x, w, stride=stride, padding=padding, dilation=dilation,
+                              groups=groups, layout=layout)
+    pb.check_gradient(dy, problem.y_shape, problem.device, problem.dtype, "the shape of y")
+    return _backward(problem, needs, dy, x, w)
+
+
+def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1,
+                   groups=1, layout="channels_first", out=None):
+    """Transposed convolution (PyTorch's ``conv_transpose{1,2,3}d``), the adjoint of conv.
+
+    Parameters
+    ----------
+    x : array, shape (N, C_in, *S_in) or (N, *S_in, C_in)
+    w : array, shape (C_in, C_out // groups, *R)
+    bias : array, shape (C_out,), optional
+    output_padding : int or tuple of int
+        Extra size added after the output, each < max(stride, dilation) (PyTorch's rule);
+        it picks one of the input sizes a strided convolution maps to the same output size.
+    padding
+        As for :func:`conv`, naming the padding of the forward convolution this is the
+        adjoint of. ``"same"`` gives ``S_out = S_in * stride`` (``output_padding`` must be 0);
+        ``"valid"`` gives ``(S_in - 1) * stride + dilation * (R - 1) + 1 + output_padding``.
+    out : array, shape of the result, optional
+
+    Returns
+    -------
+    y : array, shape (N, C_out, *S_out) or (N, *S_out, C_out)
+        ``S_out = (S_in - 1) * stride - before - after + dilation * (R - 1) + 1 +
+        output_padding``.
+    """
+    problem = pb.conv_transpose_problem(x, w, bias, stride=stride, padding=padding,
+                                        output_padding=output_padding, dilation=dilation,
+                                        groups=groups, layout=layout, out=out)
+    return _run("conv_transpose", problem, (x, w, bias), out)
+
+
+def conv_transpose_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, dilation=1,
+                            groups=1, layout="channels_first", needs=(True, True, True)):
+    """All gradients of :func:`conv_transpose`.
+
+    Parameters
+    ----------
+    dy : array, shape of the transposed convolution's output
+    x : array, shape (N, C_in, *S_in) or (N, *S_in, C_in)
+    w : array, shape (C_in, C_out // groups, *R)
+    needs : tuple of 3 bools
+        Which of (dx, dw, db) to compute.
+
+    Returns
+    -------
+    (dx, dw, db) : tuple
+        dx has x's shape (it is ``conv(dy, w)``), dw w's, db ``(C_out,)``; None where not
+        needed.
+    """
+    needs = pb.check_needs(needs)
+    problem = pb.conv_transpose_problem(x, w, stride=stride, padding=padding,
+                                        output_padding=output_padding, dilation=dilation,
+                                        groups=groups, layout=layout)
+    pb.check_gradient(dy, problem.x_shape, problem.device, problem.dtype,
+                      "the shape of conv_transpose's output")
+    dx = dw = db = None
+    if needs[0]:
+        dx = _run("conv", problem.with_op("conv"), (dy, w, None), None)
+    if needs[1]:
+        dw = _run("conv_backward_weight", problem.with_op("conv_backward_weight"), (dy, x),
+                  None)
+    if needs[2]:
+        db = conv_backward_bias(dy, layout=problem.layout)
+    return dx, dw, db
+
+
+def _backward(problem, needs, dy, x, w):
+    dx = dw = db = None
+    if needs[0]:
+        dx = _run("conv_backward_data", problem.with_op("conv_backward_data"), (dy, w), None)
+    if needs[1]:
+        dw = _run("conv_backward_weight", problem.with_op("conv_backward_weight"), (x, dy),
+                  None)
+    if needs[2]:
+        db = conv_backward_bias(dy, layout=problem.layout)
+    return dx, dw, db
+
+
+def conv_output_shape(input_shape, weight_shape, *, stride=1, padding=0, dilation=1,
+                      groups=1, layout="channels_first", transposed=False,
+                      output_padding=0) -> tuple:
+    """Shape of :func:`conv`'s (or, with ``transposed=True``, :func:`conv_transpose`'s)
+    result, with the same validation and no computation.
+
+    Parameters
+    ----------
+    input_shape : tuple of int
+        Shape of x in ``layout``.
+    weight_shape : tuple of int
+        Shape of w (``(K, C // groups, *R)``, or ``(C_in, C_out // groups, *R)`` transposed).
+
+    Returns
+    -------
+    tuple of int
+    """
+    x = _shape_only("input_shape", input_shape)
+    w = _shape_only("weight_shape", weight_shape)
+    if transposed:
+        return pb.conv_transpose_problem(x, w, stride=stride, padding=padding,
+                                         output_padding=output_padding, dilation=dilation,
+                                         groups=groups, layout=layout).x_shape
+    if output_padding not in (0, None):
+        raise ValueError(f"output_padding: expected 0 unless transposed=True, got "
+                         f"{output_padding!r}")
+    return pb.conv_problem(x, w, stride=stride, padding=padding, dilation=dilation,
+                           groups=groups, layout=layout).y_shape
+
+
+def _shape_only(name, shape):
+    """A zero-byte float32 array of ``shape`` so shape math reuses the one validation path."""
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in shape):
+        raise TypeError(f"{name}: expected a tuple of ints, got {shape!r}")
+    if any(v < 0 for v in shape):
+        raise ValueError(f"{name}: expected non-negative sizes, got {tuple(shape)}")
+    return np.broadcast_to(np.zeros((), np.float32), tuple(int(v) for v in shape))
+
+
+_BUILDERS = {
+    "conv": pb.conv_problem,
+    "conv_backward_data": pb.conv_backward_data_problem,
+    "conv_backward_weight": pb.conv_backward_weight_problem,
+    "conv_backward_bias": pb.conv_backward_bias_problem,
+    "conv_transpose": pb.conv_transpose_problem,
+}
+
+
+def explain(op, *args, **kwargs):
+    """Which backend and algorithm would run ``op`` with these arguments, and why.
+
+    Takes the op's name and exactly the arguments of the corresponding function; validates
+    them like the call would, computes nothing.
+
+    Returns
+    -------
+    Choice
+        ``backend``, ``algorithm``, ``reason`` and ``rejected`` ({name: why} for every backend
+        tried before the chosen one or not eligible).
+    """
+    if op in pb.RNN_OPS:
+        raise NotImplementedError(f"op: {op!r} is part of the API but has no implementation "
+                                  f"in this version")
+    if op not in _BUILDERS:
+        raise ValueError(f"op: expected one of {sorted(pb.OPS)}, got {op!r}")
+    return dispatch.select(op, _BUILDERS[op](*args, **kwargs))

@@ -1,0 +1,266 @@
+"""Conformance testing for backends, and the case table shared by tests and benchmarks.
+
+Third-party backend authors run::
+
+    from numbaconv.testing import assert_backend_conforms
+    assert_backend_conforms("mybackend")
+
+which runs every op the backend supports on every case of :data:`CASES`, in both layouts and
+both float dtypes, with and without ``out=``/``accumulate=True``, and compares each result with
+the ``reference`` backend. Unsupported combinations are reported as skipped (with the
+backend's reason), never as passed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .conv import (conv, conv_backward_bias, conv_backward_data, conv_backward_weight,
+                   conv_output_shape, conv_transpose)
+from .dispatch import NoBackendError, use_backend
+from .problem import CONV_OPS, LAYOUTS
+
+#: Relative tolerance (max abs error / max abs reference value) per dtype.
+TOLERANCE = {"float16": 2e-2, "float32": 2e-5, "float64": 1e-11}
+
+
+@dataclass(frozen=True)
+class ConvCase:
+    """One convolution geometry, channels-first logical shapes.
+
+    ``x_shape`` is ``(N, C, *S)``, ``w_shape`` ``(K, C // groups, *R)``; the transposed
+    convolution of a case uses the same weight, takes an input of the forward output's shape
+    and ``output_padding``.
+    """
+
+    name: str
+    x_shape: tuple
+    w_shape: tuple
+    stride: object = 1
+    padding: object = 0
+    dilation: object = 1
+    groups: int = 1
+    output_padding: object = 0
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation,
+                    groups=self.groups)
+
+    def physical_x_shape(self, layout: str) -> tuple:
+        return _physical(self.x_shape, layout)
+
+    def y_shape(self, layout: str) -> tuple:
+        return conv_output_shape(self.physical_x_shape(layout), self.w_shape,
+                                     layout=layout, **self.kwargs)
+
+
+def _physical(shape, layout):
+    shape = tuple(shape)
+    return shape[:1] + shape[2:] + shape[1:2] if layout == "channels_last" else shape
+
+
+#: Small problems covering every feature: 1D/2D/3D, each padding form, stride, dilation,
+#: groups, depthwise (with a channel multiplier), 1x1 and whole-input kernels, strides larger
+#: than the kernel, and transposed convolutions with output_padding >= stride.
+CASES = (
+    ConvCase("1d_basic", (2, 3, 11), (4, 3, 3)),
+    ConvCase("1d_stride_dilation_groups", (2, 4, 17), (6, 2, 3), stride=2, padding=3,
+             dilation=2, groups=2, output_padding=1),
+    ConvCase("1d_asymmetric_stride3", (1, 3, 10), (2, 3, 4), stride=3, padding=((2, 1),),
+             output_padding=2),
+    ConvCase("2d_pad1", (2, 3, 7, 8), (4, 3, 3, 3), padding=1),
+    ConvCase("2d_stride2", (2, 4, 9, 10), (6, 4, 3, 3), stride=2, padding=1,
+             output_padding=1),
+    ConvCase("2d_dilation", (1, 3, 10, 9), (2, 3, 3, 2), padding=(2, 1), dilation=(2, 3),
+             output_padding=(1, 2)),
+    ConvCase("2d_asymmetric", (2, 2, 8, 7), (3, 2, 3, 3), stride=(2, 1),
+             padding=((0, 2), (1, 0))),
+    ConvCase("2d_same_stride2", (2, 3, 9, 8), (4, 3, 3, 3), stride=2, padding="same"),
+    ConvCase("2d_same_even_kernel", (1, 2, 7, 6), (3, 2, 4, 2), padding="SAME",
+             dilation=(1, 2)),
+    ConvCase("2d_valid", (2, 3, 8, 8), (5, 3, 5, 3), stride=(1, 2), padding="valid"),
+    ConvCase("2d_groups", (2, 6, 7, 7), (9, 2, 3, 3), padding=1, groups=3),
+    ConvCase("2d_depthwise", (2, 8, 9, 9), (8, 1, 3, 3), stride=2, padding=1, groups=8),
+    ConvCase("2d_depthwise_multiplier", (1, 4, 6, 6), (8, 1, 3, 3), groups=4),
+    ConvCase("2d_1x1", (2, 16, 5, 5), (8, 16, 1, 1)),
+    ConvCase("2d_1x1_stride2", (2, 8, 6, 6), (4, 8, 1, 1), stride=2),
+    ConvCase("2d_kernel_is_input", (2, 3, 5, 5), (4, 3, 5, 5)),
+    ConvCase("2d_stride_over_kernel", (1, 2, 9, 10), (3, 2, 2, 2), stride=3),
+    ConvCase("2d_stem7x7", (1, 3, 20, 20), (8, 3, 7, 7), stride=2, padding=3),
+    ConvCase("3d_pad1", (1, 2, 5, 6, 4), (3, 2, 3, 3, 2), padding=1),
+    ConvCase("3d_everything", (2, 4, 7, 6, 8), (4, 2, 2, 3, 3), stride=(2, 1, 2),
+             padding=((1, 0), (2, 2), (0, 1)), dilation=(1, 2, 1), groups=2,
+             output_padding=(1, 0, 0)),
+)
+
+
+def case(name: str) -> ConvCase:
+    """The case of :data:`CASES` called ``name``."""
+    for c in CASES:
+        if c.name == name:
+            return c
+    raise KeyError(name)
+
+
+def random_array(shape, dtype, rng) -> np.ndarray:
+    return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+
+
+def case_arrays(c: ConvCase, layout: str, dtype, seed: int = 0) -> dict:
+    """Random x, w, bias, dy and the transposed conv's x (xt), dyt, bias_t for a case."""
+    rng = np.random.default_rng(seed)
+    xs = c.physical_x_shape(layout)
+    ys = c.y_shape(layout)
+    k = c.w_shape[0]
+    cin = c.w_shape[1] * c.groups
+    yt = conv_output_shape(ys, c.w_shape, layout=layout, transposed=True,
+                               output_padding=c.output_padding, **c.kwargs)
+    return dict(x=random_array(xs, dtype, rng), w=random_array(c.w_shape, dtype, rng),
+                bias=random_array((k,), dtype, rng), dy=random_array(ys, dtype, rng),
+                xt=random_array(ys, dtype, rng), dyt=random_array(yt, dtype, rng),
+                bias_t=random_array((cin,), dtype, rng))
+
+
+def run_op(op: str, c: ConvCase, layout: str, a: dict, **extra):
+    """Call the public function for ``op`` on a case's arrays (``extra``: out, accumulate)."""
+    kw = dict(c.kwargs, layout=layout, **extra)
+    if op == "conv":
+        return conv(a["x"], a["w"], a["bias"], **kw)
+    if op == "conv_backward_data":
+        return conv_backward_data(a["dy"], a["w"], a["x"].shape, **kw)
+    if op == "conv_backward_weight":
+        return conv_backward_weight(a["x"], a["dy"], a["w"].shape, **kw)
+    if op == "conv_backward_bias":
+        return conv_backward_bias(a["dy"], layout=layout, **extra)
+    if op == "conv_transpose":
+        return conv_transpose(a["xt"], a["w"], a["bias_t"],
+                                  output_padding=c.output_padding, **kw)
+    raise ValueError(f"op: expected one of {CONV_OPS}, got {op!r}")
+
+
+def relative_error(actual, expected) -> float:
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        return math.inf
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-30)
+    diff = np.abs(actual - expected)
+    if np.isnan(diff).any():
+        return math.inf
+    return float(np.max(diff, initial=0.0)) / scale
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One (case, op, layout, dtype, mode) comparison with the reference."""
+
+    backend: str
+    case: str
+    op: str
+    layout: str
+    dtype: str
+    mode: str            # "plain", "out" or "accumulate"
+    status: str          # "pass", "FAIL" or "skip"
+    error: float = 0.0
+    detail: str = field(default="", compare=False)
+
+
+def check_backend(name: str, cases=CASES, ops=CONV_OPS, layouts=LAYOUTS,
+                  dtypes=("float32", "float64"), modes=("plain", "out", "accumulate"),
+                  tolerance=None) -> list:
+    """Run backend ``name`` against the reference; one :class:`CheckResult` per comparison.
+
+    Only CPU (NumPy) backends can be checked this way; a CUDA backend's author converts.
+    """
+    tolerance = dict(TOLERANCE, **(tolerance or {}))
+    results = []
+    for c in cases:
+        for layout in layouts:
+            for dtype in dtypes:
+                arrays = case_arrays(c, layout, dtype)
+                for op in ops:
+                    with use_backend("reference"):
+                        expected = run_op(op, c, layout, arrays)
+                    for mode in modes:
+                        results.append(_check_one(name, c, op, layout, dtype, mode, arrays,
+                                                  expected, tolerance[dtype]))
+    return results
+
+
+def _check_one(name, c, op, layout, dtype, mode, arrays, expected, tol) -> CheckResult:
+    rng = np.random.default_rng(1)
+    start = random_array(expected.shape, dtype, rng)
+    if mode == "accumulate" and op in ("conv", "conv_transpose"):
+        return CheckResult(name, c.name, op, layout, dtype, mode, "skip", 0.0,
+                           "op has no accumulate")
+    extra = {}
+    if mode != "plain":
+        extra["out"] = start.copy()
+    if mode == "accumulate":
+        extra["accumulate"] = True
+        expected = start + expected
+    try:
+        with use_backend(name):
+            got = run_op(op, c, layout, arrays, **extra)
+    except NoBackendError as exc:
+        return CheckResult(name, c.name, op, layout, dtype, mode, "skip", 0.0, str(exc))
+    except Exception as exc:
+        return CheckResult(name, c.name, op, layout, dtype, mode, "FAIL", math.inf,
+                           f"{type(exc).__name__}: {exc}")
+    if mode != "plain" and got is not extra["out"]:
+        return CheckResult(name, c.name, op, layout, dtype, mode, "FAIL", math.inf,
+                           "did not return out")
+    err = relative_error(got, expected)
+    status = "pass" if err <= tol else "FAIL"
+    return CheckResult(name, c.name, op, layout, dtype, mode, status, err,
+                       "" if status == "pass" else f"relative error {err:.3g} > {tol:g}")
+
+
+def assert_backend_conforms(name: str, **kwargs) -> list:
+    """:func:`check_backend`, raising AssertionError listing every failure.
+
+    Also fails when nothing at all was compared (a backend that declines everything).
+    """
+    results = check_backend(name, **kwargs)
+    failures = [r for r in results if r.status == "FAIL"]
+    if failures:
+        lines = "\n".join(f"  {r.case} {r.op} {r.layout} {r.dtype} {r.mode}: {r.detail}"
+                          for r in failures[:40])
+        raise AssertionError(f"backend {name!r}: {len(failures)} of {len(results)} "
+                             f"comparisons failed:\n{lines}")
+    if not any(r.status == "pass" for r in results):
+        raise AssertionError(f"backend {name!r} supported none of the {len(results)} "
+                             f"problems checked")
+    return results
+
+
+def random_operands(op: str, problem, seed: int = 0) -> tuple:
+    """Random operands for ``op`` on ``problem`` (autotuning and benchmarks)."""
+    rng = np.random.default_rng(seed)
+    dtype = problem.dtype
+    if op == "conv_backward_bias":
+        operands = (random_array(problem.y_shape, dtype, rng),)
+    elif op == "conv":
+        bias = random_array((problem.out_channels,), dtype, rng) if problem.has_bias else None
+        operands = (random_array(problem.x_shape, dtype, rng),
+                    random_array(problem.w_shape, dtype, rng), bias)
+    elif op == "conv_backward_data":
+        operands = (random_array(problem.y_shape, dtype, rng),
+                    random_array(problem.w_shape, dtype, rng))
+    elif op == "conv_backward_weight":
+        operands = (random_array(problem.x_shape, dtype, rng),
+                    random_array(problem.y_shape, dtype, rng))
+    elif op == "conv_transpose":
+        bias = random_array((problem.in_channels,), dtype, rng) if problem.has_bias else None
+        operands = (random_array(problem.y_shape, dtype, rng),
+                    random_array(problem.w_shape, dtype, rng), bias)
+    else:
+        raise ValueError(f"op: expected one of {CONV_OPS}, got {op!r}")
+    if problem.device == "cuda":
+        from numba import cuda
+        operands = tuple(None if a is None else cuda.to_device(a) for a in operands)
+    return operands
