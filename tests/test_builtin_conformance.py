@@ -1,0 +1,64 @@
+"""Every available backend against the reference, through numbaconv.testing; and the
+conformance helper itself must catch a wrong backend."""
+
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv.testing import CASES, assert_backend_conforms, check_backend
+from plugin_fixtures import FakeBackend
+
+CHECKED = [b.name for b in nc.backends()
+           if b.available and b.device == "cpu" and b.name != "reference"]
+
+
+@pytest.mark.parametrize("name", CHECKED or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no CPU backend other than the reference is installed"))])
+def test_backend_conforms(name):
+    results = assert_backend_conforms(name)
+    assert sum(r.status == "pass" for r in results) > 0
+
+
+class OffByOne(FakeBackend):
+    def run(self, op, problem, operands, out, algorithm):
+        result = super().run(op, problem, operands, out, algorithm)
+        if op == "conv_backward_weight":
+            result.flat[0] += 1.0
+        return result
+
+
+class IgnoresAccumulate(FakeBackend):
+    def run(self, op, problem, operands, out, algorithm):
+        from dataclasses import replace
+        return super().run(op, replace(problem, accumulate=False), operands, out, algorithm)
+
+
+@pytest.mark.parametrize("backend, expected", [
+    (OffByOne("offbyone"), "conv_backward_weight"),
+    (IgnoresAccumulate("noaccumulate"), "accumulate"),
+])
+def test_conformance_helper_catches_wrong_backends(backend, expected):
+    nc.register_backend(backend.name, lambda: backend)
+    try:
+        with pytest.raises(AssertionError, match=expected):
+            assert_backend_conforms(backend.name, cases=CASES[:3])
+    finally:
+        nc.unregister_backend(backend.name)
+
+
+def test_declining_everything_is_not_conformance():
+    backend = FakeBackend("lazy", decline=lambda op, p: True)
+    nc.register_backend("lazy", lambda: backend)
+    try:
+        results = check_backend("lazy", cases=CASES[:1])
+        assert {r.status for r in results} == {"skip"}
+        with pytest.raises(AssertionError, match="supported none"):
+            assert_backend_conforms("lazy", cases=CASES[:1])
+    finally:
+        nc.unregister_backend("lazy")
+
+
+def test_relative_error_sees_nan():
+    from numbaconv.testing import relative_error
+    assert relative_error(np.array([np.nan]), np.array([1.0])) == float("inf")
+    assert relative_error(np.ones(2), np.ones(3)) == float("inf")
