@@ -241,14 +241,26 @@ class ArrayInfo:
     array: object = field(repr=False, compare=False)
 
 
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    # np.dtype.name is computed in Python on every access; this runs on every call.
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+        return name
+
+
 def inspect_array(name: str, value) -> ArrayInfo:
     """Device, dtype and shape of a NumPy array or a ``__cuda_array_interface__`` object."""
     if isinstance(value, np.ndarray):
-        return ArrayInfo(name, "cpu", value.dtype.name, value.shape, value)
+        return ArrayInfo(name, "cpu", _dtype_name(value.dtype), value.shape, value)
     cai = getattr(value, "__cuda_array_interface__", None)
     if cai is not None:
-        dtype = np.dtype(cai["typestr"]).name
-        return ArrayInfo(name, "cuda", dtype, tuple(cai["shape"]), value)
+        return ArrayInfo(name, "cuda", _dtype_name(cai["typestr"]), tuple(cai["shape"]),
+                         value)
     raise TypeError(f"{name}: expected a NumPy array or a CUDA array "
                     f"(__cuda_array_interface__), got {type(value).__name__}")
 
@@ -427,10 +439,10 @@ def conv_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
                  layout="channels_first", out=None, accumulate=False) -> ConvProblem:
     """Validate the arguments of :func:`numbaconv.conv`."""
     layout = check_layout(layout)
-    wshape = check_weight(inspect_array("w", w), "w")
+    winfo = inspect_array("w", w)
+    wshape = check_weight(winfo, "w")
     nd = len(wshape) - 2
     xinfo, n, c, s = _activation("x", x, layout, nd)
-    winfo = inspect_array("w", w)
     binfo = _check_bias(bias, wshape[0], "out_channels of w")
     device, dtype = check_operands(*(i for i in (xinfo, winfo, binfo) if i is not None))
     groups = check_groups(groups, c, wshape[0], wshape[1], "w", "x")
