@@ -33,11 +33,15 @@ op                          operands                     result shape
 ==========================  ===========================  =====================================
 
 On the CPU every operand is a C-contiguous NumPy array of ``problem.dtype`` in the problem's
-layout, and ``out`` is ``None`` or a C-contiguous, writable array of the result shape and
+layout (possibly read-only, possibly sharing memory with another operand: never write to
+operands), and ``out`` is ``None`` or a C-contiguous, writable array of the result shape and
 dtype. CUDA backends get objects with ``__cuda_array_interface__`` as the user passed them
-(any strides) and must handle them. ``run`` returns the result; when ``out`` is given it must
+(any strides) and must handle them. ``run`` returns the result, of ``problem.dtype`` and,
+without ``out``, C-contiguous in the problem's layout; when ``out`` is given it must
 write into it and return it, adding to its contents when ``problem.accumulate`` is set.
 Validation has already happened: a backend may assume consistent shapes and dtypes.
+Kernels should read padding from ``problem.frame_padding`` (what the windows actually read),
+not from ``problem.padding``, whose ``after`` part only determined ``output_size``.
 """
 
 from __future__ import annotations

@@ -305,10 +305,12 @@ def _select(op: str, problem, active: Optional[tuple]) -> Choice:
         if why is not None:
             rejected[entry.name] = why
             continue
-        if hasattr(backend, "choose"):
-            algorithm, why_algo = backend.choose(op, problem)
-        else:
-            algorithm, why_algo = "default", "the backend names no algorithms"
+        try:
+            algorithm, why_algo = backend.choose(op, problem) if hasattr(
+                backend, "choose") else ("default", "the backend names no algorithms")
+        except Exception as exc:
+            rejected[entry.name] = f"choose() raised {type(exc).__name__}: {exc}"
+            continue
         how = ("first supporting backend in " + ("use_backend/NUMBACONV_BACKEND order"
                                                   if active else "priority order"))
         return Choice(entry.name, algorithm, f"{how}; algorithm: {why_algo}", rejected)

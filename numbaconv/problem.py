@@ -134,6 +134,13 @@ class ConvProblem:
                      for i in range(self.ndim))
 
     @property
+    def frame_padding(self) -> tuple:
+        """``(before, trailing_padding)`` per dim: the zero frame around x that the windows
+        read. Pad (or, where negative, crop) x by these and a padding-free convolution gives
+        exactly ``output_size``; prefer this to ``padding`` in kernels."""
+        return tuple(zip(self.padding_before, self.trailing_padding))
+
+    @property
     def x_shape(self) -> tuple:
         """Physical shape of x and dx in ``layout``."""
         return _physical(self.batch, self.in_channels, self.input_size, self.layout)
@@ -587,8 +594,6 @@ def conv_transpose_problem(x, w, bias=None, *, stride=1, padding=0, output_paddi
                   for i in range(nd))
     check_output_size(s, "x", f"transposed input {p}, kernel {r}, stride {stride}, "
                       f"dilation {dilation}, padding {pads}, output_padding {opad}")
-    natural = geo.output_shape(s, r, stride, dilation, pads)
-    assert all(natural[i] >= p[i] for i in range(nd)), (natural, p)
     problem = ConvProblem("conv_transpose", n, c, k, groups, s, r, p, stride, dilation, pads,
                           opad, layout, dtype, device, bias is not None, bool(accumulate))
     check_out(out, problem.x_shape, device, dtype, accumulate, (x, w, bias))

@@ -174,7 +174,10 @@ def check_backend(name: str, cases=CASES, ops=CONV_OPS, layouts=LAYOUTS,
                   tolerance=None) -> list:
     """Run backend ``name`` against the reference; one :class:`CheckResult` per comparison.
 
-    Only CPU (NumPy) backends can be checked this way; a CUDA backend's author converts.
+    Each comparison also fails when the result has the wrong dtype or shape, when a result
+    returned without ``out`` is not C-contiguous, when ``out`` is not the returned array, or
+    when an operand was modified (operands are handed over read-only). Only CPU (NumPy)
+    backends can be checked this way.
     """
     tolerance = dict(TOLERANCE, **(tolerance or {}))
     results = []
@@ -186,50 +189,66 @@ def check_backend(name: str, cases=CASES, ops=CONV_OPS, layouts=LAYOUTS,
                     with use_backend("reference"):
                         expected = run_op(op, c, layout, arrays)
                     for mode in modes:
+                        if mode == "accumulate" and op in ("conv", "conv_transpose"):
+                            continue  # these ops take no accumulate argument
                         results.append(_check_one(name, c, op, layout, dtype, mode, arrays,
                                                   expected, tolerance[dtype]))
     return results
 
 
 def _check_one(name, c, op, layout, dtype, mode, arrays, expected, tol) -> CheckResult:
-    rng = np.random.default_rng(1)
-    start = random_array(expected.shape, dtype, rng)
-    if mode == "accumulate" and op in ("conv", "conv_transpose"):
-        return CheckResult(name, c.name, op, layout, dtype, mode, "skip", 0.0,
-                           "op has no accumulate")
+    def result(status, error=0.0, detail=""):
+        return CheckResult(name, c.name, op, layout, dtype, mode, status, error, detail)
+
+    start = random_array(expected.shape, dtype, np.random.default_rng(1))
     extra = {}
     if mode != "plain":
         extra["out"] = start.copy()
     if mode == "accumulate":
         extra["accumulate"] = True
         expected = start + expected
+    frozen = {}
+    for key, value in arrays.items():
+        frozen[key] = value.copy()
+        frozen[key].flags.writeable = False
     try:
         with use_backend(name):
-            got = run_op(op, c, layout, arrays, **extra)
+            got = run_op(op, c, layout, frozen, **extra)
     except NoBackendError as exc:
-        return CheckResult(name, c.name, op, layout, dtype, mode, "skip", 0.0, str(exc))
+        return result("skip", detail=str(exc))
     except Exception as exc:
-        return CheckResult(name, c.name, op, layout, dtype, mode, "FAIL", math.inf,
-                           f"{type(exc).__name__}: {exc}")
+        return result("FAIL", math.inf, f"{type(exc).__name__}: {exc}")
+    problems = []
     if mode != "plain" and got is not extra["out"]:
-        return CheckResult(name, c.name, op, layout, dtype, mode, "FAIL", math.inf,
-                           "did not return out")
+        problems.append("did not return out")
+    if not isinstance(got, np.ndarray):
+        return result("FAIL", math.inf, f"returned {type(got).__name__}, not an array")
+    if got.dtype != np.dtype(dtype):
+        problems.append(f"result dtype {got.dtype}, expected {dtype}")
+    if mode == "plain" and not got.flags.c_contiguous:
+        problems.append("result not C-contiguous")
+    changed = [k for k in arrays if not np.array_equal(arrays[k], frozen[k])]
+    if changed:
+        problems.append(f"modified operands {changed}")
     err = relative_error(got, expected)
-    status = "pass" if err <= tol else "FAIL"
-    return CheckResult(name, c.name, op, layout, dtype, mode, status, err,
-                       "" if status == "pass" else f"relative error {err:.3g} > {tol:g}")
+    if err > tol:
+        problems.append(f"relative error {err:.3g} > {tol:g}")
+    return result("FAIL" if problems else "pass", err, "; ".join(problems))
 
 
-def assert_backend_conforms(name: str, **kwargs) -> list:
+def assert_backend_conforms(name: str, *, allow_skips: bool = True, **kwargs) -> list:
     """:func:`check_backend`, raising AssertionError listing every failure.
 
-    Also fails when nothing at all was compared (a backend that declines everything).
+    Also fails when nothing at all was compared (a backend that declines everything), and,
+    with ``allow_skips=False``, when the backend declined any problem.
     """
     results = check_backend(name, **kwargs)
     failures = [r for r in results if r.status == "FAIL"]
+    if not allow_skips:
+        failures += [r for r in results if r.status == "skip"]
     if failures:
-        lines = "\n".join(f"  {r.case} {r.op} {r.layout} {r.dtype} {r.mode}: {r.detail}"
-                          for r in failures[:40])
+        lines = "\n".join(f"  {r.case} {r.op} {r.layout} {r.dtype} {r.mode}: {r.status} "
+                          f"{r.detail}" for r in failures[:40])
         raise AssertionError(f"backend {name!r}: {len(failures)} of {len(results)} "
                              f"comparisons failed:\n{lines}")
     if not any(r.status == "pass" for r in results):

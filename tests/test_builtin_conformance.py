@@ -62,3 +62,29 @@ def test_relative_error_sees_nan():
     from numbaconv.testing import relative_error
     assert relative_error(np.array([np.nan]), np.array([1.0])) == float("inf")
     assert relative_error(np.ones(2), np.ones(3)) == float("inf")
+
+
+def test_partial_support_passes_only_when_skips_are_allowed():
+    backend = FakeBackend("partial", decline=lambda op, p: getattr(p, "channels_last", False))
+    nc.register_backend("partial", lambda: backend)
+    try:
+        assert_backend_conforms("partial", cases=CASES[:1])
+        with pytest.raises(AssertionError, match="skip"):
+            assert_backend_conforms("partial", cases=CASES[:1], allow_skips=False)
+    finally:
+        nc.unregister_backend("partial")
+
+
+class WritesToOperands(FakeBackend):
+    def run(self, op, problem, operands, out, algorithm):
+        operands[0].flat[0] = 0.0  # must fail: operands are read-only
+        return super().run(op, problem, operands, out, algorithm)
+
+
+def test_writing_to_an_operand_fails_conformance():
+    nc.register_backend("writer", lambda: WritesToOperands("writer"))
+    try:
+        with pytest.raises(AssertionError, match="read-only"):
+            assert_backend_conforms("writer", cases=CASES[:1])
+    finally:
+        nc.unregister_backend("writer")

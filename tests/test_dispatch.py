@@ -167,7 +167,8 @@ def test_gpu_arrays_never_go_to_cpu_backends():
 
 def test_debug_log_names_every_choice(caplog):
     register(FakeBackend("high", priority=500, decline=lambda op, p: op == "conv"))
-    with caplog.at_level(logging.DEBUG, logger="numbaconv.dispatch"):
+    with caplog.at_level(logging.DEBUG, logger="numbaconv.dispatch"), \
+            nc.use_backend("high", "reference"):
         nc.conv(X, W)
     message = caplog.records[-1].getMessage()
     assert "conv conv:N2:C3:K4" in message and "backend 'reference'" in message
@@ -243,7 +244,9 @@ def test_import_is_cheap_and_touches_no_gpu():
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported'\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "assert 'numba' not in sys.modules, 'numba imported at import time'\n"
-            "nc.conv(np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2)))\n"
+            "nc.backends()\n"
+            "with nc.use_backend('reference'):\n"
+            "    nc.conv(np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2)))\n"
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported by a CPU call'\n"
             "assert 'torch' not in sys.modules, 'torch imported by discovery'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
