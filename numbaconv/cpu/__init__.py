@@ -1,0 +1,106 @@
+"""The ``cpu`` backend: Numba CPU kernels (``@njit(parallel=True)``) plus NumPy's BLAS.
+
+Importing this package imports neither Numba nor a kernel module: the backend object is
+created on numbaconv's first dispatch, and each op's module (and its kernels, compiled for
+the dtype at hand) loads on that op's first run.
+
+Algorithms, per op (``numbaconv.explain`` says which one runs and why):
+
+``gemm``
+    The convolution is a plain matrix product over x: 1x1 kernels with stride 1 and no
+    padding, or kernels exactly as large as the unpadded input. No packing at all.
+``im2col``
+    Any problem: windows packed by a Numba kernel into a matrix (col2im for the data
+    gradient), one BLAS product per tile of images. The packed workspace is at most
+    max(64 MiB, the largest operand); a single image too large for that is split by rows.
+``direct``
+    Numba loops without packing, for grouped convolutions with few channels per group
+    (depthwise above all), where a GEMM would multiply one-column matrices.
+``reduce``
+    The bias gradient.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Optional
+
+from ..backend import Backend
+from ..problem import CONV_OPS
+
+_MODULES = {
+    "conv": ("conv", "run"),
+    "conv_backward_data": ("conv_backward_data", "run"),
+    "conv_backward_weight": ("conv_backward_weight", "run"),
+    "conv_backward_bias": ("conv_backward_bias", "run"),
+    "conv_transpose": ("conv_backward_data", "run_transpose"),
+}
+
+#: Channels per group up to which the direct kernels are offered (and chosen when grouped).
+DIRECT_MAX_CHANNELS_PER_GROUP = 16
+
+
+def _gemm_applies(problem) -> Optional[str]:
+    from ._layout import geom
+    g = geom(problem)
+    if g.pointwise:
+        return "1x1 kernel, stride 1, no padding: a plain matrix product"
+    if g.whole_input:
+        return "the kernel covers the whole input: a matrix product over images"
+    return None
+
+
+class CpuBackend(Backend):
+    """Numba CPU kernels for every convolution op, float32 and float64, both layouts."""
+
+    name = "cpu"
+    device = "cpu"
+    priority = 100
+    version = "1"
+    ops = frozenset(CONV_OPS)
+
+    def availability(self) -> Optional[str]:
+        if importlib.util.find_spec("numba") is None:
+            return "Numba is not installed"
+        return None
+
+    def supports(self, op, problem) -> Optional[str]:
+        if op not in self.ops:
+            return f"op {op!r} not implemented"
+        if problem.dtype not in ("float32", "float64"):
+            return f"dtype {problem.dtype} not supported (float32, float64)"
+        return None
+
+    def algorithms(self, op, problem):
+        if op == "conv_backward_bias":
+            return ("reduce",)
+        found = []
+        if _gemm_applies(problem):
+            found.append("gemm")
+        if problem.groups > 1 and \
+                problem.in_channels // problem.groups <= DIRECT_MAX_CHANNELS_PER_GROUP:
+            found.append("direct")
+        found.append("im2col")
+        return tuple(found)
+
+    def choose(self, op, problem):
+        if op == "conv_backward_bias":
+            return "reduce", "the only algorithm (parallel, fixed-order sums)"
+        why = _gemm_applies(problem)
+        if why:
+            return "gemm", why
+        if "direct" in self.algorithms(op, problem):
+            return "direct", (f"grouped with {problem.in_channels // problem.groups} "
+                              f"channels per group: packing would cost more than it saves")
+        return "im2col", "general case: packed windows and a BLAS product per tile"
+
+    def run(self, op, problem, operands, out, algorithm):
+        module_name, function = _MODULES[op]
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        return getattr(module, function)(problem, operands, out, algorithm)
+
+
+def make_backend() -> CpuBackend:
+    """Entry point of the built-in ``cpu`` backend."""
+    return CpuBackend()

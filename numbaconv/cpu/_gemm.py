@@ -1,0 +1,84 @@
+"""Shared pieces of the GEMM-based algorithms: weight matrices, grouped products, tiles.
+
+Matrix products go to NumPy's ``matmul`` (its BLAS: OpenBLAS in NumPy's wheels), which
+multiplies strided operands and writes strided outputs without copies as long as each 2D
+slice has a unit inner stride. Packing (im2col/col2im) is Numba; see :mod:`._im2col`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._layout import Geom
+
+#: Workspace for packed (im2col) buffers is bounded by max(this, the largest operand).
+WORKSPACE_BYTES = 64 * 2**20
+
+
+def weight_cf(g: Geom, w: np.ndarray) -> np.ndarray:
+    """w as (G, K/G, Cg * taps), features ordered (c, t): a view."""
+    return w.reshape(g.g, g.kg, g.cg * g.taps)
+
+
+def weight_cl(g: Geom, w: np.ndarray) -> np.ndarray:
+    """w as (G, K/G, taps * Cg), features ordered (t, c) like channels-last windows: a copy."""
+    return np.ascontiguousarray(
+        w.reshape(g.g, g.kg, g.cg, g.taps).transpose(0, 1, 3, 2)).reshape(
+        g.g, g.kg, g.taps * g.cg)
+
+
+def weight_from_cl(g: Geom, dw: np.ndarray) -> np.ndarray:
+    """(G, K/G, taps * Cg) back to the (K, Cg, *R) weight layout (a copy)."""
+    return np.ascontiguousarray(
+        dw.reshape(g.g, g.kg, g.taps, g.cg).transpose(0, 1, 3, 2)).reshape(
+        (g.k, g.cg) + g.r)
+
+
+def grouped_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out[m, g, :] = a[m, g, :] @ b[g] for a (M, G, F), b (G, F, J), out (M, G, J)."""
+    np.matmul(a.transpose(1, 0, 2), b, out=out.transpose(1, 0, 2))
+
+
+def tiles(g: Geom, per_position_bytes: int, largest_operand_bytes: int):
+    """(n0, nb, q0, q1) tiles: whole images while they fit the workspace bound, else one
+    image split into runs of output rows (q = p0 * P1 + p1, each P2 positions).
+
+    The packed workspace stays within max(WORKSPACE_BYTES, the largest operand), except that
+    a single output row is never split.
+    """
+    limit = max(WORKSPACE_BYTES, largest_operand_bytes)
+    rows = g.p[0] * g.p[1]
+    per_image = per_position_bytes * g.positions
+    if per_image <= limit:
+        nb = min(g.n, limit // max(per_image, 1))
+        for n0 in range(0, g.n, nb):
+            yield n0, min(nb, g.n - n0), 0, rows
+        return
+    chunk = max(1, limit // max(per_position_bytes * g.p[2], 1))
+    for n0 in range(g.n):
+        for q0 in range(0, rows, chunk):
+            yield n0, 1, q0, min(rows, q0 + chunk)
+
+
+def largest_operand(*arrays) -> int:
+    return max(a.nbytes for a in arrays if a is not None)
+
+
+def packed_bytes_per_position(g: Geom, itemsize: int) -> int:
+    return g.c * g.taps * itemsize
+
+
+def output_rows(g: Geom, a: np.ndarray, n0: int, nb: int, q0: int, q1: int) -> np.ndarray:
+    """Channels-last y/dy rows of a tile as (nb * L, G, K/G): a view."""
+    flat = a.reshape(g.n, g.positions, g.g, g.kg)[n0:n0 + nb, q0 * g.p[2]:q1 * g.p[2]]
+    return flat.reshape(-1, g.g, g.kg)
+
+
+def output_columns(g: Geom, a: np.ndarray, n0: int, nb: int, q0: int, q1: int) -> np.ndarray:
+    """Channels-first y/dy of a tile as (nb, G, K/G, L): a view, strided when q is split."""
+    return a.reshape(g.n, g.g, g.kg, g.positions)[n0:n0 + nb, :, :, q0 * g.p[2]:q1 * g.p[2]]
+
+
+def positions_in(q0: int, q1: int, g: Geom) -> int:
+    return (q1 - q0) * g.p[2]
+

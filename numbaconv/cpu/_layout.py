@@ -1,0 +1,98 @@
+"""Problem geometry as the CPU kernels see it: always three spatial dimensions.
+
+1D and 2D problems get leading singleton dimensions (size 1, kernel 1, stride 1, no padding),
+so one set of 3D kernels serves every rank. Arrays are viewed (never copied) as 5D:
+channels-first ``(N, C, S0, S1, S2)``, channels-last ``(N, S0, S1, S2, C)``.
+Pure Python: no Numba here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Geom(NamedTuple):
+    n: int
+    c: int
+    k: int
+    g: int
+    s: tuple        # input size, 3 dims
+    r: tuple        # kernel size
+    p: tuple        # output size
+    stride: tuple
+    dilation: tuple
+    before: tuple   # zeros read before the input
+    trailing: tuple  # zeros read after it (negative: input tail unread)
+    channels_last: bool
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.g
+
+    @property
+    def kg(self) -> int:
+        return self.k // self.g
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.r)
+
+    @property
+    def positions(self) -> int:
+        """Output positions per image."""
+        return math.prod(self.p)
+
+    @property
+    def pixels(self) -> int:
+        """Input positions per image."""
+        return math.prod(self.s)
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1 kernel, stride 1, no padding: the convolution is a matrix product over x."""
+        return (self.r == (1, 1, 1) and self.stride == (1, 1, 1)
+                and self.before == (0, 0, 0) and self.trailing == (0, 0, 0))
+
+    @property
+    def whole_input(self) -> bool:
+        """The kernel covers the whole unpadded input once: a matrix product over images.
+
+        Channels-last with groups orders a flattened image (r, g, c), not the (g, r, c) of
+        the packed layout, so it is excluded there.
+        """
+        return (self.p == (1, 1, 1) and self.r == self.s and self.before == (0, 0, 0)
+                and self.trailing == (0, 0, 0) and (self.g == 1 or not self.channels_last))
+
+    def x5(self, a: np.ndarray) -> np.ndarray:
+        """x or dx as a 5D view."""
+        if self.channels_last:
+            return a.reshape((self.n,) + self.s + (self.c,))
+        return a.reshape((self.n, self.c) + self.s)
+
+    def y5(self, a: np.ndarray) -> np.ndarray:
+        """y or dy as a 5D view."""
+        if self.channels_last:
+            return a.reshape((self.n,) + self.p + (self.k,))
+        return a.reshape((self.n, self.k) + self.p)
+
+    def geometry_args(self) -> tuple:
+        """The int tuples every packing kernel takes, as int64 arrays (no globals in kernels)."""
+        return tuple(np.array(t, dtype=np.int64) for t in (
+            self.s, self.r, self.p, self.stride, self.dilation, self.before))
+
+
+def geom(problem) -> Geom:
+    pad = 3 - problem.ndim
+
+    def three(values, fill):
+        return (fill,) * pad + tuple(values)
+
+    return Geom(problem.batch, problem.in_channels, problem.out_channels, problem.groups,
+                three(problem.input_size, 1), three(problem.kernel_size, 1),
+                three(problem.output_size, 1), three(problem.stride, 1),
+                three(problem.dilation, 1), three(problem.padding_before, 0),
+                three(problem.trailing_padding, 0), problem.channels_last)
+

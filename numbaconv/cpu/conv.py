@@ -1,0 +1,81 @@
+"""CPU forward convolution: backend entry -> driver per algorithm -> kernels.
+
+Algorithms: ``gemm`` (the convolution is a matrix product over x itself: 1x1 kernels with
+stride 1 and no padding, or kernels as large as the unpadded input), ``im2col`` (pack windows,
+then one BLAS product per tile; any problem) and ``direct`` (Numba loops for grouped
+convolutions with few channels per group, where GEMM wastes work).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _direct, _gemm
+from ._im2col import im2col_cf, im2col_cl
+from ._layout import Geom, geom
+
+
+def run(problem, operands, out, algorithm):
+    x, w, bias = operands
+    g = geom(problem)
+    y = out if out is not None else np.empty(problem.y_shape, problem.dtype)
+    if algorithm == "gemm":
+        _gemm_forward(g, x, w, y)
+    elif algorithm == "im2col":
+        _im2col_forward(g, x, w, y)
+    elif algorithm == "direct":
+        _direct.forward(g, x, w, y)
+    else:
+        raise ValueError(f"algorithm: {algorithm!r} is not a forward algorithm")
+    if bias is not None:
+        add_channel_vector(g, y, bias, problem.channels_last)
+    return y
+
+
+def add_channel_vector(g: Geom, a: np.ndarray, v: np.ndarray, channels_last: bool) -> None:
+    """a += v along the channel axis (bias)."""
+    if channels_last:
+        a.reshape(-1, v.shape[0])[...] += v
+    else:
+        a.reshape(a.shape[0], v.shape[0], -1)[...] += v[:, None]
+
+
+def _gemm_forward(g: Geom, x, w, y) -> None:
+    if g.pointwise and not g.channels_last:
+        # y[n] (G, Kg, S) = W (G, Kg, Cg) @ x[n] (G, Cg, S), per image.
+        np.matmul(_gemm.weight_cf(g, w), x.reshape(g.n, g.g, g.cg, g.positions),
+                  out=y.reshape(g.n, g.g, g.kg, g.positions))
+    elif g.pointwise:
+        # Every position of every image is a row: one product per group.
+        _gemm.grouped_matmul(x.reshape(-1, g.g, g.cg),
+                             _gemm.weight_cf(g, w).transpose(0, 2, 1),
+                             y.reshape(-1, g.g, g.kg))
+    elif g.whole_input:
+        # Every image is a row of (G, features): features in w's own order, (c, t) when
+        # channels-first, (t, c) channels-last (then G == 1).
+        wmat = _gemm.weight_cl(g, w) if g.channels_last else _gemm.weight_cf(g, w)
+        _gemm.grouped_matmul(x.reshape(g.n, g.g, -1), wmat.transpose(0, 2, 1),
+                             y.reshape(g.n, g.g, g.kg))
+    else:
+        raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
+
+
+def _im2col_forward(g: Geom, x, w, y) -> None:
+    args = g.geometry_args()
+    x5 = g.x5(x)
+    per_position = _gemm.packed_bytes_per_position(g, x.itemsize)
+    if not g.channels_last:
+        wmat = _gemm.weight_cf(g, w)
+        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, y)):
+            col = np.empty((nb, g.c * g.taps, _gemm.positions_in(q0, q1, g)), x.dtype)
+            im2col_cf(x5, col, n0, q0, q1, *args)
+            np.matmul(wmat, col.reshape(nb, g.g, g.cg * g.taps, -1),
+                      out=_gemm.output_columns(g, y, n0, nb, q0, q1))
+    else:
+        wmat = _gemm.weight_cl(g, w).transpose(0, 2, 1)      # (G, taps * Cg, Kg)
+        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, y)):
+            m = nb * _gemm.positions_in(q0, q1, g)
+            col = np.empty((m, g.g, g.taps, g.cg), x.dtype)
+            im2col_cl(x5, col, n0, q0, q1, g.g, *args)
+            _gemm.grouped_matmul(col.reshape(m, g.g, -1), wmat,
+                                 _gemm.output_rows(g, y, n0, nb, q0, q1))

@@ -1,0 +1,63 @@
+"""CPU bias gradient: db[k] = sum of dy over batch and space, in parallel, deterministic.
+
+Channels-first sums one channel per job; channels-last splits the rows into a fixed number of
+chunks (independent of the thread count), sums each into its own partial vector, and adds the
+partials in order.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from numbaconv.backend import store
+
+from ..config import jit_options
+
+_njit = numba.njit(**jit_options())
+
+#: Fixed split of the channels-last rows; see the module docstring.
+REDUCTION_CHUNKS = 32
+
+
+@_njit
+def _bias_cf(dy, db):
+    n_total, k_total, positions = dy.shape
+    for k in prange(k_total):
+        acc = 0.0
+        for n in range(n_total):
+            for i in range(positions):
+                acc += dy[n, k, i]
+        db[k] = acc
+
+
+@_njit
+def _bias_cl_partials(dy, partial):
+    rows = dy.shape[0]
+    chunks = partial.shape[0]
+    for chunk in prange(chunks):
+        partial[chunk, :] = 0
+        for row in range(chunk * rows // chunks, (chunk + 1) * rows // chunks):
+            partial[chunk, :] += dy[row, :]
+
+
+def run(problem, operands, out, algorithm):
+    (dy,) = operands
+    k = problem.channels
+    db = np.empty(k, problem.dtype)
+    if problem.channels_last:
+        rows = dy.reshape(-1, k)
+        partial = np.empty((min(REDUCTION_CHUNKS, rows.shape[0]), k), np.float64)
+        _bias_cl_partials(rows, partial)
+        db[...] = _ordered_sum(partial)
+    else:
+        _bias_cf(dy.reshape(problem.batch, k, -1), db)
+    return store(db, out, problem.accumulate)
+
+
+def _ordered_sum(partial):
+    total = partial[0].copy()
+    for i in range(1, partial.shape[0]):
+        total += partial[i]
+    return total

@@ -1,0 +1,86 @@
+"""CPU data gradient (and transposed convolution): entry -> driver per algorithm -> kernels.
+
+``im2col`` here is its mirror image: one BLAS product per tile gives the packed gradient of
+every window (``W^T @ dy``), which col2im adds back into dx; ``gemm`` writes the product
+straight into dx when the packing would be the identity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _direct, _gemm
+from ._im2col import col2im_cf, col2im_cl, zero_rows
+from ._layout import Geom, geom
+from .conv import add_channel_vector
+
+
+def run(problem, operands, out, algorithm):
+    dy, w = operands
+    g = geom(problem)
+    dx = out if out is not None else np.empty(problem.x_shape, problem.dtype)
+    data_gradient(g, dy, w, dx, problem.accumulate and out is not None, algorithm)
+    return dx
+
+
+def run_transpose(problem, operands, out, algorithm):
+    """conv_transpose: the data gradient of the forward geometry, plus bias over C."""
+    x, w, bias = operands
+    g = geom(problem)
+    y = out if out is not None else np.empty(problem.x_shape, problem.dtype)
+    data_gradient(g, x, w, y, False, algorithm)
+    if bias is not None:
+        add_channel_vector(g, y, bias, problem.channels_last)
+    return y
+
+
+def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
+    if algorithm == "gemm":
+        _gemm_dgrad(g, dy, w, dx, accumulate)
+        return
+    if not accumulate:
+        zero_rows(dx.reshape(dx.shape[0], -1))
+    if algorithm == "im2col":
+        _im2col_dgrad(g, dy, w, dx)
+    elif algorithm == "direct":
+        _direct.data_gradient(g, dy, w, dx)
+    else:
+        raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")
+
+
+def _gemm_dgrad(g: Geom, dy, w, dx, accumulate: bool) -> None:
+    target = np.empty_like(dx) if accumulate else dx
+    if g.pointwise and not g.channels_last:
+        np.matmul(_gemm.weight_cf(g, w).transpose(0, 2, 1),
+                  dy.reshape(g.n, g.g, g.kg, g.positions),
+                  out=target.reshape(g.n, g.g, g.cg, g.positions))
+    elif g.pointwise:
+        _gemm.grouped_matmul(dy.reshape(-1, g.g, g.kg), _gemm.weight_cf(g, w),
+                             target.reshape(-1, g.g, g.cg))
+    elif g.whole_input:
+        wmat = _gemm.weight_cl(g, w) if g.channels_last else _gemm.weight_cf(g, w)
+        _gemm.grouped_matmul(dy.reshape(g.n, g.g, g.kg), wmat, target.reshape(g.n, g.g, -1))
+    else:
+        raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
+    if accumulate:
+        dx += target
+
+
+def _im2col_dgrad(g: Geom, dy, w, dx) -> None:
+    args = g.geometry_args()
+    dx5 = g.x5(dx)
+    per_position = _gemm.packed_bytes_per_position(g, dx.itemsize)
+    if not g.channels_last:
+        wmat = _gemm.weight_cf(g, w).transpose(0, 2, 1)       # (G, Cg * taps, Kg)
+        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(dx, dy)):
+            dcol = np.empty((nb, g.g, g.cg * g.taps, _gemm.positions_in(q0, q1, g)),
+                            dx.dtype)
+            np.matmul(wmat, _gemm.output_columns(g, dy, n0, nb, q0, q1), out=dcol)
+            col2im_cf(dcol.reshape(nb, g.c * g.taps, -1), dx5, n0, q0, q1, *args)
+    else:
+        wmat = _gemm.weight_cl(g, w)                          # (G, Kg, taps * Cg)
+        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(dx, dy)):
+            m = nb * _gemm.positions_in(q0, q1, g)
+            dcol = np.empty((m, g.g, g.taps * g.cg), dx.dtype)
+            _gemm.grouped_matmul(_gemm.output_rows(g, dy, n0, nb, q0, q1), wmat, dcol)
+            col2im_cl(dcol.reshape(m, g.g, g.taps, g.cg), dx5, n0, q0, q1, g.g, *args)
