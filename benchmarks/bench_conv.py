@@ -1,0 +1,70 @@
+"""Time of each convolution op through the public API, per standard shape and CPU backend.
+
+One class per op, each with a ``time_<op>`` method, parametrised over the shapes of
+:mod:`numbaconv.bench` (the small ``QUICK_SHAPES`` and the realistic ``SHAPES``) and over
+the CPU backends available where the suite runs, discovered at import, never named here.
+``setup`` raises ``NotImplementedError`` (asv: skip) where a backend declines a problem and
+for the plain-NumPy reference on the big shapes, which would take minutes.
+"""
+
+from numbaconv import bench, use_backend
+
+SHAPES = {case.name: case for case in bench.QUICK_SHAPES + bench.SHAPES}
+BACKENDS = bench.cpu_backends() or ["reference"]
+
+
+class _ConvOp:
+    """Shared setup; subclasses set ``op`` and name their timing method after it."""
+
+    op = None
+    params = [list(SHAPES), BACKENDS]
+    param_names = ["shape", "backend"]
+
+    def setup(self, shape, backend):
+        if backend == "reference" and shape in bench.BIG_SHAPE_NAMES:
+            raise NotImplementedError("the reference backend is too slow on big shapes")
+        self.call = bench.make_call(self.op, SHAPES[shape])
+        why = bench.supports(backend, self.call)
+        if why is not None:
+            raise NotImplementedError(why)
+        self.backend = backend
+        self.run()  # compile and warm up outside the timing
+
+    def run(self):
+        with use_backend(self.backend):
+            self.call()
+
+
+class Conv(_ConvOp):
+    op = "conv"
+
+    def time_conv(self, shape, backend):
+        self.run()
+
+
+class ConvBackwardData(_ConvOp):
+    op = "conv_backward_data"
+
+    def time_conv_backward_data(self, shape, backend):
+        self.run()
+
+
+class ConvBackwardWeight(_ConvOp):
+    op = "conv_backward_weight"
+
+    def time_conv_backward_weight(self, shape, backend):
+        self.run()
+
+
+class ConvBackwardBias(_ConvOp):
+    op = "conv_backward_bias"
+
+    def time_conv_backward_bias(self, shape, backend):
+        self.run()
+
+
+class ConvTranspose(_ConvOp):
+    op = "conv_transpose"
+
+    def time_conv_transpose(self, shape, backend):
+        self.run()

@@ -1,0 +1,634 @@
+"""The ``numbaconv`` command line: ``info``, ``check``, ``bench`` and ``demo``.
+
+``numbaconv <command> --help`` describes each. :func:`main` takes the arguments as a list and
+returns the exit status instead of exiting, so tests and notebooks can call it in-process.
+Heavy imports (Numba, PyTorch) happen inside the commands that need them, so ``--help`` stays
+quick.
+
+Exit status: 0 on success; 1 when ``check`` finds a mismatch (or cannot check a backend it
+was asked to), when ``demo`` fails to learn, or when a command fails; 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+#: Cases of ``numbaconv.testing.CASES`` that ``check --quick`` runs: every dimensionality and
+#: the features most likely to go wrong (stride, dilation, groups, depthwise, "same" and
+#: asymmetric padding, output_padding of the transposed convolution).
+QUICK_CHECK_CASES = ("1d_stride_dilation_groups", "2d_pad1", "2d_stride2", "2d_asymmetric",
+                     "2d_same_stride2", "2d_depthwise", "3d_everything")
+
+USAGE_ERROR = 2
+
+
+def _print(*args, **kwargs) -> None:
+    print(*args, **kwargs, flush=True)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+           right: Sequence[int] = ()) -> list:
+    """Lines of a plain-text table; columns listed in ``right`` are right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r):
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w)
+                         for i, (v, w) in enumerate(zip(r, widths))).rstrip()
+
+    return [line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]]
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# --- info ----------------------------------------------------------------------------------
+
+def cuda_status() -> tuple:
+    """``(available, description)`` of CUDA as Numba sees it; never raises.
+
+    Importing ``numba.cuda`` can fail (numba-cuda missing or broken) and the driver may be
+    absent; both are reported, not raised, since ``info`` exists to diagnose such setups.
+    """
+    try:
+        import warnings
+
+        import numba
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecation notices are not the question here
+            from numba import cuda
+        simulator = bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
+        if not cuda.is_available():
+            why = "is_available() is False"
+            try:
+                from numba.cuda.cudadrv.driver import driver
+                why = _one_line(getattr(driver, "initialization_error", None) or why)
+            except Exception:
+                pass
+            return False, f"not available ({why})"
+        if simulator:
+            return True, "available: the CUDA simulator (NUMBA_ENABLE_CUDASIM=1), no GPU used"
+        names = []
+        for gpu in cuda.gpus:
+            with gpu:
+                dev = cuda.get_current_device()
+                cc = ".".join(str(v) for v in dev.compute_capability)
+                names.append(f"{dev.name.decode() if isinstance(dev.name, bytes) else dev.name}"
+                             f" (compute capability {cc})")
+        return True, "available: " + ("; ".join(names) or "a device")
+    except Exception as exc:
+        return False, f"not available ({type(exc).__name__}: {_one_line(exc)})"
+
+
+def _threading_layers() -> list:
+    """Numba threading layers whose libraries load here ("default" picks the first of them).
+
+    Loading one (TBB, or the system's OpenMP runtime) starts no thread; it runs after the
+    BLAS/OpenMP report is taken, which lists only what numbaconv's own use loaded.
+    """
+    import importlib
+    found = []
+    for layer, module in (("tbb", "tbbpool"), ("omp", "omppool"), ("workqueue", "workqueue")):
+        try:
+            importlib.import_module(f"numba.np.ufunc.{module}")
+        except Exception:  # ImportError, or OSError for a missing shared library
+            continue
+        found.append(layer)
+    return found
+
+
+def _package_version(name: str) -> Optional[str]:
+    """Installed version of a distribution without importing it (PyTorch takes a second)."""
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cmd_info(args) -> int:
+    import numbaconv
+    from numbaconv import bench
+
+    env = bench.environment()
+    _print(f"numbaconv {env['numbaconv']}")
+    _print(f"  Python        {env['python']} ({env['python_executable']})")
+    _print(f"  platform      {env['platform']}")
+    _print(f"  CPU           {env['processor']}; {env['cpu_count']} CPUs, "
+           f"{env['usable_cpus']} usable by this process")
+    _print(f"  NumPy         {env['numpy']}")
+    _print(f"  Numba         {env['numba']}")
+    _print(f"  llvmlite      {env['llvmlite']}")
+    for name in ("numba-cuda", "threadpoolctl", "torch", "asv"):
+        version = _package_version(name)
+        _print(f"  {name:<13} {version or 'not installed'}")
+    launched = env["numba_threading_layer_launched"] or "none yet (no parallel kernel has run)"
+    _print("Numba threading")
+    _print(f"  layer         configured {env['numba_threading_layer']!r}, launched: {launched}")
+    _print(f"  importable    {', '.join(_threading_layers()) or 'none'}")
+    _print(f"  threads       NUMBA_NUM_THREADS = {env['numba_num_threads']}")
+    title = "BLAS and OpenMP (threadpoolctl)" if env["threadpoolctl"] else "BLAS"
+    _print(title)
+    for line in bench.describe_threadpools(env["threadpools"]):
+        _print(f"  {line}")
+    _print("environment")
+    for name, value in env["env"].items():
+        _print(f"  {name:<22} {'not set' if value is None else repr(value)}")
+    _, text = cuda_status()
+    _print("CUDA")
+    _print(f"  {text}")
+    _print("backends")
+    rows = []
+    for b in numbaconv.backends():
+        rows.append((b.name, b.device or "?", "?" if b.priority is None else b.priority,
+                     "yes" if b.available else "no", _one_line(b.reason, 100)))
+    if not rows:
+        _print("  none registered: is numbaconv installed (pip install -e .)?")
+    for line in _table(("name", "device", "priority", "available", "reason"), rows, (2,)):
+        _print(f"  {line}")
+    return 0
+
+
+# --- check ---------------------------------------------------------------------------------
+
+def cmd_check(args) -> int:
+    import numbaconv
+    from numbaconv import testing
+
+    infos = {b.name: b for b in numbaconv.backends()}
+    names = _backends_to_check(args.backend, infos)
+    if names is None:
+        return USAGE_ERROR
+    if not names:
+        _print("no backend other than the reference is available: nothing to check")
+        return 0
+    if args.case:
+        try:
+            cases = tuple(testing.case(n) for n in args.case)
+        except KeyError as exc:
+            _print(f"numbaconv check: error: unknown case {exc}; known: "
+                   f"{[c.name for c in testing.CASES]}", file=sys.stderr)
+            return USAGE_ERROR
+    else:
+        cases = tuple(testing.case(n) for n in QUICK_CHECK_CASES) if args.quick \
+            else testing.CASES
+    _print(f"checking {', '.join(names)} against the reference: {len(cases)} case(s) x 2 "
+           f"layouts x (float32, float64) x (plain, out=, accumulate=); relative error "
+           f"tolerance {testing.TOLERANCE['float32']:g} (float32), "
+           f"{testing.TOLERANCE['float64']:g} (float64)")
+
+    results, problems = [], []
+    for name in names:
+        info = infos[name]
+        if not info.available:
+            problems.append(f"{name}: not available: {_one_line(info.reason, 200)}")
+        elif info.device != "cpu":
+            problems.append(f"{name}: not checked: it runs on {info.device}, and check "
+                            f"compares NumPy (CPU) backends only")
+        else:
+            start = time.perf_counter()
+            try:
+                mine = testing.check_backend(name, cases=cases)
+            except Exception as exc:  # the check itself broke: report, check the others
+                problems.append(f"{name}: check failed to run: {type(exc).__name__}: "
+                                f"{_one_line(exc, 200)}")
+                continue
+            _print(f"  {name}: {len(mine)} comparisons in "
+                   f"{time.perf_counter() - start:.1f} s")
+            if not any(r.status == "pass" for r in mine):
+                problems.append(f"{name}: supported none of the {len(mine)} problems")
+            results += mine
+
+    if results:
+        _print()
+        for line in _check_table(names, results, testing.CONV_OPS):
+            _print(line)
+    failures = [r for r in results if r.status == "FAIL"]
+    if failures:
+        shown = failures[:args.max_failures]
+        _print(f"\nfailures ({len(shown)} of {len(failures)} shown):")
+        for r in shown:
+            _print(f"  {r.backend} {r.op} case={r.case} {r.layout} {r.dtype} mode={r.mode}: "
+                   f"{_one_line(r.detail, 200)}")
+    if args.verbose:
+        _print_skip_reasons(results)
+    if problems:
+        _print("\nproblems:")
+        for p in problems:
+            _print(f"  {p}")
+    compared = sum(r.status != "skip" for r in results)
+    if failures or problems:
+        _print(f"\nFAILED: {len(failures)} of {compared} comparisons failed"
+               + (f", {len(problems)} backend problem(s)" if problems else ""))
+        return 1
+    _print(f"\nOK: all {compared} comparisons passed "
+           f"({len(results) - compared} skipped; -v lists why)")
+    return 0
+
+
+def _backends_to_check(requested, infos) -> Optional[list]:
+    """Names of the backends for ``check`` to run, or None after a usage error.
+
+    Those requested, else every available CPU backend but the reference; the others are
+    printed with the reason they are left out.
+    """
+    if requested:
+        unknown = [n for n in requested if n not in infos]
+        if unknown:
+            _print(f"numbaconv check: error: unknown backend(s) {unknown}; registered: "
+                   f"{sorted(infos)}", file=sys.stderr)
+            return None
+        return list(dict.fromkeys(requested))
+    names = []
+    for b in infos.values():
+        if b.name == "reference":
+            continue
+        if b.available and b.device == "cpu":
+            names.append(b.name)
+        else:
+            why = (f"runs on {b.device}; check compares CPU backends" if b.available
+                   else _one_line(b.reason, 120))
+            _print(f"skipping {b.name}: {why}")
+    return names
+
+
+def _check_table(names, results, ops) -> list:
+    """Per backend and op: passed, failed and skipped counts and the worst error per dtype.
+
+    One column per dtype: a float32 rounding error would hide float64 trouble in a shared
+    column, since their tolerances differ by six orders of magnitude.
+    """
+    dtypes = sorted({r.dtype for r in results})
+    rows = []
+    for name in names:
+        for op in ops:
+            mine = [r for r in results if r.backend == name and r.op == op]
+            if not mine:
+                continue
+            worst = []
+            for dtype in dtypes:
+                errors = [r.error for r in mine if r.status != "skip" and r.dtype == dtype]
+                worst.append(f"{max(errors):.2e}" if errors else "-")
+            rows.append((name, op, sum(r.status == "pass" for r in mine),
+                         sum(r.status == "FAIL" for r in mine),
+                         sum(r.status == "skip" for r in mine), *worst))
+    headers = ("backend", "op", "passed", "failed", "skipped") + tuple(
+        f"worst {d}" for d in dtypes)
+    return _table(headers, rows, range(2, len(headers)))
+
+
+def _print_skip_reasons(results) -> None:
+    counts = {}
+    for r in results:
+        if r.status == "skip":
+            key = (r.backend, r.op, _one_line(r.detail, 200))
+            counts[key] = counts.get(key, 0) + 1
+    if counts:
+        _print("\nskipped (backend, op: reason x count):")
+        for (backend, op, why), n in sorted(counts.items()):
+            _print(f"  {backend}, {op}: {why} x {n}")
+
+
+# --- bench ---------------------------------------------------------------------------------
+
+def cmd_bench(args) -> int:
+    from numbaconv import bench, dispatch
+    from numbaconv.problem import CONV_OPS
+
+    import numba
+
+    infos = {b.name: b for b in dispatch.backends()}
+    if args.backend:
+        unknown = [n for n in args.backend if n not in infos]
+        if unknown:
+            _print(f"numbaconv bench: error: unknown backend(s) {unknown}; registered: "
+                   f"{sorted(infos)}", file=sys.stderr)
+            return USAGE_ERROR
+        names = list(dict.fromkeys(args.backend))
+    else:
+        names = bench.cpu_backends()
+    shapes = bench.QUICK_SHAPES if args.quick else bench.SHAPES
+    repeat = args.repeat or (3 if args.quick else 7)
+    skip_reference = () if (args.quick or args.include_reference) else bench.BIG_SHAPE_NAMES
+
+    threads = args.threads or numba.config.NUMBA_NUM_THREADS
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        _print(f"numbaconv bench: error: --threads {threads} exceeds NUMBA_NUM_THREADS = "
+               f"{numba.config.NUMBA_NUM_THREADS}", file=sys.stderr)
+        return USAGE_ERROR
+    torch = None if args.no_torch else bench.import_torch()
+    if torch is not None:
+        torch.set_num_threads(threads)  # the same number of threads on both sides
+    if args.threads:
+        numba.set_num_threads(threads)
+    limiter = _blas_limits(threads)
+
+    env = bench.environment()  # after importing PyTorch, so its OpenMP runtime is listed
+    _print(f"numbaconv {env['numbaconv']} bench: NumPy {env['numpy']}, Numba {env['numba']} "
+           f"(threading layer {env['numba_threading_layer']}), Python {env['python']}")
+    _print(f"CPU: {env['processor']}, {env['usable_cpus']} usable CPUs; threads: {threads} for "
+           f"Numba, BLAS{' and PyTorch' if torch is not None else ''}")
+    for line in bench.describe_threadpools(env["threadpools"]):
+        _print(f"  {line}")
+    set_vars = {k: v for k, v in env["env"].items() if v is not None}
+    _print("environment: " + (", ".join(f"{k}={v}" for k, v in set_vars.items())
+                              or "no relevant variable set"))
+    if torch is not None:
+        _print(f"PyTorch {torch.__version__}: timed directly as the baseline of 'vs pytorch' "
+               f"(> 1: the backend is faster)")
+    else:
+        _print("PyTorch: " + ("not used (--no-torch)" if args.no_torch
+                              else "not installed, no comparison"))
+    _print(f"backends: {', '.join(names) or 'none'}; {args.dtype}, {args.layout}; median of "
+           f"{repeat} after a warm-up call"
+           + ("; reference skipped on the big shapes (--include-reference)"
+              if skip_reference and "reference" in names else ""))
+    _print()
+
+    headers = ("shape", "op", "backend", "median", "GFLOP/s", "vs pytorch")
+    widths = (max(len(s.name) for s in shapes), max(len(o) for o in CONV_OPS),
+              max([len(bench.PYTORCH)] + [len(n) for n in names]), 10, 8, 10)
+
+    def fmt(values):
+        return "  ".join(str(v).rjust(w) if i >= 3 else str(v).ljust(w)
+                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+    _print(fmt(headers))
+    _print(fmt(["-" * w for w in widths]))
+
+    def report(row):
+        if row.backend == "reference" and row.shape in skip_reference:
+            return  # the header says so once; the JSON keeps these rows
+        if row.status == "ok":
+            ratio = f"{row.vs_pytorch:.2f}" if row.vs_pytorch is not None else "-"
+            _print(fmt((row.shape, row.op, row.backend, bench.format_seconds(row.median_s),
+                        f"{row.gflops:.2f}", ratio)))
+        else:
+            _print(fmt((row.shape, row.op, row.backend, row.status, "", ""))
+                   + f"  {_one_line(row.detail, 100)}")
+
+    with limiter:
+        rows = bench.run_benchmarks(shapes, names, ops=args.op or CONV_OPS, repeat=repeat,
+                                    layout=args.layout, dtype=args.dtype, torch=torch,
+                                    skip_reference_on=skip_reference, settle=args.settle,
+                                    report=report)
+        overhead = bench.dispatch_overhead(dtype=args.dtype, layout=args.layout,
+                                           repeat=max(11, 2 * repeat + 1),
+                                           settle=args.settle)
+
+    _print()
+    _print("dispatch overhead (tiny problem: public call minus the backend's run() on "
+           "pre-validated operands):")
+    for line in _table(("op", "backend", "public", "run()", "overhead"),
+                       [(d["op"], d["backend"], f"{d['public_us']:.1f} us",
+                         f"{d['direct_us']:.1f} us", f"{d['overhead_us']:.1f} us")
+                        for d in overhead], (2, 3, 4)):
+        _print(f"  {line}")
+    conv_overhead = next(d for d in overhead if d["op"] == "conv")
+    worst = max(overhead, key=lambda d: d["overhead_us"])
+    verdict = "within" if worst["overhead_us"] < 20 else "ABOVE"
+    _print(f"dispatch overhead: {conv_overhead['overhead_us']:.1f} us for conv, at most "
+           f"{worst['overhead_us']:.1f} us ({worst['op']}); {verdict} the 20 us target")
+
+    errors = [r for r in rows if r.status == "error"]
+    if args.json:
+        record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), quick=args.quick,
+                      repeat=repeat, threads=threads, dtype=args.dtype, layout=args.layout,
+                      torch=None if torch is None else torch.__version__, environment=env,
+                      shapes=[_case_dict(c) for c in shapes],
+                      results=[r.as_dict() for r in rows], dispatch_overhead=overhead)
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1, default=_json_default)
+        _print(f"results written to {args.json}")
+    if errors:
+        _print(f"{len(errors)} measurement(s) failed; see the 'error' rows")
+        return 1
+    return 0
+
+
+def _blas_limits(threads: int):
+    """A context limiting BLAS to ``threads`` (a no-op without threadpoolctl)."""
+    import contextlib
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
+def _case_dict(c) -> dict:
+    return dict(name=c.name, x_shape=c.x_shape, w_shape=c.w_shape, stride=c.stride,
+                padding=c.padding, dilation=c.dilation, groups=c.groups,
+                output_padding=c.output_padding)
+
+
+def _json_default(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+# --- demo ----------------------------------------------------------------------------------
+
+def cmd_demo(args) -> int:
+    import contextlib
+
+    import numbaconv
+    from numbaconv import demo
+
+    if args.epochs < 1:
+        _print("numbaconv demo: error: --epochs must be >= 1", file=sys.stderr)
+        return USAGE_ERROR
+    context = numbaconv.use_backend(*args.backend) if args.backend else contextlib.nullcontext()
+    try:
+        with context:
+            choice = numbaconv.explain("conv_backward_weight", *_demo_probe(), padding=1)
+            _print(f"bars task ({', '.join(demo.CLASSES)}), {demo.IMAGE_SIZE}x"
+                   f"{demo.IMAGE_SIZE} images; conv 1->8, conv 8->8 stride 2, global "
+                   f"average pool, linear 8->3; Adam; seed {args.seed}")
+            _print(f"convolutions run on backend {choice.backend!r}")
+            error = demo.gradient_check(args.seed)
+            verdict = "ok" if error < demo.GRADIENT_TOLERANCE else "FAILED"
+            _print(f"gradient check (float64, finite differences): worst relative error "
+                   f"{error:.1e}, {verdict}")
+            result = demo.train(args.epochs, args.seed, log=_print)
+    except ValueError as exc:  # use_backend with an unknown name
+        _print(f"numbaconv demo: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except numbaconv.NoBackendError as exc:
+        _print(f"numbaconv demo: {exc}", file=sys.stderr)
+        return 1
+    _print(f"final test accuracy: {result.test_accuracy:.3f} (chance {result.chance:.3f}, "
+           f"pass mark {demo.PASS_ACCURACY}) after {args.epochs} epoch(s) in "
+           f"{result.seconds:.1f} s")
+    if verdict != "ok":
+        _print("FAILED: the network's gradients disagree with finite differences")
+        return 1
+    if not result.learned:
+        _print("FAILED: the network did not learn (more --epochs may help)")
+        return 1
+    return 0
+
+
+def _demo_probe():
+    """The demo's first-layer weight gradient, to ask the dispatcher which backend runs it."""
+    import numpy as np
+
+    from numbaconv import demo
+    size = demo.IMAGE_SIZE
+    x = np.zeros((demo.BATCH_SIZE, 1, size, size), np.float32)
+    dy = np.zeros((demo.BATCH_SIZE, demo.CHANNELS, size, size), np.float32)
+    return x, dy, (demo.CHANNELS, 1, 3, 3)
+
+
+# --- parser --------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``numbaconv`` command."""
+    parser = argparse.ArgumentParser(
+        prog="numbaconv",
+        description="Numba convolution backward-pass kernels for NumPy: diagnostics, "
+                    "conformance checks, benchmarks and a demo.")
+    parser.add_argument("--version", action="version", version=f"numbaconv {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="command")
+
+    p = sub.add_parser(
+        "info", help="versions, threading, BLAS, CUDA and backends",
+        description="Print numbaconv, Python, NumPy, Numba and llvmlite versions, the Numba "
+                    "threading layer and thread count, the BLAS in use (via threadpoolctl), "
+                    "OpenBLAS-related environment variables, CUDA availability and every "
+                    "registered backend with its device, priority and availability.")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser(
+        "check", help="compare backends with the reference; exit 1 on a mismatch",
+        description="Run every available CPU backend other than the reference (or those "
+                    "named by --backend) on numbaconv.testing's table of problems, both "
+                    "layouts, float32 and float64, plain/out=/accumulate=, and compare with "
+                    "the reference backend. Prints a pass/fail table per backend and op and "
+                    "the failures. Exit status 1 on any mismatch, or when a backend named "
+                    "with --backend cannot be checked.")
+    p.add_argument("--backend", action="append", metavar="NAME",
+                   help="check this backend (repeatable); default: every available CPU "
+                        "backend except the reference")
+    p.add_argument("--quick", action="store_true",
+                   help=f"check {len(QUICK_CHECK_CASES)} representative cases instead of all")
+    p.add_argument("--case", action="append", metavar="NAME",
+                   help="check only this case of numbaconv.testing.CASES (repeatable)")
+    p.add_argument("--max-failures", type=int, default=20, metavar="N",
+                   help="failures to print in detail (default 20)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also list why comparisons were skipped")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser(
+        "bench", help="time the ops on standard shapes, against PyTorch",
+        description="Time conv, conv_backward_data, conv_backward_weight, "
+                    "conv_backward_bias and conv_transpose on standard CNN layer shapes "
+                    "(ResNet 3x3, 1x1, depthwise 3x3, 7x7 stride-2 stem) for each available "
+                    "CPU backend, and PyTorch directly when it is installed, printing median "
+                    "time, GFLOP/s and PyTorch's time over the backend's. Ends with the "
+                    "dispatch overhead of a tiny call.")
+    p.add_argument("--quick", action="store_true",
+                   help="small shapes and few repeats (seconds; the reference included)")
+    p.add_argument("--repeat", type=_positive_int, metavar="N",
+                   help="timed samples per measurement (default 7, 3 with --quick)")
+    p.add_argument("--backend", action="append", metavar="NAME",
+                   help="time this backend (repeatable); default: every available CPU backend")
+    p.add_argument("--include-reference", action="store_true",
+                   help="also time the slow reference backend on the big shapes")
+    p.add_argument("--op", action="append", choices=_conv_ops(), metavar="OP",
+                   help="time only this op (repeatable)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--layout", choices=("channels_first", "channels_last"),
+                   default="channels_first")
+    p.add_argument("--threads", type=_positive_int, metavar="N",
+                   help="threads for Numba, BLAS and PyTorch (default NUMBA_NUM_THREADS)")
+    p.add_argument("--no-torch", action="store_true", help="do not time PyTorch")
+    p.add_argument("--settle", type=float, default=_default_settle(), metavar="SECONDS",
+                   help="pause between engines so idle thread pools stop spinning "
+                        "(default %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE as JSON")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "demo", help="train a small CNN in NumPy on numbaconv's gradients",
+        description="Check the gradients of a two-convolution network against finite "
+                    "differences, then train it with Adam on a synthetic task (horizontal, "
+                    "vertical or diagonal bar), printing loss and accuracy per epoch. Exit "
+                    "status 1 if the gradient check fails or the test accuracy stays below "
+                    "the pass mark.")
+    p.add_argument("--epochs", type=int, default=8, help="passes over the data (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of data and weights (default 0)")
+    p.add_argument("--backend", action="append", metavar="NAME",
+                   help="run the convolutions on this backend (repeatable, as use_backend)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
+def _conv_ops() -> tuple:
+    from numbaconv.problem import CONV_OPS
+    return CONV_OPS
+
+
+def _default_settle() -> float:
+    from numbaconv.bench import DEFAULT_SETTLE
+    return DEFAULT_SETTLE
+
+
+def _version() -> str:
+    from numbaconv import __version__
+    return __version__
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``numbaconv`` command line.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments after the program name; ``sys.argv[1:]`` if omitted.
+
+    Returns
+    -------
+    int
+        The exit status (``--help`` and ``--version`` return 0, usage errors 2).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help and errors; callers want a status
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    if args.command is None:
+        parser.print_help()
+        return USAGE_ERROR
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        _print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `numbaconv info | head`: the reader left; say nothing more and do not traceback.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 1
