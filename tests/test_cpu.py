@@ -124,10 +124,18 @@ def test_workspace_tiling_splits_batches_and_rows(monkeypatch):
     c = ConvCase("tiled", (3, 4, 9, 8), (6, 2, 3, 3), stride=(2, 1), padding=1, groups=2,
                  output_padding=(1, 0))
     monkeypatch.setattr(_gemm, "WORKSPACE_BYTES", 0)   # the largest operand bounds it
+    monkeypatch.setattr(_gemm, "TILE_BYTES", 2**40)
     for layout in ("channels_first", "channels_last"):
         check_every_algorithm(c, layout, "float64")
     tiles = list(_gemm.tiles(_geom_of(c), 4 * 1000, 1))
     assert all(nb == 1 for _, nb, _, _ in tiles) and len(tiles) > 3  # one row per tile
+    monkeypatch.setattr(_gemm, "WORKSPACE_BYTES", 2**40)
+    per_position = 4 * 9 * 8                     # channels * taps * float64
+    monkeypatch.setattr(_gemm, "TILE_BYTES", 2 * per_position * 5 * 8)  # two images
+    tiles = list(_gemm.tiles(_geom_of(c), per_position, 1))
+    assert [(n0, nb) for n0, nb, _, _ in tiles] == [(0, 2), (2, 1)]
+    for layout in ("channels_first", "channels_last"):
+        check_every_algorithm(c, layout, "float64")
 
 
 def _geom_of(c):

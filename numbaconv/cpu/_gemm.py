@@ -7,12 +7,16 @@ slice has a unit inner stride. Packing (im2col/col2im) is Numba; see :mod:`._im2
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ._layout import Geom
 
 #: Workspace for packed (im2col) buffers is bounded by max(this, the largest operand).
 WORKSPACE_BYTES = 64 * 2**20
+#: Packed bytes per tile that the tiling aims at (cache-sized; see :func:`tiles`).
+TILE_BYTES = 4 * 2**20
 
 
 def weight_cf(g: Geom, w: np.ndarray) -> np.ndarray:
@@ -40,13 +44,16 @@ def grouped_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 
 def tiles(g: Geom, per_position_bytes: int, largest_operand_bytes: int):
-    """(n0, nb, q0, q1) tiles: whole images while they fit the workspace bound, else one
-    image split into runs of output rows (q = p0 * P1 + p1, each P2 positions).
+    """(n0, nb, q0, q1) tiles: several whole images, or one image's run of output rows
+    (q = p0 * P1 + p1, each P2 positions).
 
-    The packed workspace stays within max(WORKSPACE_BYTES, the largest operand), except that
-    a single output row is never split.
+    Tiles aim at TILE_BYTES of packed data, so that packing writes and the product's reads
+    hit the cache rather than memory: measured on ResNet's 3x3 64-channel 56x56 layer,
+    4 MiB tiles took 6 ms where 64 MiB tiles took 11 ms (channels-last forward). The packed
+    workspace never exceeds max(WORKSPACE_BYTES, the largest operand), except that a single
+    output row (the last spatial dimension) is never split.
     """
-    limit = max(WORKSPACE_BYTES, largest_operand_bytes)
+    limit = min(TILE_BYTES, max(WORKSPACE_BYTES, largest_operand_bytes))
     rows = g.p[0] * g.p[1]
     per_image = per_position_bytes * g.positions
     if per_image <= limit:
@@ -58,6 +65,25 @@ def tiles(g: Geom, per_position_bytes: int, largest_operand_bytes: int):
     for n0 in range(g.n):
         for q0 in range(0, rows, chunk):
             yield n0, 1, q0, min(rows, q0 + chunk)
+
+
+_local = threading.local()
+
+
+def workspace(shape: tuple, dtype) -> np.ndarray:
+    """A C-contiguous scratch array for packed data, reused across tiles and calls.
+
+    One buffer per thread (so concurrent calls from several threads never share one), grown
+    on demand and kept: fresh multi-megabyte allocations cost a page fault per 4 KiB on first
+    touch, which measured as much as the packing itself. The buffer holds at most one tile
+    (about TILE_BYTES) per thread that has called a GEMM-based algorithm.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = _local.buffer = np.empty(max(nbytes, 1), np.uint8)
+    return buffer[:nbytes].view(dtype).reshape(shape)
 
 
 def largest_operand(*arrays) -> int:

@@ -67,7 +67,8 @@ def _im2col_forward(g: Geom, x, w, y) -> None:
     if not g.channels_last:
         wmat = _gemm.weight_cf(g, w)
         for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, y)):
-            col = np.empty((nb, g.c * g.taps, _gemm.positions_in(q0, q1, g)), x.dtype)
+            col = _gemm.workspace((nb, g.c * g.taps, _gemm.positions_in(q0, q1, g)),
+                                  x.dtype)
             im2col_cf(x5, col, n0, q0, q1, *args)
             np.matmul(wmat, col.reshape(nb, g.g, g.cg * g.taps, -1),
                       out=_gemm.output_columns(g, y, n0, nb, q0, q1))
@@ -75,7 +76,7 @@ def _im2col_forward(g: Geom, x, w, y) -> None:
         wmat = _gemm.weight_cl(g, w).transpose(0, 2, 1)      # (G, taps * Cg, Kg)
         for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, y)):
             m = nb * _gemm.positions_in(q0, q1, g)
-            col = np.empty((m, g.g, g.taps, g.cg), x.dtype)
+            col = _gemm.workspace((m, g.g, g.taps, g.cg), x.dtype)
             im2col_cl(x5, col, n0, q0, q1, g.g, *args)
             _gemm.grouped_matmul(col.reshape(m, g.g, -1), wmat,
                                  _gemm.output_rows(g, y, n0, nb, q0, q1))

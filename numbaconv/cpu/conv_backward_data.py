@@ -73,14 +73,14 @@ def _im2col_dgrad(g: Geom, dy, w, dx) -> None:
     if not g.channels_last:
         wmat = _gemm.weight_cf(g, w).transpose(0, 2, 1)       # (G, Cg * taps, Kg)
         for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(dx, dy)):
-            dcol = np.empty((nb, g.g, g.cg * g.taps, _gemm.positions_in(q0, q1, g)),
-                            dx.dtype)
+            dcol = _gemm.workspace((nb, g.g, g.cg * g.taps, _gemm.positions_in(q0, q1, g)),
+                                   dx.dtype)
             np.matmul(wmat, _gemm.output_columns(g, dy, n0, nb, q0, q1), out=dcol)
             col2im_cf(dcol.reshape(nb, g.c * g.taps, -1), dx5, n0, q0, q1, *args)
     else:
         wmat = _gemm.weight_cl(g, w)                          # (G, Kg, taps * Cg)
         for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(dx, dy)):
             m = nb * _gemm.positions_in(q0, q1, g)
-            dcol = np.empty((m, g.g, g.taps * g.cg), dx.dtype)
+            dcol = _gemm.workspace((m, g.g, g.taps * g.cg), dx.dtype)
             _gemm.grouped_matmul(_gemm.output_rows(g, dy, n0, nb, q0, q1), wmat, dcol)
             col2im_cl(dcol.reshape(m, g.g, g.taps, g.cg), dx5, n0, q0, q1, g.g, *args)

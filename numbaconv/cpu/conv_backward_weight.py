@@ -51,7 +51,8 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
     total = None
     if not g.channels_last:
         for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, dy)):
-            col = np.empty((nb, g.c * g.taps, _gemm.positions_in(q0, q1, g)), x.dtype)
+            col = _gemm.workspace((nb, g.c * g.taps, _gemm.positions_in(q0, q1, g)),
+                                  x.dtype)
             im2col_cf(x5, col, n0, q0, q1, *args)
             part = _sum_in_order(np.matmul(
                 _gemm.output_columns(g, dy, n0, nb, q0, q1),
@@ -60,7 +61,7 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
         return total
     for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, dy)):
         m = nb * _gemm.positions_in(q0, q1, g)
-        col = np.empty((m, g.g, g.taps, g.cg), x.dtype)
+        col = _gemm.workspace((m, g.g, g.taps, g.cg), x.dtype)
         im2col_cl(x5, col, n0, q0, q1, g.g, *args)
         part = np.matmul(_gemm.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0),
                          col.reshape(m, g.g, -1).transpose(1, 0, 2))
