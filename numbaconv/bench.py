@@ -78,7 +78,8 @@ DEFAULT_SETTLE = 0.3
 #: Environment variables that change what a benchmark measures; ``environment`` reports them.
 ENV_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "NUMBA_OPT",
-            "NUMBACONV_BACKEND", "NUMBACONV_AUTOTUNE")
+            "OMP_WAIT_POLICY", "NUMBACONV_BACKEND", "NUMBACONV_AUTOTUNE",
+            "NUMBACONV_JIT_CACHE", "NUMBACONV_FASTMATH", "NUMBACONV_OMP_PASSIVE")
 
 
 # --- timing ------------------------------------------------------------------------------
