@@ -237,3 +237,23 @@ def test_problem_is_hashable_and_keyed():
     assert p1 == p2 and hash(p1) == hash(p2) and p1.key() == p2.key()
     assert p1.with_op("conv_backward_data") != p1
     assert "N2:C4:K6:g2" in p1.key()
+
+
+def test_remembered_validation_still_rejects_what_it_should():
+    """Validation results are cached by shape; the cache must never let bad input through."""
+    nc.conv(X, W, **KW, stride=1)                       # remembered
+    with pytest.raises(TypeError, match="stride"):
+        nc.conv(X, W, **KW, stride=True)                # True is not 1
+    with pytest.raises(TypeError, match="w: expected dtype float32"):
+        nc.conv(X, W.astype(np.float64), **KW)          # same shapes, another dtype
+    out = sentinel((2, 6, 5, 5))
+    with pytest.raises(ValueError, match="out: expected a writable array"):
+        out.flags.writeable = False
+        nc.conv(X, W, **KW, out=out)                    # out is checked on every call
+    with pytest.raises(ValueError, match="accumulate: expected out="):
+        nc.conv_backward_weight(X, DY, W.shape, **KW)
+        nc.conv_backward_weight(X, DY, W.shape, **KW, accumulate=True)
+    with pytest.raises(TypeError, match="accumulate: expected True or False"):
+        nc.conv_backward_bias(DY, out=sentinel((6,)), accumulate=1)
+    swapped = X.astype(X.dtype.newbyteorder(">"))       # dtype differs in byte order only
+    np.testing.assert_allclose(nc.conv(swapped, W, **KW), nc.conv(X, W, **KW), rtol=1e-6)
