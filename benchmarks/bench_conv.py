@@ -4,7 +4,11 @@ One class per op, each with a ``time_<op>`` method, parametrised over the shapes
 :mod:`numbaconv.bench` (the small ``QUICK_SHAPES`` and the realistic ``SHAPES``) and over
 the CPU backends available where the suite runs, discovered at import, never named here.
 ``setup`` raises ``NotImplementedError`` (asv: skip) where a backend declines a problem and
-for the plain-NumPy reference on the big shapes, which would take minutes.
+for the plain-NumPy reference on the big shapes, which would take minutes. Shapes run
+channels-first here; ``numbaconv bench`` times both layouts and summarises per group.
+
+``GemmPeak`` tracks the machine's matrix-product GFLOP/s (NumPy's BLAS, as
+``numbaconv bench`` measures it), to set the convolution times against.
 """
 
 from numbaconv import bench, use_backend
@@ -68,3 +72,16 @@ class ConvTranspose(_ConvOp):
 
     def time_conv_transpose(self, shape, backend):
         self.run()
+
+
+class GemmPeak:
+    """GFLOP/s of ``np.matmul`` on 2048 x 2048 matrices: the machine's practical peak."""
+
+    params = [["float32", "float64"]]
+    param_names = ["dtype"]
+    timeout = 120
+
+    def track_gflops(self, dtype):
+        return round(bench.gemm_peak(2048, dtype, repeat=3)["gflops"], 1)
+
+    track_gflops.unit = "GFLOP/s"

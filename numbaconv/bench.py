@@ -5,6 +5,13 @@ the asv suite in ``benchmarks/`` and the tests all build on it. Nothing here is 
 ``import numbaconv``, and PyTorch and threadpoolctl are optional: without them the comparison
 column and the BLAS report say so instead of failing.
 
+The standard shapes fall into groups (:data:`GROUPS`: ResNet 3x3, pointwise 1x1, depthwise
+3x3, the 7x7 stem); :func:`summarize` takes the geometric mean of PyTorch's time over a
+backend's per group and op and judges it against :data:`GROUP_TARGETS`. :func:`gemm_peak`
+measures the machine's matrix-product peak, each row's GFLOP/s being read as a fraction of
+it; :func:`first_call_latency` times the first call of each op (JIT compilation) in fresh
+processes, cold and from Numba's on-disk cache.
+
 Times are medians over ``repeat`` samples after one warm-up call (which pays for any lazy
 compilation). A sample of a call faster than a couple of milliseconds loops over the call
 enough times to rise above the clock's resolution and divides, as :mod:`timeit` does.
@@ -12,19 +19,24 @@ enough times to rise above the clock's resolution and divides, as :mod:`timeit` 
 Examples
 --------
 >>> from numbaconv import bench
->>> rows = bench.run_benchmarks(bench.QUICK_SHAPES, ["reference"], repeat=3)
+>>> rows = bench.run_benchmarks(bench.QUICK_SHAPES, ["reference"], repeat=3, layout="both")
+>>> summary = bench.summarize(rows)      # per backend, group and op; ratios need torch=
 >>> bench.dispatch_overhead(["conv"])[0]["overhead_us"]      # doctest: +SKIP
 6.1
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import json
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
@@ -35,32 +47,83 @@ from . import dispatch
 from . import problem as pb
 from .conv import (conv, conv_backward_bias, conv_backward_data, conv_backward_weight,
                    conv_transpose)
-from .problem import CONV_OPS
+from .problem import CONV_OPS, LAYOUTS
 from .testing import ConvCase, case_arrays
 
 #: Label of PyTorch called directly (not through a numbaconv backend) in tables and JSON. It
 #: is deliberately not "torch", which is the name of a numbaconv plugin backend.
 PYTORCH = "pytorch"
 
-#: Layers of common CNNs at a realistic batch size (channels-first logical shapes).
-#: The stem's ``output_padding=1`` makes its transposed convolution map 112 back to 224.
+#: The groups of :data:`SHAPES`, in the order the summary lists them.
+GROUPS = ("resnet3x3", "pointwise", "depthwise", "stem")
+
+#: The issue's targets per group: the geometric mean, over the group's shapes and both
+#: layouts, of PyTorch's time over numbaconv's, for each op of :data:`TARGET_OPS`.
+GROUP_TARGETS = {"resnet3x3": 0.8, "pointwise": 1.5, "depthwise": 1.5, "stem": 1.0}
+
+#: The ops the targets apply to (the data and weight gradients).
+TARGET_OPS = ("conv_backward_data", "conv_backward_weight")
+
+
+@dataclass(frozen=True)
+class BenchCase(ConvCase):
+    """A benchmark shape: a :class:`~numbaconv.testing.ConvCase` and its summary group.
+
+    Attributes
+    ----------
+    group : str
+        One of :data:`GROUPS` for the standard shapes; rows of a shape are summarised
+        (:func:`summarize`) with the other shapes of its group.
+    """
+
+    group: str = "other"
+
+
+def group_of(case: ConvCase) -> str:
+    """The summary group of ``case`` (``"other"`` for a plain ConvCase)."""
+    return getattr(case, "group", "other")
+
+
+#: Layers of common CNNs at a realistic batch size (channels-first logical shapes), grouped
+#: as the issue's targets are. ``output_padding=1`` on the stride-2 shapes makes their
+#: transposed convolutions map the output back to the input's size (28 to 56, 112 to 224).
 SHAPES = (
-    ConvCase("resnet3x3_64c_56", (8, 64, 56, 56), (64, 64, 3, 3), padding=1),
-    ConvCase("pointwise_64to256_56", (8, 64, 56, 56), (256, 64, 1, 1)),
-    ConvCase("depthwise3x3_128c_56", (8, 128, 56, 56), (128, 1, 3, 3), padding=1,
-             groups=128),
-    ConvCase("stem7x7s2_3c_224", (8, 3, 224, 224), (64, 3, 7, 7), stride=2, padding=3,
-             output_padding=1),
+    BenchCase("resnet3x3_64c_56", (8, 64, 56, 56), (64, 64, 3, 3), padding=1,
+              group="resnet3x3"),
+    BenchCase("resnet3x3_128c_28", (8, 128, 28, 28), (128, 128, 3, 3), padding=1,
+              group="resnet3x3"),
+    BenchCase("resnet3x3_256c_14", (8, 256, 14, 14), (256, 256, 3, 3), padding=1,
+              group="resnet3x3"),
+    BenchCase("resnet3x3_512c_7", (8, 512, 7, 7), (512, 512, 3, 3), padding=1,
+              group="resnet3x3"),
+    BenchCase("resnet3x3s2_128c_56", (8, 128, 56, 56), (128, 128, 3, 3), stride=2,
+              padding=1, output_padding=1, group="resnet3x3"),
+    BenchCase("resnet3x3s2_256c_28", (8, 256, 28, 28), (256, 256, 3, 3), stride=2,
+              padding=1, output_padding=1, group="resnet3x3"),
+    BenchCase("pointwise_64to256_56", (8, 64, 56, 56), (256, 64, 1, 1), group="pointwise"),
+    BenchCase("pointwise_1024to256_14", (8, 1024, 14, 14), (256, 1024, 1, 1),
+              group="pointwise"),
+    BenchCase("depthwise3x3_128c_56", (8, 128, 56, 56), (128, 1, 3, 3), padding=1,
+              groups=128, group="depthwise"),
+    BenchCase("depthwise3x3_512c_14", (8, 512, 14, 14), (512, 1, 3, 3), padding=1,
+              groups=512, group="depthwise"),
+    BenchCase("stem7x7s2_3c_224", (8, 3, 224, 224), (64, 3, 7, 7), stride=2, padding=3,
+              output_padding=1, group="stem"),
 )
 
-#: The same four kinds of layer shrunk so that every op on every backend, the slow reference
-#: included, finishes in milliseconds.
+#: The same kinds of layer shrunk so that every op on every backend, the slow reference
+#: included, finishes in milliseconds; two in the ResNet group, so that its summary is a
+#: mean over shapes.
 QUICK_SHAPES = (
-    ConvCase("resnet3x3_16c_14", (2, 16, 14, 14), (16, 16, 3, 3), padding=1),
-    ConvCase("pointwise_16to64_14", (2, 16, 14, 14), (64, 16, 1, 1)),
-    ConvCase("depthwise3x3_32c_14", (2, 32, 14, 14), (32, 1, 3, 3), padding=1, groups=32),
-    ConvCase("stem7x7s2_3c_32", (2, 3, 32, 32), (16, 3, 7, 7), stride=2, padding=3,
-             output_padding=1),
+    BenchCase("resnet3x3_16c_14", (2, 16, 14, 14), (16, 16, 3, 3), padding=1,
+              group="resnet3x3"),
+    BenchCase("resnet3x3s2_16c_14", (2, 16, 14, 14), (16, 16, 3, 3), stride=2, padding=1,
+              output_padding=1, group="resnet3x3"),
+    BenchCase("pointwise_16to64_14", (2, 16, 14, 14), (64, 16, 1, 1), group="pointwise"),
+    BenchCase("depthwise3x3_32c_14", (2, 32, 14, 14), (32, 1, 3, 3), padding=1, groups=32,
+              group="depthwise"),
+    BenchCase("stem7x7s2_3c_32", (2, 3, 32, 32), (16, 3, 7, 7), stride=2, padding=3,
+              output_padding=1, group="stem"),
 )
 
 #: The problem whose public call is timed against the backend's ``run`` to measure what
@@ -366,6 +429,11 @@ class Row:
     vs_pytorch : float or None
         PyTorch's median time over this row's: above 1 means this row is faster.
     detail : str
+    group : str
+        The shape's summary group (:func:`group_of`).
+    peak_fraction : float or None
+        ``gflops`` over the GEMM peak measured in the same run (:func:`gemm_peak`), when
+        one was given to :func:`run_benchmarks`.
     """
 
     shape: str
@@ -379,23 +447,40 @@ class Row:
     gflops: Optional[float] = None
     vs_pytorch: Optional[float] = None
     detail: str = ""
+    group: str = "other"
+    peak_fraction: Optional[float] = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
+def resolve_layouts(layout) -> tuple:
+    """The layouts named by ``layout``: one of ``LAYOUTS``, ``"both"``, or a sequence of them.
+
+    Returns
+    -------
+    tuple of str
+    """
+    names = LAYOUTS if layout == "both" else (layout,) if isinstance(layout, str) else layout
+    names = tuple(dict.fromkeys(names))
+    bad = [n for n in names if n not in LAYOUTS]
+    if bad or not names:
+        raise ValueError(f"layout: expected one of {LAYOUTS} or 'both', got {layout!r}")
+    return names
+
+
 def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
                    ops: Sequence[str] = CONV_OPS, repeat: int = 5,
-                   layout: str = "channels_first", dtype: str = "float32",
+                   layout="channels_first", dtype: str = "float32",
                    torch=None, skip_reference_on: Iterable[str] = (),
-                   settle: float = DEFAULT_SETTLE,
+                   settle: float = DEFAULT_SETTLE, peak_gflops: Optional[float] = None,
                    report: Optional[Callable[[Row], None]] = None) -> list:
     """Time every op of every shape on each backend, and on PyTorch when ``torch`` is given.
 
     Backends are timed through the public functions inside ``use_backend(name)``: what a
     user's call costs, validation and dispatch included.
 
-    Each shape is measured in blocks, one per engine (PyTorch, then each backend), with a
+    Each shape and layout is measured in blocks, one per engine (PyTorch, then each backend), with a
     pause of ``settle`` seconds between blocks. Thread pools spin for a while after their
     last job (see :data:`DEFAULT_SETTLE`); when the next
     library's pool starts while the previous one still spins, on a machine with few cores
@@ -410,26 +495,32 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
     ops : sequence of str
     repeat : int
         Samples per measurement.
-    layout, dtype : str
+    layout : str or sequence of str
+        A layout, ``"both"`` (channels-first then channels-last), or a sequence of layouts.
+    dtype : str
     torch : module, optional
         PyTorch, to time it directly as the baseline of the ``vs_pytorch`` column.
     skip_reference_on : iterable of str
         Shape names on which the ``reference`` backend is skipped (too slow).
     settle : float
         Seconds to wait between engines so idle thread pools go to sleep (see above).
+    peak_gflops : float, optional
+        The GEMM peak of this run (:func:`gemm_peak`); rows get ``peak_fraction`` from it.
     report : callable, optional
         Called with each :class:`Row` once its shape is done (progress for long runs).
 
     Returns
     -------
     list of Row
-        Ordered by shape, then op, then PyTorch before the backends in the given order.
+        Ordered by shape, then layout, then op, then PyTorch before the backends in the
+        given order.
     """
     skip_reference_on = frozenset(skip_reference_on)
     engines = ([PYTORCH] if torch is not None else []) + list(backends)
+    blocks = [(case, lay) for case in shapes for lay in resolve_layouts(layout)]
     rows = []
     busy = False  # whether a block has run since the last pause
-    for case in shapes:
+    for case, layout in blocks:
         arrays = case_arrays(case, layout, dtype)
         calls = [make_call(op, case, layout, dtype, arrays) for op in ops]
         measured = {}
@@ -455,6 +546,8 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
                 row = measured[op, engine]
                 if baseline is not None and baseline.median_s and row.median_s:
                     row.vs_pytorch = baseline.median_s / row.median_s
+                if peak_gflops and row.gflops is not None:
+                    row.peak_fraction = row.gflops / peak_gflops
                 rows.append(row)
                 if report is not None:
                     report(row)
@@ -465,7 +558,7 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
 def _row(call: Call, engine: str, status: str, timing: Optional[Timing] = None,
          detail: str = "") -> Row:
     row = Row(call.case.name, call.op, engine, call.layout, call.problem.dtype, status,
-              detail=detail)
+              detail=detail, group=group_of(call.case))
     if timing is not None:
         row.median_s, row.best_s = timing.median, timing.best
         row.gflops = flops(call) / timing.median / 1e9
@@ -490,6 +583,100 @@ def _time_backend(name: str, call: Call, repeat: int) -> Row:
     except Exception as exc:  # report the broken backend and keep timing the others
         return _row(call, name, "error", detail=f"{type(exc).__name__}: {exc}")
     return _row(call, name, "ok", timing)
+
+
+# --- the machine's GEMM peak and the per-group summary -----------------------------------
+
+def gemm_name(dtype: str) -> str:
+    """``"SGEMM"`` for float32, ``"DGEMM"`` for float64 (what :func:`gemm_peak` measures)."""
+    return {"float32": "SGEMM", "float64": "DGEMM"}.get(str(dtype), f"GEMM ({dtype})")
+
+
+def gemm_peak(size: int = 2048, dtype: str = "float32", *, repeat: int = 5) -> dict:
+    """The GFLOP/s of NumPy's BLAS on a square matrix product: the machine's practical peak.
+
+    Times ``np.matmul(a, b, out=c)`` on ``size x size`` matrices (an output buffer, so that
+    no allocation is timed), under whatever thread limits are in force: call it where the
+    benchmarks run, with the same BLAS threads, so that each row's fraction of this peak
+    means something.
+
+    Parameters
+    ----------
+    size : int
+        Rows and columns of both matrices.
+    dtype : str
+    repeat : int
+        Samples (the median is reported).
+
+    Returns
+    -------
+    dict
+        ``name`` (``"SGEMM"``...), ``size``, ``dtype``, ``flops`` (``2 * size**3``),
+        ``median_s``, ``best_s``, ``gflops`` (from the median), ``repeat``, ``number``.
+    """
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size)).astype(dtype)
+    b = rng.standard_normal((size, size)).astype(dtype)
+    c = np.empty((size, size), dtype)
+    timing = time_call(lambda: np.matmul(a, b, out=c), repeat=repeat)
+    work = 2 * size ** 3
+    return dict(name=gemm_name(dtype), size=size, dtype=str(np.dtype(dtype)), flops=work,
+                median_s=timing.median, best_s=timing.best,
+                gflops=work / timing.median / 1e9, repeat=timing.repeat,
+                number=timing.number)
+
+
+def geometric_mean(values: Iterable[float]) -> Optional[float]:
+    """The geometric mean of the positive finite ``values``; None when there are none."""
+    logs = [math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def summarize(rows: Sequence[Row], *, targets: Optional[dict] = None,
+              target_ops: Sequence[str] = TARGET_OPS) -> list:
+    """Per backend, group and op: geometric means over the group's shapes and layouts.
+
+    PyTorch's own rows are the baseline and get no entry.
+
+    Parameters
+    ----------
+    rows : sequence of Row
+        From :func:`run_benchmarks`.
+    targets : dict, optional
+        Group -> the least acceptable geometric mean of ``vs_pytorch`` for the ops of
+        ``target_ops``; :data:`GROUP_TARGETS` by default.
+    target_ops : sequence of str
+
+    Returns
+    -------
+    list of dict
+        One per (backend, group, op), by backend, then group and op, each in the order
+        they first appear in ``rows``:
+        ``backend``, ``group``, ``op``, ``measured`` (rows timed), ``compared`` (rows with a
+        ratio), ``vs_pytorch`` (geometric mean of the ratios, None without any),
+        ``gflops`` and ``peak_fraction`` (geometric means; None when not measured),
+        ``target`` (None where none applies) and ``met`` (None without a target or a ratio).
+    """
+    targets = GROUP_TARGETS if targets is None else targets
+    found: dict = {}
+    for row in rows:
+        if row.backend == PYTORCH:
+            continue
+        found.setdefault((row.backend, row.group, row.op), []).append(row)
+    order = list(dict.fromkeys(backend for backend, _, _ in found))
+    summary = []
+    for (backend, group, op), members in sorted(found.items(),
+                                                key=lambda item: order.index(item[0][0])):
+        timed = [r for r in members if r.status == "ok"]
+        ratios = [r.vs_pytorch for r in timed if r.vs_pytorch is not None]
+        ratio = geometric_mean(ratios)
+        target = targets.get(group) if op in target_ops else None
+        summary.append(dict(
+            backend=backend, group=group, op=op, measured=len(timed), compared=len(ratios),
+            vs_pytorch=ratio, gflops=geometric_mean(r.gflops for r in timed),
+            peak_fraction=geometric_mean(r.peak_fraction for r in timed), target=target,
+            met=None if target is None or ratio is None else ratio >= target))
+    return summary
 
 
 # --- dispatch overhead -------------------------------------------------------------------
@@ -579,6 +766,154 @@ def dispatch_overhead(ops: Sequence[str] = CONV_OPS, *, repeat: int = 31,
                             overhead_us=public_us - direct_us, number=number,
                             repeat=repeat))
     return results
+
+
+# --- first-call latency ------------------------------------------------------------------
+
+#: The problem of :func:`first_call_latency`: small, so that its first call measures
+#: compilation (or loading from Numba's cache), not arithmetic.
+FIRST_CALL_CASE = BenchCase("first_call_3x3_8c_12", (2, 8, 12, 12), (8, 8, 3, 3), padding=1,
+                            group="resnet3x3")
+
+#: Run by each fresh interpreter of :func:`first_call_latency`; argv[1] is a JSON spec. It
+#: prints one JSON line. Kernels are counted on the module-level Numba dispatchers of the
+#: loaded numbaconv modules; cache hits are Numba's own statistics.
+_FIRST_CALL_SCRIPT = r"""
+import json, sys, time
+start = time.perf_counter()
+import numbaconv
+import_s = time.perf_counter() - start
+numba_at_import = "numba" in sys.modules
+spec = json.loads(sys.argv[1])
+from numbaconv import bench, dispatch
+def as_tuple(value):  # JSON made the case's tuples lists
+    return tuple(map(as_tuple, value)) if isinstance(value, list) else value
+case = bench.BenchCase(**{k: as_tuple(v) for k, v in spec["case"].items()})
+call = bench.make_call(spec["op"], case, spec["layout"], spec["dtype"])
+# The first call would import Numba itself (the kernel modules do); importing it just
+# before costs the same and tells that fixed part apart from compiling or loading kernels.
+start = time.perf_counter()
+try:
+    import numba
+except ImportError:  # a backend without Numba
+    pass
+numba_import_s = time.perf_counter() - start
+with numbaconv.use_backend(spec["backend"]):
+    start = time.perf_counter()
+    call()
+    call_s = time.perf_counter() - start
+    start = time.perf_counter()
+    call()
+    second_s = time.perf_counter() - start
+    choice = dispatch.select(spec["op"], call.problem)
+kernels = hits = misses = 0
+try:
+    from numba.core.dispatcher import Dispatcher
+except ImportError:
+    Dispatcher = None
+for name, module in list(sys.modules.items()):
+    if Dispatcher is None or not name.startswith("numbaconv"):
+        continue
+    for value in list(vars(module).values()):
+        if isinstance(value, Dispatcher) and value.signatures:
+            kernels += len(value.signatures)
+            try:
+                stats = value.stats
+                hits += sum(stats.cache_hits.values())
+                misses += sum(stats.cache_misses.values())
+            except Exception:
+                pass
+print(json.dumps(dict(import_s=import_s, numba_at_import=numba_at_import,
+                      numba_import_s=numba_import_s, call_s=call_s,
+                      first_s=numba_import_s + call_s, second_s=second_s,
+                      backend=choice.backend, algorithm=choice.algorithm,
+                      kernels=kernels, cache_hits=hits, cache_misses=misses)))
+"""
+
+
+def first_call_latency(ops: Sequence[str] = CONV_OPS, backend: str = "cpu", *,
+                       case: ConvCase = FIRST_CALL_CASE, layout: str = "channels_first",
+                       dtype: str = "float32", threads: Optional[int] = None,
+                       timeout: float = 600.0) -> list:
+    """Time of each op's first call in a fresh process, cold and from Numba's disk cache.
+
+    For each op, a new temporary directory becomes ``NUMBA_CACHE_DIR`` of two fresh
+    interpreters (``sys.executable``), run one after the other. Each imports numbaconv and
+    times the op's first call on ``case`` inside ``use_backend(backend)``, then a second
+    call. Numba is imported just before the first call and timed apart: the call would
+    otherwise import it, and that part costs the same cold or cached. The first interpreter
+    finds the cache empty: its first call compiles (and writes the cache). The second finds
+    the first one's kernels on disk: its first call loads them.
+
+    ``NUMBACONV_JIT_CACHE=1`` is set in both interpreters' environment, whatever this
+    process has: with it off the kernels would never reach the disk and the "cached" call
+    would compile again. ``NUMBACONV_AUTOTUNE=0`` keeps the first call to the one algorithm
+    the dispatcher picks, and ``NUMBACONV_CACHE_DIR`` points into the temporary directory
+    too, so that nothing is read from or written to the user's caches.
+
+    Parameters
+    ----------
+    ops : sequence of str
+    backend : str
+        A numbaconv backend name.
+    case : ConvCase
+        The problem (channels-first logical shapes).
+    layout, dtype : str
+    threads : int, optional
+        ``NUMBA_NUM_THREADS`` of the interpreters (inherited when omitted).
+    timeout : float
+        Seconds each interpreter may take.
+
+    Returns
+    -------
+    list of dict
+        One per op: ``op``, ``backend``, ``layout``, ``dtype``, ``case`` (its name),
+        ``cold`` and ``cached``. Each of the last two is the interpreter's report:
+        ``import_s`` (``import numbaconv``), ``numba_at_import`` (whether that import
+        loaded Numba), ``numba_import_s``, ``call_s`` (the first call without importing
+        Numba), ``first_s`` (the two together: the first call as a user sees it),
+        ``second_s``, the ``backend`` and ``algorithm`` that ran,
+        ``kernels`` (compiled signatures of numbaconv's Numba kernels after the calls),
+        ``cache_hits`` and ``cache_misses`` (Numba's statistics); or ``{"error": text}``.
+    """
+    import numbaconv
+    case_spec = {f.name: getattr(case, f.name) for f in dataclasses.fields(BenchCase)
+                 if hasattr(case, f.name)}
+    # The interpreters must import this very numbaconv, installed or not.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(numbaconv.__file__)))
+    results = []
+    for op in ops:
+        spec = json.dumps(dict(op=op, backend=backend, layout=layout, dtype=dtype,
+                               case=case_spec))
+        with tempfile.TemporaryDirectory(prefix="numbaconv-first-call-") as cache_dir:
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, NUMBACONV_JIT_CACHE="1",
+                       NUMBACONV_AUTOTUNE="0",
+                       NUMBACONV_CACHE_DIR=os.path.join(cache_dir, "numbaconv"))
+            env["PYTHONPATH"] = os.pathsep.join(
+                [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+            if threads is not None:
+                env["NUMBA_NUM_THREADS"] = str(threads)
+            cold = _first_call_process(spec, env, timeout)
+            cached = _first_call_process(spec, env, timeout)
+        results.append(dict(op=op, backend=backend, layout=layout, dtype=dtype,
+                            case=case.name, cold=cold, cached=cached))
+    return results
+
+
+def _first_call_process(spec: str, env: dict, timeout: float) -> dict:
+    try:
+        proc = subprocess.run([sys.executable, "-c", _FIRST_CALL_SCRIPT, spec], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"no answer within {timeout:g} s")
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return dict(error=tail)
+    try:
+        return json.loads(lines[-1])
+    except ValueError:
+        return dict(error=f"unreadable report: {lines[-1][:200]}")
 
 
 # --- environment -------------------------------------------------------------------------

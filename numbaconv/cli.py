@@ -27,6 +27,10 @@ QUICK_CHECK_CASES = ("1d_stride_dilation_groups", "2d_pad1", "2d_stride2", "2d_a
 
 USAGE_ERROR = 2
 
+#: OpenBLAS variables that override what it detects about the CPU; the issue's comparison
+#: with PyTorch is to run with both unset, and ``bench`` says so when they are not.
+OPENBLAS_TUNING_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
 
 def _print(*args, **kwargs) -> None:
     print(*args, **kwargs, flush=True)
@@ -315,8 +319,13 @@ def cmd_bench(args) -> int:
         names = list(dict.fromkeys(args.backend))
     else:
         names = bench.cpu_backends()
+    if args.first_call:
+        return _first_call(args, bench, names if args.backend else ["cpu"])
     shapes = bench.QUICK_SHAPES if args.quick else bench.SHAPES
     repeat = args.repeat or (3 if args.quick else 7)
+    layout = args.layout or ("channels_first" if args.quick else "both")
+    layouts = bench.resolve_layouts(layout)
+    ops = args.op or CONV_OPS
     skip_reference = () if (args.quick or args.include_reference) else bench.BIG_SHAPE_NAMES
 
     threads = args.threads or numba.config.NUMBA_NUM_THREADS
@@ -341,24 +350,38 @@ def cmd_bench(args) -> int:
     set_vars = {k: v for k, v in env["env"].items() if v is not None}
     _print("environment: " + (", ".join(f"{k}={v}" for k, v in set_vars.items())
                               or "no relevant variable set"))
+    forced = [k for k in OPENBLAS_TUNING_VARS if k in set_vars]
+    if forced:
+        _print(f"note: {' and '.join(forced)} set: OpenBLAS runs tuned by hand, not as it "
+               f"detects this CPU; the comparison with PyTorch wants "
+               f"{' and '.join(OPENBLAS_TUNING_VARS)} unset")
     if torch is not None:
         _print(f"PyTorch {torch.__version__}: timed directly as the baseline of 'vs pytorch' "
                f"(> 1: the backend is faster)")
     else:
         _print("PyTorch: " + ("not used (--no-torch)" if args.no_torch
                               else "not installed, no comparison"))
-    _print(f"backends: {', '.join(names) or 'none'}; {args.dtype}, {args.layout}; median of "
-           f"{repeat} after a warm-up call"
+    _print(f"backends: {', '.join(names) or 'none'}; {args.dtype}, {', '.join(layouts)}; "
+           f"median of {repeat} after a warm-up call"
            + ("; reference skipped on the big shapes (--include-reference)"
               if skip_reference and "reference" in names else ""))
+
+    peak_size = 512 if args.quick else 2048
+    with limiter:
+        peak = bench.gemm_peak(peak_size, args.dtype, repeat=repeat)
+    _print(f"{peak['name']} peak: {peak['gflops']:.1f} GFLOP/s (np.matmul, {peak_size}x"
+           f"{peak_size} {peak['dtype']}, {threads} BLAS thread(s), median "
+           f"{bench.format_seconds(peak['median_s'])}); 'of peak' = GFLOP/s / this")
     _print()
 
-    headers = ("shape", "op", "backend", "median", "GFLOP/s", "vs pytorch")
-    widths = (max(len(s.name) for s in shapes), max(len(o) for o in CONV_OPS),
-              max([len(bench.PYTORCH)] + [len(n) for n in names]), 10, 8, 10)
+    headers = ("shape", "layout", "op", "backend", "median", "GFLOP/s", "of peak",
+               "vs pytorch")
+    widths = (max(len(s.name) for s in shapes), max(len(lay) for lay in layouts),
+              max(len(o) for o in ops),
+              max([len(bench.PYTORCH)] + [len(n) for n in names]), 10, 8, 7, 10)
 
     def fmt(values):
-        return "  ".join(str(v).rjust(w) if i >= 3 else str(v).ljust(w)
+        return "  ".join(str(v).rjust(w) if i >= 4 else str(v).ljust(w)
                          for i, (v, w) in enumerate(zip(values, widths))).rstrip()
 
     _print(fmt(headers))
@@ -369,18 +392,21 @@ def cmd_bench(args) -> int:
             return  # the header says so once; the JSON keeps these rows
         if row.status == "ok":
             ratio = f"{row.vs_pytorch:.2f}" if row.vs_pytorch is not None else "-"
-            _print(fmt((row.shape, row.op, row.backend, bench.format_seconds(row.median_s),
-                        f"{row.gflops:.2f}", ratio)))
+            _print(fmt((row.shape, row.layout, row.op, row.backend,
+                        bench.format_seconds(row.median_s), f"{row.gflops:.2f}",
+                        _percent(row.peak_fraction), ratio)))
         else:
-            _print(fmt((row.shape, row.op, row.backend, row.status, "", ""))
+            _print(fmt((row.shape, row.layout, row.op, row.backend, row.status, "", "", ""))
                    + f"  {_one_line(row.detail, 100)}")
 
     with limiter:
-        rows = bench.run_benchmarks(shapes, names, ops=args.op or CONV_OPS, repeat=repeat,
-                                    layout=args.layout, dtype=args.dtype, torch=torch,
+        if args.settle > 0:
+            time.sleep(args.settle)  # BLAS's threads, busy with the peak, go idle first
+        rows = bench.run_benchmarks(shapes, names, ops=ops, repeat=repeat,
+                                    layout=layouts, dtype=args.dtype, torch=torch,
                                     skip_reference_on=skip_reference, settle=args.settle,
-                                    report=report)
-        overhead = bench.dispatch_overhead(dtype=args.dtype, layout=args.layout,
+                                    peak_gflops=peak["gflops"], report=report)
+        overhead = bench.dispatch_overhead(dtype=args.dtype, layout=layouts[0],
                                            repeat=max(11, 2 * repeat + 1),
                                            settle=args.settle)
 
@@ -398,18 +424,133 @@ def cmd_bench(args) -> int:
     _print(f"dispatch overhead: {conv_overhead['overhead_us']:.1f} us for conv, at most "
            f"{worst['overhead_us']:.1f} us ({worst['op']}); {verdict} the 20 us target")
 
+    summary = bench.summarize(rows)
+    _print()
+    _print_summary(summary, peak, torch is not None)
+
     errors = [r for r in rows if r.status == "error"]
     if args.json:
         record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), quick=args.quick,
-                      repeat=repeat, threads=threads, dtype=args.dtype, layout=args.layout,
+                      repeat=repeat, threads=threads, dtype=args.dtype,
+                      layout=layout, layouts=list(layouts),
                       torch=None if torch is None else torch.__version__, environment=env,
-                      shapes=[_case_dict(c) for c in shapes],
-                      results=[r.as_dict() for r in rows], dispatch_overhead=overhead)
+                      gemm_peak=peak, shapes=[_case_dict(c) for c in shapes],
+                      results=[r.as_dict() for r in rows], dispatch_overhead=overhead,
+                      summary=summary, targets=dict(groups=bench.GROUP_TARGETS,
+                                                    ops=list(bench.TARGET_OPS)))
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1, default=_json_default)
         _print(f"results written to {args.json}")
     if errors:
         _print(f"{len(errors)} measurement(s) failed; see the 'error' rows")
+        return 1
+    return 0
+
+
+def _percent(fraction) -> str:
+    if fraction is None:
+        return "-"
+    return f"{fraction * 100:.1f}%" if fraction < 0.1 else f"{fraction * 100:.0f}%"
+
+
+def _print_summary(summary: list, peak: dict, compared: bool) -> None:
+    """The per-group table of :func:`numbaconv.bench.summarize`, with the targets' verdicts."""
+    from numbaconv import bench
+
+    _print("summary per backend, group and op: geometric means over the group's shapes and "
+           "layouts; 'vs pytorch' is PyTorch's time over the backend's (> 1: faster)")
+    if not compared:
+        _print("  no PyTorch baseline in this run: no ratios, targets not judged")
+    if not summary:
+        _print("  nothing measured")
+        return
+    rows = []
+    for s in summary:
+        if s["target"] is None:
+            target = verdict = ""
+        else:
+            target = f">= {s['target']:.1f}"
+            verdict = {True: "met", False: "not met", None: "-"}[s["met"]]
+        rows.append((s["backend"], s["group"], s["op"], f"{s['compared']}/{s['measured']}",
+                     "-" if s["gflops"] is None else f"{s['gflops']:.2f}",
+                     _percent(s["peak_fraction"]),
+                     "-" if s["vs_pytorch"] is None else f"{s['vs_pytorch']:.2f}",
+                     target, verdict))
+    for line in _table(("backend", "group", "op", "ratios", "GFLOP/s", "of peak",
+                        "vs pytorch", "target", "verdict"), rows, (3, 4, 5, 6)):
+        _print(f"  {line}")
+    _print(f"  ratios: rows with a PyTorch ratio / rows timed; of peak: of the "
+           f"{peak['name']} peak, {peak['gflops']:.1f} GFLOP/s")
+    judged = [s for s in summary if s["met"] is not None]
+    for backend in dict.fromkeys(s["backend"] for s in judged):
+        mine = [s for s in judged if s["backend"] == backend]
+        met = [f"{s['group']} {s['op']}" for s in mine if s["met"]]
+        missed = [f"{s['group']} {s['op']}" for s in mine if not s["met"]]
+        _print(f"targets for {backend}: {len(met)} of {len(mine)} met"
+               + (f"; not met: {', '.join(missed)}" if missed else ""))
+
+
+def _first_call(args, bench, backends) -> int:
+    """``bench --first-call``: each op's first call in fresh processes, cold and cached."""
+    ops = args.op or _conv_ops()
+    layouts = bench.resolve_layouts(args.layout or "channels_first")
+    case = bench.FIRST_CALL_CASE
+    from numbaconv import __version__
+    _print(f"numbaconv {__version__} first-call latency: {', '.join(backends)}; {args.dtype}, "
+           f"{', '.join(layouts)}; problem {case.name} (x {case.x_shape}, w {case.w_shape}, "
+           f"padding {case.padding})")
+    _print("each op in two fresh interpreters sharing a new, empty NUMBA_CACHE_DIR, with "
+           "NUMBACONV_JIT_CACHE=1 and NUMBACONV_AUTOTUNE=0: 'cold' compiles (and writes the "
+           "cache), 'cached' loads the first one's kernels from disk. Numba is imported just "
+           "before and timed apart: a user's first call pays 'Numba import' on top (importing "
+           "numbaconv does not load Numba).")
+    _print()
+    headers = ("backend", "layout", "op", "algorithm", "cold", "cached", "Numba import",
+               "2nd call", "kernels", "from cache")
+    widths = [max([len(h)] + [len(v) for v in values]) for h, values in zip(
+        headers, (backends, layouts, ops, ("im2col",), (), (), (), (), (), ()))]
+    widths = [max(w, 10) if i in (4, 5, 6, 7) else w for i, w in enumerate(widths)]
+
+    def fmt(values):
+        return "  ".join(str(v).rjust(w) if i >= 4 else str(v).ljust(w)
+                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+    _print(fmt(headers))
+    _print(fmt(["-" * w for w in widths]))
+    results = []
+    for backend in backends:
+        for layout in layouts:
+            for r in bench.first_call_latency(ops, backend, layout=layout, dtype=args.dtype,
+                                              threads=args.threads):
+                results.append(r)
+                cold, cached = r["cold"], r["cached"]
+                failed = cold.get("error") or cached.get("error")
+                if failed:
+                    _print(fmt((backend, layout, r["op"], "error", "", "", "", "", "", ""))
+                           + f"  {_one_line(failed, 100)}")
+                    continue
+                _print(fmt((backend, layout, r["op"], cold["algorithm"],
+                            bench.format_seconds(cold["call_s"]),
+                            bench.format_seconds(cached["call_s"]),
+                            bench.format_seconds(cached["numba_import_s"]),
+                            bench.format_seconds(cached["second_s"]), cold["kernels"],
+                            f"{cached['cache_hits']}/{cached['kernels']}")))
+    reports = [r[k] for r in results for k in ("cold", "cached") if "error" not in r[k]]
+    if reports:
+        imports = sorted(p["import_s"] for p in reports)
+        loaded = [p for p in reports if p["numba_at_import"]]
+        _print(f"import numbaconv: {bench.format_seconds(imports[len(imports) // 2])} (median "
+               f"of {len(imports)} fresh interpreters); Numba loaded by the import: "
+               + (f"yes, in {len(loaded)}" if loaded else "no, so importing compiles nothing"))
+    errors = [r for r in results if "error" in r["cold"] or "error" in r["cached"]]
+    if args.json:
+        record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), dtype=args.dtype,
+                      case=_case_dict(case), first_call=results)
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1, default=_json_default)
+        _print(f"results written to {args.json}")
+    if errors:
+        _print(f"{len(errors)} first-call measurement(s) failed")
         return 1
     return 0
 
@@ -425,9 +566,9 @@ def _blas_limits(threads: int):
 
 
 def _case_dict(c) -> dict:
-    return dict(name=c.name, x_shape=c.x_shape, w_shape=c.w_shape, stride=c.stride,
-                padding=c.padding, dilation=c.dilation, groups=c.groups,
-                output_padding=c.output_padding)
+    return dict(name=c.name, group=getattr(c, "group", None), x_shape=c.x_shape,
+                w_shape=c.w_shape, stride=c.stride, padding=c.padding, dilation=c.dilation,
+                groups=c.groups, output_padding=c.output_padding)
 
 
 def _json_default(value):
@@ -534,9 +675,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time conv, conv_backward_data, conv_backward_weight, "
                     "conv_backward_bias and conv_transpose on standard CNN layer shapes "
                     "(ResNet 3x3, 1x1, depthwise 3x3, 7x7 stride-2 stem) for each available "
-                    "CPU backend, and PyTorch directly when it is installed, printing median "
-                    "time, GFLOP/s and PyTorch's time over the backend's. Ends with the "
-                    "dispatch overhead of a tiny call.")
+                    "CPU backend, and PyTorch directly when it is installed, in both layouts, "
+                    "printing median time, GFLOP/s, the fraction of the machine's GEMM peak "
+                    "(np.matmul, measured in the same run) and PyTorch's time over the "
+                    "backend's. Then the dispatch overhead of a tiny call, and a summary per "
+                    "group of shapes (resnet3x3, pointwise, depthwise, stem): geometric means "
+                    "of the ratio, judged against the targets for the data and weight "
+                    "gradients. With --first-call, instead: each op's first-call latency "
+                    "(JIT compilation) in fresh processes, cold and from Numba's disk cache.")
     p.add_argument("--quick", action="store_true",
                    help="small shapes and few repeats (seconds; the reference included)")
     p.add_argument("--repeat", type=_positive_int, metavar="N",
@@ -548,14 +694,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", action="append", choices=_conv_ops(), metavar="OP",
                    help="time only this op (repeatable)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--layout", choices=("channels_first", "channels_last"),
-                   default="channels_first")
+    p.add_argument("--layout", choices=("channels_first", "channels_last", "both"),
+                   help="layout(s) to time (default: both; channels_first with --quick or "
+                        "--first-call)")
     p.add_argument("--threads", type=_positive_int, metavar="N",
                    help="threads for Numba, BLAS and PyTorch (default NUMBA_NUM_THREADS)")
     p.add_argument("--no-torch", action="store_true", help="do not time PyTorch")
     p.add_argument("--settle", type=float, default=_default_settle(), metavar="SECONDS",
                    help="pause between engines so idle thread pools stop spinning "
                         "(default %(default)s)")
+    p.add_argument("--first-call", action="store_true",
+                   help="measure each op's first call (JIT compilation) on a small problem in "
+                        "fresh processes, cold and with Numba's on-disk cache, for the cpu "
+                        "backend (or --backend); honours --op, --dtype, --layout, --threads")
     p.add_argument("--json", metavar="FILE", help="also write the results to FILE as JSON")
     p.set_defaults(func=cmd_bench)
 

@@ -14,6 +14,7 @@ import pytest
 
 import numbaconv
 from numbaconv import bench
+from numbaconv import problem as pb
 from numbaconv.__main__ import main
 from numbaconv.backend import Backend
 from numbaconv.problem import CONV_OPS
@@ -142,8 +143,139 @@ def test_bench_quick_prints_table_overhead_and_json(capsys, tmp_path):
     rows = record["results"]
     assert {r["op"] for r in rows} == set(CONV_OPS)
     assert any(r["backend"] == "reference" and r["status"] == "ok" for r in rows)
+    assert {r["layout"] for r in rows} == {"channels_first"}  # --quick's default layout
     assert {d["op"] for d in record["dispatch_overhead"]} == set(CONV_OPS)
     assert all(np.isfinite(d["overhead_us"]) for d in record["dispatch_overhead"])
+    if record["torch"] is not None:  # ratios, so the dgrad/wgrad targets are judged
+        judged = [s for s in record["summary"] if s["met"] is not None]
+        assert {(s["group"], s["op"]) for s in judged} == {
+            (g, op) for g in bench.GROUPS for op in bench.TARGET_OPS}
+        assert "targets for " in out and "met" in out
+
+
+def test_bench_layout_both_prints_peak_and_grouped_summary(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    status, out, _ = run_cli(capsys, "bench", "--quick", "--no-torch", "--layout", "both",
+                             "--backend", "reference", "--op", "conv",
+                             "--op", "conv_backward_data", "--op", "conv_backward_weight",
+                             "--repeat", "1", "--settle", "0", "--json", str(path))
+    assert status == 0, out
+    assert "SGEMM peak:" in out and "of peak" in out
+    assert "summary per backend, group and op" in out
+    summary_lines = out.split("summary per backend, group and op")[1].splitlines()
+    for group in bench.GROUPS:
+        assert any(line.split()[:2] == ["reference", group] for line in summary_lines)
+    record = json.loads(path.read_text())
+    assert record["layouts"] == ["channels_first", "channels_last"]
+    peak = record["gemm_peak"]
+    assert peak["name"] == "SGEMM" and peak["gflops"] > 0
+    rows = record["results"]
+    for case in bench.QUICK_SHAPES:  # every shape in both layouts
+        assert {r["layout"] for r in rows if r["shape"] == case.name} == {
+            "channels_first", "channels_last"}
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(r["group"] in bench.GROUPS for r in ok)
+    assert all(r["peak_fraction"] == pytest.approx(r["gflops"] / peak["gflops"]) for r in ok)
+    summary = {(s["group"], s["op"]): s for s in record["summary"]}
+    assert set(summary) == {(g, op) for g in bench.GROUPS for op in
+                            ("conv", "conv_backward_data", "conv_backward_weight")}
+    # Two ResNet shapes in two layouts; no PyTorch, so nothing is judged.
+    assert summary["resnet3x3", "conv"]["measured"] == 4
+    assert summary["stem", "conv_backward_data"]["target"] == bench.GROUP_TARGETS["stem"]
+    assert summary["stem", "conv"]["target"] is None
+    assert all(s["vs_pytorch"] is None and s["met"] is None for s in summary.values())
+    assert "no PyTorch baseline" in out
+
+
+def test_bench_single_layout_channels_last(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    status, out, _ = run_cli(capsys, "bench", "--quick", "--no-torch", "--layout",
+                             "channels_last", "--backend", "reference", "--op",
+                             "conv_backward_bias", "--repeat", "1", "--settle", "0",
+                             "--json", str(path))
+    assert status == 0, out
+    record = json.loads(path.read_text())
+    assert record["layouts"] == ["channels_last"]
+    assert {r["layout"] for r in record["results"]} == {"channels_last"}
+
+
+def test_summarize_geometric_means_and_targets():
+    def row(shape, group, op, backend, ratio, layout="channels_first"):
+        return bench.Row(shape, op, backend, layout, "float32", "ok", median_s=1.0,
+                         best_s=1.0, gflops=2.0, vs_pytorch=ratio, group=group,
+                         peak_fraction=0.5)
+
+    rows = [row("a", "resnet3x3", "conv_backward_data", bench.PYTORCH, 1.0),
+            row("a", "resnet3x3", "conv_backward_data", "cpu", 0.5),
+            row("a", "resnet3x3", "conv_backward_data", "cpu", 2.0, "channels_last"),
+            row("b", "pointwise", "conv_backward_weight", "cpu", 1.4),
+            row("b", "pointwise", "conv", "cpu", 9.0),
+            bench.Row("c", "conv_backward_data", "cpu", "channels_first", "float32",
+                      "skipped", group="pointwise")]
+    summary = {(s["backend"], s["group"], s["op"]): s for s in bench.summarize(rows)}
+    assert set(summary) == {("cpu", "resnet3x3", "conv_backward_data"),
+                            ("cpu", "pointwise", "conv_backward_weight"),
+                            ("cpu", "pointwise", "conv"),
+                            ("cpu", "pointwise", "conv_backward_data")}
+    dgrad = summary["cpu", "resnet3x3", "conv_backward_data"]
+    assert dgrad["vs_pytorch"] == pytest.approx(1.0)  # sqrt(0.5 * 2)
+    assert (dgrad["measured"], dgrad["compared"], dgrad["target"], dgrad["met"]) == (
+        2, 2, 0.8, True)
+    assert dgrad["peak_fraction"] == pytest.approx(0.5)
+    assert summary["cpu", "pointwise", "conv_backward_weight"]["met"] is False  # 1.4 < 1.5
+    assert summary["cpu", "pointwise", "conv"]["target"] is None
+    assert summary["cpu", "pointwise", "conv"]["met"] is None
+    skipped = summary["cpu", "pointwise", "conv_backward_data"]
+    assert (skipped["measured"], skipped["vs_pytorch"], skipped["met"]) == (0, None, None)
+
+
+def test_shape_tables_are_grouped_and_consistent():
+    assert set(bench.GROUP_TARGETS) == set(bench.GROUPS)
+    for table in (bench.SHAPES, bench.QUICK_SHAPES):
+        assert len({c.name for c in table}) == len(table)
+        assert {c.group for c in table} == set(bench.GROUPS)
+        for case in table:
+            # The transposed convolution of each shape maps its output back to its input.
+            z = lambda shape: np.broadcast_to(np.float32(0), shape)  # noqa: E731
+            p = pb.conv_transpose_problem(
+                z(case.y_shape("channels_first")), z(case.w_shape), stride=case.stride,
+                padding=case.padding, dilation=case.dilation, groups=case.groups,
+                output_padding=case.output_padding)
+            assert p.result_shape == tuple(case.x_shape), case.name
+    assert bench.resolve_layouts("both") == ("channels_first", "channels_last")
+    assert bench.resolve_layouts("channels_last") == ("channels_last",)
+    with pytest.raises(ValueError):
+        bench.resolve_layouts("nhwc")
+
+
+def test_bench_first_call_reports_cold_and_cached(capsys, tmp_path):
+    info = {b.name: b for b in numbaconv.backends()}
+    if "cpu" not in info or not info["cpu"].available:
+        pytest.skip("the cpu backend is not available")
+    path = tmp_path / "first_call.json"
+    # The bias gradient: one small kernel, so the two fresh processes take about a second.
+    status, out, _ = run_cli(capsys, "bench", "--first-call", "--op", "conv_backward_bias",
+                             "--json", str(path))
+    assert status == 0, out
+    header = next(line for line in out.splitlines() if line.startswith("backend"))
+    assert header.split()[:6] == ["backend", "layout", "op", "algorithm", "cold", "cached"]
+    assert any(line.split()[:3] == ["cpu", "channels_first", "conv_backward_bias"]
+               for line in out.splitlines())
+    assert "import numbaconv:" in out and "importing compiles nothing" in out
+    (result,) = json.loads(path.read_text())["first_call"]
+    cold, cached = result["cold"], result["cached"]
+    assert result["op"] == "conv_backward_bias" and cold["backend"] == "cpu"
+    assert not cold["numba_at_import"] and not cached["numba_at_import"]
+    assert cold["kernels"] >= 1 and cold["cache_hits"] == 0
+    # The second process found the first one's kernels on disk instead of compiling.
+    assert cached["cache_hits"] == cached["kernels"] == cold["kernels"]
+    assert cached["cache_misses"] == 0
+
+
+def test_bench_first_call_rejects_unknown_backend(capsys):
+    status, _, err = run_cli(capsys, "bench", "--first-call", "--backend", "no_such_backend")
+    assert status == 2
+    assert "no_such_backend" in err
 
 
 def test_bench_pytorch_baseline_computes_the_same_thing():
