@@ -62,13 +62,14 @@ def im2col_cf(x, col, n0, q0, q1, s, r, p, stride, dil, before):
                 for p2 in range(p[2]):
                     col[b, row, base + p2] = 0
                 continue
-            for p2 in range(lo2):
-                col[b, row, base + p2] = 0
+            col[b, row, base:base + lo2] = 0
             offset = t2 * dil[2] - before[2]
-            for p2 in range(lo2, hi2):
-                col[b, row, base + p2] = x[n, c, i0, i1, p2 * stride[2] + offset]
-            for p2 in range(hi2, p[2]):
-                col[b, row, base + p2] = 0
+            if stride[2] == 1:  # a contiguous run: a slice copy vectorises
+                col[b, row, base + lo2:base + hi2] = x[n, c, i0, i1, lo2 + offset:hi2 + offset]
+            else:
+                for p2 in range(lo2, hi2):
+                    col[b, row, base + p2] = x[n, c, i0, i1, p2 * stride[2] + offset]
+            col[b, row, base + hi2:base + p[2]] = 0
 
 
 @_njit
@@ -144,8 +145,13 @@ def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
                     row = c * taps + (t0 * r[1] + t1) * r[2] + t2
                     lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
                     offset = t2 * dil[2] - before[2]
-                    for p2 in range(lo2, hi2):
-                        dx[n, c, i0, i1, p2 * stride[2] + offset] += dcol[b, row, base + p2]
+                    if stride[2] == 1:  # contiguous: a slice add vectorises
+                        dx[n, c, i0, i1, lo2 + offset:hi2 + offset] += \
+                            dcol[b, row, base + lo2:base + hi2]
+                    else:
+                        for p2 in range(lo2, hi2):
+                            dx[n, c, i0, i1, p2 * stride[2] + offset] += dcol[b, row,
+                                                                               base + p2]
 
 
 @_njit
