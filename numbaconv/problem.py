@@ -22,6 +22,7 @@ property documented here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -179,7 +180,7 @@ class ConvProblem:
 
     def with_op(self, op: str, *, has_bias: bool = False, accumulate: bool = False):
         """The same geometry for another op (used to split composite calls)."""
-        return _replace(self, op=op, has_bias=has_bias, accumulate=accumulate)
+        return dataclasses.replace(self, op=op, has_bias=has_bias, accumulate=accumulate)
 
 
 @dataclass(frozen=True)
@@ -395,7 +396,7 @@ def check_out(out, expected_shape: tuple, device: str, dtype: str, accumulate,
                                  "array that overlaps one of them")
 
 
-def conv_geometry(op, stride, padding, dilation, input_size, kernel_size):
+def conv_geometry(stride, padding, dilation, input_size, kernel_size):
     """Normalised stride, dilation and padding pairs for a forward geometry."""
     ndim = len(kernel_size)
     stride = geo.normalize_int_tuple(stride, ndim, "stride", 1)
@@ -412,11 +413,6 @@ def _physical(batch, channels, spatial, layout):
 
 def _dims(t):
     return "x".join(str(v) for v in t)
-
-
-def _replace(problem, **changes):
-    import dataclasses
-    return dataclasses.replace(problem, **changes)
 
 
 # --- builders: one per public entry point, all sharing the checks above -----------------
@@ -505,7 +501,7 @@ def conv_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     device, dtype = check_operands(*(i for i in (xinfo, winfo, binfo) if i is not None))
     groups = check_groups(groups, c, wshape[0], wshape[1], "w", "x")
     r = wshape[2:]
-    stride, dilation, pads = conv_geometry("conv", stride, padding, dilation, s, r)
+    stride, dilation, pads = conv_geometry(stride, padding, dilation, s, r)
     p = geo.output_shape(s, r, stride, dilation, pads)
     check_output_size(p, "x", f"input {s}, kernel {r}, stride {stride}, dilation "
                       f"{dilation}, padding {pads}")
@@ -536,7 +532,7 @@ def conv_backward_data_problem(dy, w, input_shape, *, stride=1, padding=0, dilat
                          f"in shape {dyinfo.shape}")
     groups = check_groups(groups, c, wshape[0], wshape[1], "w", "input_shape")
     r = wshape[2:]
-    stride, dilation, pads = conv_geometry("conv_backward_data", stride, padding, dilation,
+    stride, dilation, pads = conv_geometry(stride, padding, dilation,
                                            s, r)
     expected = geo.output_shape(s, r, stride, dilation, pads)
     check_output_size(expected, "input_shape", f"input {s}, kernel {r}")
@@ -572,7 +568,7 @@ def conv_backward_weight_problem(x, dy, weight_shape, *, stride=1, padding=0, di
                          f"weight_shape), got {k} in shape {dyinfo.shape}")
     groups = check_groups(groups, c, wshape[0], wshape[1], "weight_shape", "x")
     r = wshape[2:]
-    stride, dilation, pads = conv_geometry("conv_backward_weight", stride, padding,
+    stride, dilation, pads = conv_geometry(stride, padding,
                                            dilation, s, r)
     expected = geo.output_shape(s, r, stride, dilation, pads)
     check_output_size(expected, "x", f"input {s}, kernel {r}")
