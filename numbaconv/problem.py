@@ -532,8 +532,7 @@ def conv_backward_data_problem(dy, w, input_shape, *, stride=1, padding=0, dilat
                          f"in shape {dyinfo.shape}")
     groups = check_groups(groups, c, wshape[0], wshape[1], "w", "input_shape")
     r = wshape[2:]
-    stride, dilation, pads = conv_geometry(stride, padding, dilation,
-                                           s, r)
+    stride, dilation, pads = conv_geometry(stride, padding, dilation, s, r)
     expected = geo.output_shape(s, r, stride, dilation, pads)
     check_output_size(expected, "input_shape", f"input {s}, kernel {r}")
     if expected != p:
@@ -568,8 +567,7 @@ def conv_backward_weight_problem(x, dy, weight_shape, *, stride=1, padding=0, di
                          f"weight_shape), got {k} in shape {dyinfo.shape}")
     groups = check_groups(groups, c, wshape[0], wshape[1], "weight_shape", "x")
     r = wshape[2:]
-    stride, dilation, pads = conv_geometry(stride, padding,
-                                           dilation, s, r)
+    stride, dilation, pads = conv_geometry(stride, padding, dilation, s, r)
     expected = geo.output_shape(s, r, stride, dilation, pads)
     check_output_size(expected, "x", f"input {s}, kernel {r}")
     if expected != p:
