@@ -267,15 +267,16 @@ def select(op: str, problem) -> Choice:
     autotune = _autotune.enabled()
     key = (op, problem, active, autotune)
     choice = _registry.choices.get(key)
-    if choice is None:
+    cached = choice is not None
+    if not cached:
         choice = _select(op, problem, active)
         if autotune:
             choice = _autotune.tune(op, problem, choice)
         _registry.choices[key] = choice
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s %s -> backend %r, algorithm %r (%s); rejected: %s", op,
-                      problem.key(), choice.backend, choice.algorithm, choice.reason,
-                      choice.rejected or "none")
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %s -> backend %r, algorithm %r (%s%s); rejected: %s", op,
+                  problem.key(), choice.backend, choice.algorithm, choice.reason,
+                  "; cached choice" if cached else "", choice.rejected or "none")
     return choice
 
 

@@ -170,9 +170,11 @@ def test_debug_log_names_every_choice(caplog):
     with caplog.at_level(logging.DEBUG, logger="numbaconv.dispatch"), \
             nc.use_backend("high", "reference"):
         nc.conv(X, W)
-    message = caplog.records[-1].getMessage()
-    assert "conv conv:N2:C3:K4" in message and "backend 'reference'" in message
-    assert "high declines" in message
+        nc.conv(X, W)
+    first, second = (r.getMessage() for r in caplog.records[-2:])
+    assert "conv conv:N2:C3:K4" in first and "backend 'reference'" in first
+    assert "high declines" in first
+    assert "backend 'reference'" in second and "cached choice" in second
 
 
 def test_choices_are_cached_per_problem():
