@@ -22,7 +22,8 @@ def run(problem, operands, out, algorithm):
     if algorithm == "gemm":
         _gemm_forward(g, x, w, y)
     elif algorithm == "im2col":
-        _im2col_forward(g, x, w, y)
+        with _gemm.packing_threads():
+            _im2col_forward(g, x, w, y)
     elif algorithm == "direct":
         _direct.forward(g, x, w, y)
     else:

@@ -38,11 +38,14 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
     if algorithm == "gemm":
         _gemm_dgrad(g, dy, w, dx, accumulate)
         return
-    if not accumulate:
-        zero_rows(dx.reshape(dx.shape[0], -1))
     if algorithm == "im2col":
-        _im2col_dgrad(g, dy, w, dx)
+        with _gemm.packing_threads():
+            if not accumulate:
+                zero_rows(dx.reshape(dx.shape[0], -1))
+            _im2col_dgrad(g, dy, w, dx)
     elif algorithm == "direct":
+        if not accumulate:
+            zero_rows(dx.reshape(dx.shape[0], -1))
         _direct.data_gradient(g, dy, w, dx)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")

@@ -21,7 +21,8 @@ def run(problem, operands, out, algorithm):
     if algorithm == "gemm":
         dw = _gemm_wgrad(g, x, dy)
     elif algorithm == "im2col":
-        dw = _im2col_wgrad(g, x, dy)
+        with _gemm.packing_threads():
+            dw = _im2col_wgrad(g, x, dy)
     elif algorithm == "direct":
         dw = _direct.weight_gradient(g, x, dy)
     else:
