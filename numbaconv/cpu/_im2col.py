@@ -79,10 +79,6 @@ def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
     cg = c_total // groups
     nrows = q1 - q0
     nb = col.shape[0] // (nrows * p[2])
-    # One group and an undilated last dim: the R2 taps of a window row are R2 * C
-    # consecutive values in x and in col, so one slice copy replaces R2 * C scalar ones
-    # (what makes a 3-channel stem cheap to pack).
-    runs = groups == 1 and dil[2] == 1
     for job in prange(nb * nrows):
         b = job // nrows
         q = q0 + job - b * nrows
@@ -91,26 +87,22 @@ def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
         n = n0 + b
         for p2 in range(p[2]):
             m = job * p[2] + p2
-            start2 = p2 * stride[2] - before[2]
-            whole_row = runs and start2 >= 0 and start2 + r[2] <= s[2]
+            t = 0
             for t0 in range(r[0]):
                 i0 = p0 * stride[0] - before[0] + t0 * dil[0]
                 for t1 in range(r[1]):
                     i1 = p1 * stride[1] - before[1] + t1 * dil[1]
-                    t = (t0 * r[1] + t1) * r[2]
-                    if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1]:
-                        col[m, :, t:t + r[2], :] = 0
-                    elif whole_row:
-                        col[m, 0, t:t + r[2], :] = x[n, i0, i1, start2:start2 + r[2], :]
-                    else:
-                        for t2 in range(r[2]):
-                            i2 = start2 + t2 * dil[2]
-                            if 0 <= i2 < s[2]:
-                                for g in range(groups):
-                                    col[m, g, t + t2, :] = x[n, i0, i1, i2,
-                                                             g * cg:(g + 1) * cg]
+                    for t2 in range(r[2]):
+                        i2 = p2 * stride[2] - before[2] + t2 * dil[2]
+                        inside = (0 <= i0 < s[0]) and (0 <= i1 < s[1]) and (0 <= i2 < s[2])
+                        for g in range(groups):
+                            if inside:
+                                for c in range(cg):
+                                    col[m, g, t, c] = x[n, i0, i1, i2, g * cg + c]
                             else:
-                                col[m, :, t + t2, :] = 0
+                                for c in range(cg):
+                                    col[m, g, t, c] = 0
+                        t += 1
 
 
 @_njit
@@ -169,7 +161,6 @@ def col2im_cl(dcol, dx, n0, q0, q1, groups, s, r, p, stride, dil, before):
     cg = c_total // groups
     nrows = q1 - q0
     nb = dcol.shape[0] // (nrows * p[2])
-    runs = groups == 1 and dil[2] == 1  # see im2col_cl
     for job in prange(nb * s[0] * s[1]):
         i1 = job % s[1]
         rest = job // s[1]
@@ -194,19 +185,15 @@ def col2im_cl(dcol, dx, n0, q0, q1, groups, s, r, p, stride, dil, before):
                 if q < q0 or q >= q1:
                     continue
                 mrow = (b * nrows + q - q0) * p[2]
-                t = (t0 * r[1] + t1) * r[2]
-                for p2 in range(p[2]):
-                    start2 = p2 * stride[2] - before[2]
-                    if runs and start2 >= 0 and start2 + r[2] <= s[2]:
-                        dx[n, i0, i1, start2:start2 + r[2], :] += dcol[mrow + p2, 0,
-                                                                      t:t + r[2], :]
-                        continue
-                    for t2 in range(r[2]):
-                        i2 = start2 + t2 * dil[2]
-                        if 0 <= i2 < s[2]:
-                            for g in range(groups):
-                                dx[n, i0, i1, i2, g * cg:(g + 1) * cg] += dcol[mrow + p2, g,
-                                                                               t + t2, :]
+                for t2 in range(r[2]):
+                    t = (t0 * r[1] + t1) * r[2] + t2
+                    lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
+                    offset = t2 * dil[2] - before[2]
+                    for p2 in range(lo2, hi2):
+                        i2 = p2 * stride[2] + offset
+                        for g in range(groups):
+                            for c in range(cg):
+                                dx[n, i0, i1, i2, g * cg + c] += dcol[mrow + p2, g, t, c]
 
 
 @_njit
