@@ -68,6 +68,8 @@ class Backend:
         Part of the autotune cache key; bump it when algorithms change speed or meaning.
     ops : frozenset of str
         The ops this backend implements (see :data:`numbaconv.problem.OPS`).
+    dtypes : tuple of str
+        The dtypes it computes; the default :meth:`supports` declines the others.
     """
 
     name: str = "unnamed"
@@ -75,6 +77,7 @@ class Backend:
     priority: int = 0
     version: str = "0"
     ops: frozenset = frozenset()
+    dtypes: tuple = ("float32", "float64")
 
     def availability(self) -> Optional[str]:
         """``None`` if the backend can run here, else the reason it cannot (called once)."""
@@ -84,6 +87,8 @@ class Backend:
         """``None`` if this backend runs ``op`` on ``problem``, else a short reason why not."""
         if op not in self.ops:
             return f"op {op!r} not implemented"
+        if problem.dtype not in self.dtypes:
+            return f"dtype {problem.dtype} not supported ({', '.join(self.dtypes)})"
         return None
 
     def algorithms(self, op: str, problem) -> Sequence[str]:

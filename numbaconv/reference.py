@@ -138,13 +138,6 @@ class ReferenceBackend(Backend):
     version = "1"
     ops = frozenset(CONV_OPS)
 
-    def supports(self, op, problem):
-        if op not in self.ops:
-            return f"op {op!r} not implemented"
-        if problem.dtype not in ("float32", "float64"):
-            return f"dtype {problem.dtype} not supported (float32, float64)"
-        return None
-
     def choose(self, op, problem):
         return "numpy", "the only algorithm (per-tap batched matmul)"
 

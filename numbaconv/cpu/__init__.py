@@ -65,13 +65,6 @@ class CpuBackend(Backend):
             return "Numba is not installed"
         return None
 
-    def supports(self, op, problem) -> Optional[str]:
-        if op not in self.ops:
-            return f"op {op!r} not implemented"
-        if problem.dtype not in ("float32", "float64"):
-            return f"dtype {problem.dtype} not supported (float32, float64)"
-        return None
-
     def algorithms(self, op, problem):
         if op == "conv_backward_bias":
             return ("reduce",)
