@@ -9,7 +9,9 @@ from .conv import (conv, conv_backward, conv_backward_bias, conv_backward_data,
                    conv_transpose_backward, explain)
 from .dispatch import (BackendInfo, Choice, NoBackendError, backends, register_backend,
                        reload_backends, set_autotune, unregister_backend, use_backend)
-from .problem import BiasProblem, ConvProblem
+from .problem import BiasProblem, ConvProblem, RNNProblem
+from .rnn import (RNNConfig, rnn_backward_data, rnn_backward_weights, rnn_forward,
+                  rnn_init_params, rnn_param_views, rnn_reserve_size)
 
 __version__ = "0.1.0"
 
@@ -18,5 +20,7 @@ __all__ = [
     "conv_backward_weight", "conv_output_shape", "conv_transpose", "conv_transpose_backward",
     "explain", "backends", "use_backend", "set_autotune", "register_backend",
     "unregister_backend", "reload_backends", "BackendInfo", "Choice", "NoBackendError",
-    "ConvProblem", "BiasProblem", "__version__",
+    "ConvProblem", "BiasProblem", "RNNProblem", "RNNConfig", "rnn_init_params",
+    "rnn_param_views", "rnn_reserve_size", "rnn_forward", "rnn_backward_data",
+    "rnn_backward_weights", "__version__",
 ]

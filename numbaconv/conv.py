@@ -300,8 +300,8 @@ def explain(op, *args, **kwargs):
         tried before the chosen one or not eligible).
     """
     if op in pb.RNN_OPS:
-        raise NotImplementedError(f"op: {op!r} is part of the API but has no implementation "
-                                  f"in this version")
+        from .rnn import rnn_problem
+        return dispatch.select(op, rnn_problem(op, *args, **kwargs))
     if op not in _BUILDERS:
         raise ValueError(f"op: expected one of {sorted(pb.OPS)}, got {op!r}")
     return dispatch.select(op, _BUILDERS[op](*args, **kwargs))
