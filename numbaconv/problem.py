@@ -870,8 +870,8 @@ class RNNReserveLayout:
     gates[l, d]   (T, N, Gw)                      forward: activations (RNN: h; LSTM: i, f,
                                                   g, o; GRU: r, z, n, W_hn h + b_hn); after
                                                   rnn_backward_data: the gradients of the
-                                                  pre-activations (GRU: dr, dz, dn of the input
-                                                  path, then r * dn for the hidden path)
+                                                  pre-activations (GRU: dr, dz, then r * dn
+                                                  for the hidden path, dn for the input path)
     cells[l, d]   (T, N, H), LSTM only            forward: cell state after each step; after
                                                   rnn_backward_data with projection:
                                                   o * tanh(c), the projection's input
@@ -942,6 +942,23 @@ class RNNReserveLayout:
 
     def header(self, reserve):
         return reserve[:RESERVE_HEADER]
+
+    def previous_states(self, reserve, layer: int, direction: int, h0, lengths):
+        """The hidden state each step of (layer, direction) read, as a new (T, N, P) array:
+        the previous step's output in processing order, or ``h0`` at a sequence's first
+        step (t = 0 forwards; t = T - 1, or length - 1, backwards). CPU arrays only."""
+        p = self.config.out_size
+        outputs = self.outputs(reserve, layer)[:, :, direction * p:(direction + 1) * p]
+        prev = np.empty(outputs.shape, outputs.dtype)
+        if direction == 0:
+            prev[0] = h0
+            prev[1:] = outputs[:-1]
+        else:
+            prev[-1] = h0
+            prev[:-1] = outputs[1:]
+            if lengths is not None:
+                prev[lengths - 1, np.arange(len(lengths))] = h0
+        return prev
 
 
 @functools.lru_cache(maxsize=64)

@@ -151,22 +151,6 @@ def _valid(lengths, seq_len: int):
     return (np.arange(seq_len)[:, None] < lengths[None, :])[:, :, None]
 
 
-def rnn_previous_states(outputs, h0, lengths, direction):
-    """The hidden state each step read, (T, N, P): the previous step's output (in processing
-    order) or ``h0`` at a sequence's first step (t = 0 forwards, t = length - 1 backwards)."""
-    prev = np.empty_like(outputs)
-    if direction == 0:
-        prev[0] = h0
-        prev[1:] = outputs[:-1]
-    else:
-        prev[-1] = h0
-        prev[:-1] = outputs[1:]
-        if lengths is not None:
-            rows = np.arange(len(lengths))
-            prev[lengths - 1, rows] = h0
-    return prev
-
-
 def _cell_forward(mode, xg, h, c, w_hh, b_hh, w_hr):
     """One step from ``xg = x_t @ w_ih.T + b_ih``: (stored activations, new h, new c)."""
     hg = h @ w_hh.T
@@ -211,8 +195,8 @@ def _cell_backward(mode, act, c, c_prev, h_prev, dh, dc, w_hh, w_hr):
         dn = dh * (1 - z) * (1 - n * n)
         dr = dn * hn * r * (1 - r)
         dz = dh * (h_prev - n) * z * (1 - z)
-        dgates = np.concatenate([dr, dz, dn, dn * r], axis=1)
-        dh_prev = dh * z + np.concatenate([dr, dz, dn * r], axis=1) @ w_hh
+        dgates = np.concatenate([dr, dz, dn * r, dn], axis=1)  # hidden path first
+        dh_prev = dh * z + dgates[:, :3 * hs] @ w_hh
         return dgates, dh_prev, None, None
     dpre = dh * (1 - act * act) if mode == "rnn_tanh" else dh * (act > 0)
     return dpre, dpre @ w_hh, None, None
@@ -287,13 +271,12 @@ def rnn_backward_data(problem, y, dy, params, reserve, hx, cx, dhy, dcy, lengths
     dcx = np.empty_like(cx) if lstm else None
     for layer in reversed(range(cfg.num_layers)):
         din = np.zeros((t_len, n, cfg.layer_input_size(layer)), dy.dtype)
-        outputs = layout.outputs(reserve, layer)
         for d in range(d_num):
             w_ih, w_hh, b_ih, b_hh, w_hr = layer_params(cfg, params, layer, d)
             ld, cols = layer * d_num + d, slice(d * p, (d + 1) * p)
             gates = layout.gates(reserve, layer, d)
             cells = layout.cells(reserve, layer, d) if lstm else None
-            h_prev = rnn_previous_states(outputs[:, :, cols], hx[ld], lengths, d)
+            h_prev = layout.previous_states(reserve, layer, d, hx[ld], lengths)
             c_prev = _previous_cells(cells, cx[ld], d) if lstm else None
             dh, dc = dhy[ld], (dcy[ld] if lstm else None)
             for t in reversed(_steps(t_len, d)):
@@ -310,7 +293,8 @@ def rnn_backward_data(problem, y, dy, params, reserve, hx, cx, dhy, dcy, lengths
                     layout.dproj(reserve, layer, d)[t] = \
                         dh_t if valid is None else np.where(valid[t], dh_t, 0)
                     cells[t] = m if valid is None else np.where(valid[t], m, 0)
-                ih = dgates[:, :3 * hs] if cfg.mode == "gru" else dgates
+                ih = (np.concatenate([dgates[:, :2 * hs], dgates[:, 3 * hs:]], axis=1)
+                      if cfg.mode == "gru" else dgates)
                 din[t] += ih @ w_ih
                 dh, dc = dh_new, dc_new
             dhx[ld] = dh
@@ -338,17 +322,16 @@ def rnn_backward_weights(problem, x, params, reserve, hx, lengths):
             if masks is not None:
                 inp = inp * masks
         inp = inp.reshape(rows, -1)
-        outputs = layout.outputs(reserve, layer)
         for d in range(d_num):
             dw_ih, dw_hh, db_ih, db_hh, dw_hr = layer_params(cfg, dparams, layer, d)
-            ld, cols = layer * d_num + d, slice(d * p, (d + 1) * p)
+            ld = layer * d_num + d
             dgates = layout.gates(reserve, layer, d).reshape(rows, -1)
             if cfg.mode == "gru":
-                d_ih = dgates[:, :3 * hs]
-                d_hh = np.concatenate([dgates[:, :2 * hs], dgates[:, 3 * hs:]], axis=1)
+                d_ih = np.concatenate([dgates[:, :2 * hs], dgates[:, 3 * hs:]], axis=1)
+                d_hh = dgates[:, :3 * hs]
             else:
                 d_ih = d_hh = dgates
-            h_prev = rnn_previous_states(outputs[:, :, cols], hx[ld], lengths, d)
+            h_prev = layout.previous_states(reserve, layer, d, hx[ld], lengths)
             dw_ih[...] = d_ih.T @ inp
             dw_hh[...] = d_hh.T @ h_prev.reshape(rows, p)
             if cfg.bias:

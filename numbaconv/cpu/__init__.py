@@ -27,7 +27,7 @@ import importlib.util
 from typing import Optional
 
 from ..backend import Backend
-from ..problem import CONV_OPS
+from ..problem import CONV_OPS, RNN_OPS
 
 _MODULES = {
     "conv": ("conv", "run"),
@@ -35,6 +35,9 @@ _MODULES = {
     "conv_backward_weight": ("conv_backward_weight", "run"),
     "conv_backward_bias": ("conv_backward_bias", "run"),
     "conv_transpose": ("conv_backward_data", "run_transpose"),
+    "rnn_forward": ("rnn_forward", "run"),
+    "rnn_backward_data": ("rnn_backward_data", "run"),
+    "rnn_backward_weights": ("rnn_backward_weights", "run"),
 }
 
 #: Channels per group up to which the direct kernels are offered (and chosen when grouped).
@@ -52,13 +55,14 @@ def _gemm_applies(problem) -> Optional[str]:
 
 
 class CpuBackend(Backend):
-    """Numba CPU kernels for every convolution op, float32 and float64, both layouts."""
+    """Numba CPU kernels for every convolution op (float32 and float64, both layouts) and the
+    recurrent ops."""
 
     name = "cpu"
     device = "cpu"
     priority = 100
     version = "1"
-    ops = frozenset(CONV_OPS)
+    ops = frozenset(CONV_OPS + RNN_OPS)
 
     def availability(self) -> Optional[str]:
         if importlib.util.find_spec("numba") is None:
@@ -66,6 +70,8 @@ class CpuBackend(Backend):
         return None
 
     def algorithms(self, op, problem):
+        if op in RNN_OPS:
+            return ("fused",)
         if op == "conv_backward_bias":
             return ("reduce",)
         found = []
@@ -78,6 +84,9 @@ class CpuBackend(Backend):
         return tuple(found)
 
     def choose(self, op, problem):
+        if op in RNN_OPS:
+            return "fused", ("input projections and weight gradients as BLAS products over "
+                             "all steps; per step a BLAS recurrent product and fused Numba gates")
         if op == "conv_backward_bias":
             return "reduce", "the only algorithm (parallel, fixed-order sums)"
         why = _gemm_applies(problem)
