@@ -191,8 +191,8 @@ def test_choices_are_cached_per_problem():
 def test_unknown_op_for_explain():
     with pytest.raises(ValueError, match="op: expected one of"):
         nc.explain("convolve", X, W)
-    with pytest.raises(NotImplementedError, match="rnn_forward"):
-        nc.explain("rnn_forward")
+    with pytest.raises(TypeError, match="config"):
+        nc.explain("rnn_forward", "lstm", X, W)
 
 
 def test_autotune_times_each_algorithm_and_caches_on_disk(tmp_path, monkeypatch):

@@ -14,25 +14,78 @@ Gate order is PyTorch's: LSTM (i, f, g, o), GRU (r, z, n) plus the GRU's hidden-
 
 from __future__ import annotations
 
+import functools
 import math
+import types as pytypes
+from types import SimpleNamespace
 
 import numba
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from ..config import jit_options
 
 _jit = numba.njit(**jit_options())
 
+#: Elements per step (N times the gate width) from which the step kernels run in parallel.
+#: Below it, waking the thread pool costs more than the step (and, on a busy machine, a
+#: parallel region can wait milliseconds for a core).
+PARALLEL_MIN_ELEMENTS = 1 << 14
 
-@numba.njit(inline="always", **jit_options(parallel=False))
-def _sigmoid(v):
-    return 1.0 / (1.0 + math.exp(-v))
+
+def fast_tanh(x):
+    """tanh; in float32 kernels a rational approximation that vectorises (see below)."""
+    return math.tanh(x)
+
+
+@overload(fast_tanh)
+def _fast_tanh(x):
+    if x == types.float32:
+        # float32 has no vectorised libm here (Numba's SVML support needs a patched LLVM),
+        # and a scalar tanh per gate costs more than the recurrent product. An odd/even
+        # rational minimax fit on [-7.9, 7.9] (the form Eigen's fast tanh uses): at most
+        # 4e-7 absolute and relative error against float64 tanh, about 3 ulp.
+        def impl(x):
+            bound = np.float32(7.90531110763549805)
+            xc = x if x < bound else bound
+            xc = xc if xc > -bound else -bound
+            x2 = xc * xc
+            p = np.float32(-2.76076847742355e-16)
+            p = p * x2 + np.float32(2.00018790482477e-13)
+            p = p * x2 + np.float32(-8.60467152213735e-11)
+            p = p * x2 + np.float32(5.12229709037114e-08)
+            p = p * x2 + np.float32(1.48572235717979e-05)
+            p = p * x2 + np.float32(6.37261928875436e-04)
+            p = p * x2 + np.float32(4.89352455891786e-03)
+            q = np.float32(1.19825839466702e-06)
+            q = q * x2 + np.float32(1.18534705686654e-04)
+            q = q * x2 + np.float32(2.26843463243900e-03)
+            q = q * x2 + np.float32(4.89352518554385e-03)
+            r = xc * p / q
+            r = x if abs(x) < np.float32(0.0004) else r
+            return r if x == x else x  # NaN in, NaN out
+        return impl
+    return lambda x: math.tanh(x)
+
+
+def fast_sigmoid(x):
+    """The logistic function; in float32 kernels through :func:`fast_tanh`."""
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@overload(fast_sigmoid)
+def _fast_sigmoid(x):
+    if x == types.float32:
+        def impl(x):
+            half = np.float32(0.5)
+            return half + half * fast_tanh(half * x)
+        return impl
+    return lambda x: 1.0 / (1.0 + math.exp(-x))
 
 
 # --- forward -------------------------------------------------------------------------------
 
-@_jit
 def lstm_forward_step(xg, hg, bias, c, hout, y, cells, lengths, t, store, write_y):
     """i, f, g, o from ``xg + hg + bias`` (N, 4H); c (N, H) updated in place; ``o * tanh(c)``
     written to hout (N, H) and, with write_y, to y (N, H); the new c to cells; with store,
@@ -49,12 +102,12 @@ def lstm_forward_step(xg, hg, bias, c, hout, y, cells, lengths, t, store, write_
                     xg[n, j] = 0.0
             continue
         for j in range(hs):
-            i = _sigmoid(xg[n, j] + hg[n, j] + bias[j])
-            f = _sigmoid(xg[n, hs + j] + hg[n, hs + j] + bias[hs + j])
-            g = math.tanh(xg[n, 2 * hs + j] + hg[n, 2 * hs + j] + bias[2 * hs + j])
-            o = _sigmoid(xg[n, 3 * hs + j] + hg[n, 3 * hs + j] + bias[3 * hs + j])
+            i = fast_sigmoid(xg[n, j] + hg[n, j] + bias[j])
+            f = fast_sigmoid(xg[n, hs + j] + hg[n, hs + j] + bias[hs + j])
+            g = fast_tanh(xg[n, 2 * hs + j] + hg[n, 2 * hs + j] + bias[2 * hs + j])
+            o = fast_sigmoid(xg[n, 3 * hs + j] + hg[n, 3 * hs + j] + bias[3 * hs + j])
             cn = f * c[n, j] + i * g
-            h = o * math.tanh(cn)
+            h = o * fast_tanh(cn)
             c[n, j] = cn
             cells[n, j] = cn
             hout[n, j] = h
@@ -67,7 +120,6 @@ def lstm_forward_step(xg, hg, bias, c, hout, y, cells, lengths, t, store, write_
                 xg[n, 3 * hs + j] = o
 
 
-@_jit
 def commit_projection(hp, h, y, lengths, t):
     """The projected state hp (N, P) becomes h and y where the row is inside its sequence;
     y is zero elsewhere and h keeps its value."""
@@ -82,8 +134,7 @@ def commit_projection(hp, h, y, lengths, t):
                 y[n, j] = 0.0
 
 
-@_jit
-def gru_forward_step(xg, hg, b_ih, b_hh, h, y, lengths, t, store):
+def gru_forward_step(xg, hg, b_ih, b_hh, h, y, lengths, t, store, one):
     """r, z, n of PyTorch's GRU from xg (N, >= 3H: the input projection) and hg (N, 3H: the
     hidden product); h (N, H) updated in place and written to y; with store, xg (N, 4H)
     receives r, z, n and ``hn = W_hn h + b_hn``."""
@@ -97,11 +148,11 @@ def gru_forward_step(xg, hg, b_ih, b_hh, h, y, lengths, t, store):
                     xg[n, j] = 0.0
             continue
         for j in range(hs):
-            r = _sigmoid(xg[n, j] + b_ih[j] + hg[n, j] + b_hh[j])
-            z = _sigmoid(xg[n, hs + j] + b_ih[hs + j] + hg[n, hs + j] + b_hh[hs + j])
+            r = fast_sigmoid(xg[n, j] + b_ih[j] + hg[n, j] + b_hh[j])
+            z = fast_sigmoid(xg[n, hs + j] + b_ih[hs + j] + hg[n, hs + j] + b_hh[hs + j])
             hn = hg[n, 2 * hs + j] + b_hh[2 * hs + j]
-            nn = math.tanh(xg[n, 2 * hs + j] + b_ih[2 * hs + j] + r * hn)
-            hnew = (1.0 - z) * nn + z * h[n, j]
+            nn = fast_tanh(xg[n, 2 * hs + j] + b_ih[2 * hs + j] + r * hn)
+            hnew = (one - z) * nn + z * h[n, j]
             h[n, j] = hnew
             y[n, j] = hnew
             if store:
@@ -111,7 +162,6 @@ def gru_forward_step(xg, hg, b_ih, b_hh, h, y, lengths, t, store):
                 xg[n, 3 * hs + j] = hn
 
 
-@_jit
 def rnn_forward_step(xg, hg, bias, h, y, lengths, t, store, relu):
     """``h = act(xg + hg + bias)`` (tanh, or ReLU with relu), written to y; with store, xg
     receives h."""
@@ -128,7 +178,7 @@ def rnn_forward_step(xg, hg, bias, h, y, lengths, t, store, relu):
             if relu:
                 a = pre if (pre > 0.0 or pre != pre) else 0.0  # NaN stays, like np.maximum
             else:
-                a = math.tanh(pre)
+                a = fast_tanh(pre)
             h[n, j] = a
             y[n, j] = a
             if store:
@@ -141,7 +191,6 @@ def rnn_forward_step(xg, hg, bias, h, y, lengths, t, store, relu):
 # t. Inside the sequence, dy_t is added and the step's gates differentiated; outside, the sum
 # passes through unchanged.
 
-@_jit
 def gradient_of_output(dh, rec, dy, dproj, lengths, t):
     """LSTM with projection: ``dproj = dh + rec + dy`` inside the sequence (zero outside,
     where dh becomes dh + rec); dh is zeroed inside (the cell adds no direct part)."""
@@ -158,8 +207,7 @@ def gradient_of_output(dh, rec, dy, dproj, lengths, t):
                 dh[n, j] = g
 
 
-@_jit
-def lstm_backward_step(gates, cells, c_prev, dh, rec, dy, dm, dc, lengths, t, projected):
+def lstm_backward_step(gates, cells, c_prev, dh, rec, dy, dm, dc, lengths, t, projected, one):
     """Overwrite gates (N, 4H) with the gradients of their pre-activations; dc (N, H) becomes
     the gradient of the previous cell state. Without projection the gradient of h is
     ``dh + rec + dy`` (dh then holds zero inside the sequence, the sum outside); with it, dm
@@ -187,19 +235,18 @@ def lstm_backward_step(gates, cells, c_prev, dh, rec, dy, dm, dc, lengths, t, pr
             f = gates[n, hs + j]
             g = gates[n, 2 * hs + j]
             o = gates[n, 3 * hs + j]
-            tc = math.tanh(cells[n, j])
-            dcn = dc[n, j] + g_h * o * (1.0 - tc * tc)
-            gates[n, j] = dcn * g * i * (1.0 - i)
-            gates[n, hs + j] = dcn * c_prev[n, j] * f * (1.0 - f)
-            gates[n, 2 * hs + j] = dcn * i * (1.0 - g * g)
-            gates[n, 3 * hs + j] = g_h * tc * o * (1.0 - o)
+            tc = fast_tanh(cells[n, j])
+            dcn = dc[n, j] + g_h * o * (one - tc * tc)
+            gates[n, j] = dcn * g * i * (one - i)
+            gates[n, hs + j] = dcn * c_prev[n, j] * f * (one - f)
+            gates[n, 2 * hs + j] = dcn * i * (one - g * g)
+            gates[n, 3 * hs + j] = g_h * tc * o * (one - o)
             dc[n, j] = dcn * f
             if projected:
                 cells[n, j] = o * tc
 
 
-@_jit
-def gru_backward_step(gates, h_prev, hx, dh, rec, dy, lengths, t, reverse):
+def gru_backward_step(gates, h_prev, hx, dh, rec, dy, lengths, t, reverse, one):
     """Overwrite gates (N, 4H: r, z, n, hn) with dr, dz, ``r * dn`` (the hidden path's n
     gradient) and dn (the input path's), so that the hidden path's three blocks are
     contiguous for the recurrent product; dh receives the direct part ``dh_t * z``. h_prev is the previous step's
@@ -220,16 +267,15 @@ def gru_backward_step(gates, h_prev, hx, dh, rec, dy, lengths, t, reverse):
             nn = gates[n, 2 * hs + j]
             hn = gates[n, 3 * hs + j]
             hp = hx[n, j] if first else h_prev[n, j]
-            dn = g_h * (1.0 - z) * (1.0 - nn * nn)
-            gates[n, j] = dn * hn * r * (1.0 - r)
-            gates[n, hs + j] = g_h * (hp - nn) * z * (1.0 - z)
+            dn = g_h * (one - z) * (one - nn * nn)
+            gates[n, j] = dn * hn * r * (one - r)
+            gates[n, hs + j] = g_h * (hp - nn) * z * (one - z)
             gates[n, 2 * hs + j] = dn * r
             gates[n, 3 * hs + j] = dn
             dh[n, j] = g_h * z
 
 
-@_jit
-def rnn_backward_step(gates, dh, rec, dy, lengths, t, relu):
+def rnn_backward_step(gates, dh, rec, dy, lengths, t, relu, one):
     """Overwrite gates (N, H: the activations h) with the pre-activation gradient."""
     n_rows, hs = dh.shape
     for n in prange(n_rows):
@@ -244,7 +290,7 @@ def rnn_backward_step(gates, dh, rec, dy, lengths, t, relu):
             if relu:
                 gates[n, j] = g_h if a > 0.0 else 0.0 * g_h
             else:
-                gates[n, j] = g_h * (1.0 - a * a)
+                gates[n, j] = g_h * (one - a * a)
             dh[n, j] = 0.0
 
 
@@ -265,3 +311,29 @@ def column_sums(a, out, accumulate):
         for b in range(1, blocks):
             total += partial[b, j]
         out[j] = out[j] + total if accumulate else total
+
+
+STEP_KERNELS = ("lstm_forward_step", "commit_projection", "gru_forward_step",
+                "rnn_forward_step", "gradient_of_output", "lstm_backward_step",
+                "gru_backward_step", "rnn_backward_step")
+
+
+@functools.lru_cache(maxsize=2)
+def kernels(parallel: bool) -> SimpleNamespace:
+    """The step kernels, compiled (lazily, on first call) with or without ``prange``
+    threads. The serial twins are copies of the functions under another name, so that
+    Numba's disk cache keeps the two compilations apart."""
+    compiled = {}
+    for name in STEP_KERNELS:
+        func = globals()[name]
+        if not parallel:
+            func = pytypes.FunctionType(func.__code__, func.__globals__, name + "_serial",
+                                        func.__defaults__, func.__closure__)
+            func.__qualname__ = func.__name__
+        compiled[name] = numba.njit(**jit_options(parallel))(func)
+    return SimpleNamespace(**compiled)
+
+
+def kernels_for(batch: int, gate_width: int) -> SimpleNamespace:
+    """Parallel kernels when a step has enough elements, else the serial ones."""
+    return kernels(batch * gate_width >= PARALLEL_MIN_ELEMENTS)

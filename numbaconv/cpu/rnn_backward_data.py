@@ -28,6 +28,8 @@ def run(problem, operands, out, algorithm):
     rec = np.empty((n, p), dtype)
     dm = np.empty((n, hs), dtype) if cfg.proj_size else np.empty((1, 1), dtype)
     dout = dy
+    one = dtype.type(1)  # keeps float32 kernels in float32
+    k = cells_k.kernels_for(n, gw)
     for layer in reversed(range(cfg.num_layers)):
         din = np.empty((t_len, n, cfg.layer_input_size(layer)), dtype)
         outputs = layout.outputs(reserve, layer)
@@ -47,10 +49,10 @@ def run(problem, operands, out, algorithm):
                     tp = t - 1 if d == 0 else t + 1
                     c_prev = cx[ld] if tp < 0 or tp >= t_len else cells[tp]
                     if cfg.proj_size:
-                        cells_k.gradient_of_output(dh, rec, dy_d[t], dproj[t], lens, t)
+                        k.gradient_of_output(dh, rec, dy_d[t], dproj[t], lens, t)
                         np.matmul(dproj[t], w_hr, out=dm)
-                    cells_k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t],
-                                               dm, dc, lens, t, bool(cfg.proj_size))
+                    k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t],
+                                               dm, dc, lens, t, bool(cfg.proj_size), one)
                     np.matmul(gates[t], w_hh, out=rec)
                 dcx[ld] = dc
             elif mode == "gru":
@@ -58,13 +60,13 @@ def run(problem, operands, out, algorithm):
                 for t in backwards:
                     tp = t - 1 if d == 0 else t + 1
                     h_prev = hx[ld] if tp < 0 or tp >= t_len else outputs[tp, :, hid]
-                    cells_k.gru_backward_step(gates[t], h_prev, hx[ld], dh, rec, dy_d[t],
-                                              lens, t, d == 1)
+                    k.gru_backward_step(gates[t], h_prev, hx[ld], dh, rec, dy_d[t],
+                                              lens, t, d == 1, one)
                     np.matmul(gates[t][:, :3 * hs], w_hh, out=rec)
             else:
                 relu = mode == "rnn_relu"
                 for t in backwards:
-                    cells_k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens, t, relu)
+                    k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens, t, relu, one)
                     np.matmul(gates[t], w_hh, out=rec)
             dhx[ld] = dh + rec
             # The input gradient of every step at once: dgates (T*N, G*H) @ W_ih.

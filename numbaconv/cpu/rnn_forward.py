@@ -43,6 +43,8 @@ def run(problem, operands, out, algorithm):
     m = np.empty((n, hs), dtype) if cfg.proj_size else None
     hp = np.empty((n, p), dtype) if cfg.proj_size else None
     zeros = np.zeros(gh, dtype)
+    one = dtype.type(1)  # keeps float32 kernels in float32
+    k = cells_k.kernels_for(n, gw)
     inp = x
     for layer in range(cfg.num_layers):
         if training:
@@ -68,26 +70,26 @@ def run(problem, operands, out, algorithm):
                 hout = m if cfg.proj_size else h
                 for t in steps(t_len, d):
                     np.matmul(h, w_hh_t, out=hg)
-                    cells_k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
+                    k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
                                               cells[t] if training else c, lens, t,
                                               training, not cfg.proj_size)
                     if cfg.proj_size:
                         np.matmul(m, w_hr.T, out=hp)
-                        cells_k.commit_projection(hp, h, y_d[t], lens, t)
+                        k.commit_projection(hp, h, y_d[t], lens, t)
                 cy[ld] = c
             elif mode == "gru":
                 bi = zeros if b_ih is None else b_ih
                 bh = zeros if b_hh is None else b_hh
                 for t in steps(t_len, d):
                     np.matmul(h, w_hh_t, out=hg)
-                    cells_k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens, t,
-                                             training)
+                    k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens, t,
+                                             training, one)
             else:
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 relu = mode == "rnn_relu"
                 for t in steps(t_len, d):
                     np.matmul(h, w_hh_t, out=hg)
-                    cells_k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens, t,
+                    k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens, t,
                                              training, relu)
             hy[ld] = h
         inp = out_l

@@ -1,0 +1,193 @@
+"""Recurrent-network benchmarks: a training step (training forward, backward data, backward
+weights) timed side by side with PyTorch's ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (forward plus
+autograd backward), and the memory a steady training loop allocates per step.
+
+Used by ``numbaconv bench --suite rnn`` and the asv suite (``benchmarks/bench_rnn.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .bench import geometric_mean, time_call
+
+
+@dataclass(frozen=True)
+class RNNCase:
+    """One benchmark shape: a network (mode, sizes, layers, directions) and T, N."""
+
+    name: str
+    mode: str
+    seq_len: int
+    batch: int
+    input_size: int
+    hidden_size: int
+    num_layers: int = 1
+    bidirectional: bool = False
+    proj_size: int = 0
+
+    def config(self):
+        from .problem import RNNConfig
+        return RNNConfig(self.mode, self.input_size, self.hidden_size,
+                         num_layers=self.num_layers, bidirectional=self.bidirectional,
+                         proj_size=self.proj_size)
+
+    def flops(self) -> int:
+        """Matrix-product flops of a training step: 3x the forward's."""
+        from .problem import RNNProblem
+        return 3 * RNNProblem("rnn_forward", self.config(), self.seq_len, self.batch).flops
+
+
+#: The shapes of the RNN speed target (issue: LSTM/GRU/RNN training at PyTorch's speed).
+RNN_SHAPES = (
+    RNNCase("lstm_T50_N64_512", "lstm", 50, 64, 512, 512),
+    RNNCase("lstm_T100_N32_256_L2", "lstm", 100, 32, 256, 256, num_layers=2),
+    RNNCase("lstm_T35_N20_650_L2", "lstm", 35, 20, 650, 650, num_layers=2),
+    RNNCase("lstm_bi_T50_N32_256", "lstm", 50, 32, 256, 256, bidirectional=True),
+    RNNCase("lstm_proj_T50_N32_512_p256", "lstm", 50, 32, 512, 512, proj_size=256),
+    RNNCase("gru_T50_N64_512", "gru", 50, 64, 512, 512),
+    RNNCase("rnn_tanh_T50_N64_512", "rnn_tanh", 50, 64, 512, 512),
+)
+
+QUICK_RNN_SHAPES = (
+    RNNCase("lstm_T10_N8_32", "lstm", 10, 8, 32, 32),
+    RNNCase("gru_T10_N8_32_bi", "gru", 10, 8, 32, 32, bidirectional=True),
+)
+
+
+class TrainingStep:
+    """A numbaconv training step on one case with a preallocated reserve and ``out=``:
+    what a steady training loop runs (random data, fixed across calls)."""
+
+    def __init__(self, case: RNNCase, backend: str = "cpu", dtype: str = "float32",
+                 seed: int = 0):
+        import numbaconv as nc
+        self.nc, self.backend = nc, backend
+        self.cfg = cfg = case.config()
+        rng = np.random.default_rng(seed)
+        d = cfg.num_directions
+        self.x = rng.standard_normal((case.seq_len, case.batch, case.input_size)).astype(dtype)
+        self.dy = rng.standard_normal((case.seq_len, case.batch, d * cfg.out_size)
+                                      ).astype(dtype)
+        self.params = nc.rnn_init_params(cfg, seed=seed, dtype=dtype)
+        self.dparams = np.empty_like(self.params)
+        self.reserve = np.empty(nc.rnn_reserve_size(cfg, case.seq_len, case.batch), dtype)
+
+    def __call__(self):
+        nc = self.nc
+        with nc.use_backend(self.backend):
+            y, _, _, reserve = nc.rnn_forward(self.cfg, self.x, self.params, training=True,
+                                              reserve=self.reserve)
+            nc.rnn_backward_data(self.cfg, y, self.dy, self.params, reserve)
+            nc.rnn_backward_weights(self.cfg, self.x, self.params, reserve, out=self.dparams)
+
+
+def torch_training_step(case: RNNCase, torch, dtype: str = "float32", seed: int = 0):
+    """PyTorch's forward plus autograd backward of the same network and gradients."""
+    torch.manual_seed(seed)
+    kwargs = dict(num_layers=case.num_layers, bidirectional=case.bidirectional)
+    if case.mode == "lstm":
+        module = torch.nn.LSTM(case.input_size, case.hidden_size, proj_size=case.proj_size,
+                               **kwargs)
+    elif case.mode == "gru":
+        module = torch.nn.GRU(case.input_size, case.hidden_size, **kwargs)
+    else:
+        module = torch.nn.RNN(case.input_size, case.hidden_size,
+                              nonlinearity=case.mode[4:], **kwargs)
+    module = module.to(getattr(torch, dtype)).train()
+    out_size = case.proj_size or case.hidden_size
+    d = 2 if case.bidirectional else 1
+    x = torch.randn(case.seq_len, case.batch, case.input_size, dtype=getattr(torch, dtype),
+                    requires_grad=True)
+    dy = torch.randn(case.seq_len, case.batch, d * out_size, dtype=getattr(torch, dtype))
+
+    def step():
+        module.zero_grad(set_to_none=False)
+        x.grad = None
+        y = module(x)[0]
+        y.backward(dy)
+    return step
+
+
+def per_step_allocations(step, steps: int = 3) -> int:
+    """Peak bytes traced by tracemalloc during one call of ``step`` (after warm-up calls):
+    what a steady loop allocates per step (NumPy reports its buffers to tracemalloc)."""
+    step()
+    step()
+    tracemalloc.start()
+    try:
+        peak = 0
+        for _ in range(steps):
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            step()
+            peak = max(peak, tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        tracemalloc.stop()
+    return peak
+
+
+def run_rnn_benchmarks(cases: Sequence[RNNCase], *, backends: Sequence[str] = ("cpu",),
+                       repeat: int = 5, torch=None, dtype: str = "float32",
+                       progress=None) -> list:
+    """Time each case's training step on each backend (and PyTorch); rows of dicts."""
+    rows = []
+    for case in cases:
+        row = dict(case=case.name, mode=case.mode, T=case.seq_len, N=case.batch,
+                   input_size=case.input_size, hidden_size=case.hidden_size,
+                   layers=case.num_layers, bidirectional=case.bidirectional,
+                   proj_size=case.proj_size, gflop=case.flops() / 1e9)
+        if progress:
+            progress(case.name)
+        if torch is not None:
+            timing = time_call(torch_training_step(case, torch, dtype), repeat=repeat,
+                               warmup=2, number=1)
+            row["pytorch_s"] = timing.median
+        for name in backends:
+            step = TrainingStep(case, name, dtype)
+            timing = time_call(step, repeat=repeat, warmup=2, number=1)
+            row[f"{name}_s"] = timing.median
+            row[f"{name}_gflops"] = case.flops() / timing.median / 1e9
+            row[f"{name}_reserve_bytes"] = step.reserve.nbytes
+            row[f"{name}_alloc_bytes"] = per_step_allocations(step, steps=2)
+            if torch is not None:
+                row[f"{name}_ratio"] = row["pytorch_s"] / timing.median
+        rows.append(row)
+    return rows
+
+
+def format_rnn_table(rows: Sequence[dict], backends: Sequence[str] = ("cpu",)) -> str:
+    """A plain-text table of the rows and the geometric mean of each ratio."""
+    lines = []
+    head = f"{'case':28s} {'GFLOP':>6s} {'torch ms':>9s}"
+    for name in backends:
+        head += f" {name + ' ms':>9s} {'GF/s':>6s} {'ratio':>6s} {'reserve':>8s} {'alloc':>8s}"
+    lines.append(head)
+    for row in rows:
+        torch_ms = row.get("pytorch_s")
+        line = f"{row['case']:28s} {row['gflop']:6.2f} " + (
+            f"{torch_ms * 1e3:9.2f}" if torch_ms else f"{'-':>9s}")
+        for name in backends:
+            ratio = row.get(f"{name}_ratio")
+            line += (f" {row[f'{name}_s'] * 1e3:9.2f} {row[f'{name}_gflops']:6.1f} "
+                     + (f"{ratio:6.2f}" if ratio else f"{'-':>6s}")
+                     + f" {_mib(row[f'{name}_reserve_bytes']):>8s}"
+                     + f" {_mib(row[f'{name}_alloc_bytes']):>8s}")
+        lines.append(line)
+    for name in backends:
+        mean: Optional[float] = geometric_mean(
+            r[f"{name}_ratio"] for r in rows if r.get(f"{name}_ratio"))
+        if mean is not None:
+            lines.append(f"geometric mean of torch/{name}: {mean:.2f} (target >= 1.0)")
+    lines.append("reserve: the preallocated reserve; alloc: peak bytes allocated within one "
+                 "steady training step (y, dx, temporaries)")
+    return "\n".join(lines)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f}M" if nbytes >= 2**20 else f"{math.ceil(nbytes / 1024)}K"
