@@ -30,6 +30,7 @@ def run(problem, operands, out, algorithm):
     dout = dy
     one = dtype.type(1)  # keeps float32 kernels in float32
     k = cells_k.kernels_for(n, gw)
+    work = np.empty((n, 3 * hs), dtype)
     for layer in reversed(range(cfg.num_layers)):
         din = np.empty((t_len, n, cfg.layer_input_size(layer)), dtype)
         outputs = layout.outputs(reserve, layer)
@@ -52,7 +53,8 @@ def run(problem, operands, out, algorithm):
                         k.gradient_of_output(dh, rec, dy_d[t], dproj[t], lens, t)
                         np.matmul(dproj[t], w_hr, out=dm)
                     k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t],
-                                               dm, dc, lens, t, bool(cfg.proj_size), one)
+                                               dm, dc, lens, t, bool(cfg.proj_size), one,
+                                               work)
                     np.matmul(gates[t], w_hh, out=rec)
                 dcx[ld] = dc
             elif mode == "gru":
@@ -61,7 +63,7 @@ def run(problem, operands, out, algorithm):
                     tp = t - 1 if d == 0 else t + 1
                     h_prev = hx[ld] if tp < 0 or tp >= t_len else outputs[tp, :, hid]
                     k.gru_backward_step(gates[t], h_prev, hx[ld], dh, rec, dy_d[t],
-                                              lens, t, d == 1, one)
+                                              lens, t, d == 1, one, work)
                     np.matmul(gates[t][:, :3 * hs], w_hh, out=rec)
             else:
                 relu = mode == "rnn_relu"

@@ -44,6 +44,7 @@ def run(problem, operands, out, algorithm):
     hp = np.empty((n, p), dtype) if cfg.proj_size else None
     zeros = np.zeros(gh, dtype)
     one = dtype.type(1)  # keeps float32 kernels in float32
+    work = np.empty((n, (5 if mode == "lstm" else 4) * hs), dtype)
     k = cells_k.kernels_for(n, gw)
     inp = x
     for layer in range(cfg.num_layers):
@@ -72,7 +73,7 @@ def run(problem, operands, out, algorithm):
                     np.matmul(h, w_hh_t, out=hg)
                     k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
                                               cells[t] if training else c, lens, t,
-                                              training, not cfg.proj_size)
+                                              training, not cfg.proj_size, work)
                     if cfg.proj_size:
                         np.matmul(m, w_hr.T, out=hp)
                         k.commit_projection(hp, h, y_d[t], lens, t)
@@ -83,7 +84,7 @@ def run(problem, operands, out, algorithm):
                 for t in steps(t_len, d):
                     np.matmul(h, w_hh_t, out=hg)
                     k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens, t,
-                                             training, one)
+                                             training, one, work)
             else:
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 relu = mode == "rnn_relu"
