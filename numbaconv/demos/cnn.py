@@ -11,14 +11,15 @@ drawn at random positions and lengths on a noisy 16x16 canvas. The network::
 
 Both convolutions run forward through :func:`numbaconv.conv` and backward through
 :func:`numbaconv.conv_backward` (dx, dw, db; the first layer skips dx, which nothing needs).
-Everything else, Adam included, is a few lines of NumPy. Orientation cannot be read off any
-single pixel and the pooling throws position away, so only the convolutions can solve it.
+Everything else is a few lines of NumPy (Adam is :class:`numbaconv.nn.Adam`). Orientation
+cannot be read off any single pixel and the pooling throws position away, so only the
+convolutions can solve it.
 
 Training well is weak evidence of correct gradients (a network learns something even with
 some wrong ones), so before training :func:`gradient_check` compares the whole network's
 gradients with finite differences in float64; the test suite checks each op in depth.
 
-Run it with ``numbaconv demo`` (``--epochs``, ``--seed``, ``--backend``).
+Run it with ``numbaconv demo cnn`` (``--epochs``, ``--seed``, ``--backend``).
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .conv import conv, conv_backward
+from ..conv import conv, conv_backward
+from ..nn import Adam
+from ._gradcheck import directional_gradient_error
 
 CLASSES = ("horizontal", "vertical", "diagonal")
+DEFAULT_EPOCHS = 8
 IMAGE_SIZE = 16
 CHANNELS = 8
 BATCH_SIZE = 32
@@ -154,34 +158,11 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple:
     return loss, (dlogits / n).astype(logits.dtype)
 
 
-class Adam:
-    """Adam (Kingma and Ba, 2015) updating a list of arrays in place."""
-
-    def __init__(self, params: list, lr: float = 0.01, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.m = [np.zeros_like(p) for p in params]
-        self.v = [np.zeros_like(p) for p in params]
-        self.t = 0
-
-    def step(self, grads: list) -> None:
-        self.t += 1
-        b1, b2 = self.betas
-        # Bias corrections folded into the step size, as in the paper's final algorithm.
-        lr = self.lr * np.sqrt(1 - b2 ** self.t) / (1 - b1 ** self.t)
-        for p, g, m, v in zip(self.params, grads, self.m, self.v):
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * g * g
-            p -= (lr * m / (np.sqrt(v) + self.eps)).astype(p.dtype)
-
-
 def gradient_check(seed: int = 0, batch: int = 8, h: float = 1e-6) -> float:
     """Worst relative disagreement of the network's gradients with finite differences.
 
-    In float64, for each parameter array, the analytic directional derivative
-    ``<grad, v>`` along a random direction ``v`` is compared with the central difference
-    ``(L(p + h v) - L(p - h v)) / 2h``; a correct backward pass gives about 1e-8 or less.
+    A float64 network on ``batch`` images; see
+    :func:`~numbaconv.demos._gradcheck.directional_gradient_error`.
 
     Parameters
     ----------
@@ -205,18 +186,7 @@ def gradient_check(seed: int = 0, batch: int = 8, h: float = 1e-6) -> float:
 
     logits, cache = model.forward(images)
     grads = model.backward(softmax_cross_entropy(logits, labels)[1], cache)
-    worst = 0.0
-    for param, grad in zip(model.params(), grads):
-        v = rng.standard_normal(param.shape)
-        param += h * v
-        plus = loss()
-        param -= 2 * h * v
-        minus = loss()
-        param += h * v
-        numeric = (plus - minus) / (2 * h)
-        analytic = float(np.sum(grad * v))
-        worst = max(worst, abs(numeric - analytic) / max(abs(analytic), 1e-6))
-    return worst
+    return directional_gradient_error(loss, model.params(), grads, rng, h)
 
 
 def accuracy(model: Model, images: np.ndarray, labels: np.ndarray, batch: int = 256) -> float:
@@ -253,8 +223,8 @@ class DemoResult:
     seconds: float
 
 
-def train(epochs: int = 8, seed: int = 0, *, train_size: int = 1536, test_size: int = 512,
-          batch_size: int = BATCH_SIZE, lr: float = 0.01,
+def train(epochs: int = DEFAULT_EPOCHS, seed: int = 0, *, train_size: int = 1536,
+          test_size: int = 512, batch_size: int = BATCH_SIZE, lr: float = 0.01,
           log: Optional[Callable[[str], None]] = print) -> DemoResult:
     """Train the network on the bars task and report per-epoch loss and accuracy.
 
@@ -308,3 +278,48 @@ def train(epochs: int = 8, seed: int = 0, *, train_size: int = 1536, test_size: 
     final = history[-1]["test_accuracy"]
     return DemoResult(history, final, 1.0 / len(CLASSES), final >= PASS_ACCURACY,
                       time.perf_counter() - start)
+
+
+def run_demo(*, epochs: Optional[int] = None, seed: int = 0,
+             log: Callable[[str], None] = print) -> int:
+    """The ``numbaconv demo cnn`` command: check gradients, train, judge the accuracy.
+
+    Parameters
+    ----------
+    epochs : int, optional
+        Default :data:`DEFAULT_EPOCHS`.
+    seed : int
+    log : callable
+        Receives every line of the report.
+
+    Returns
+    -------
+    int
+        0 when the gradients check out and the test accuracy reaches
+        :data:`PASS_ACCURACY`; 1 otherwise.
+    """
+    import numbaconv
+
+    epochs = DEFAULT_EPOCHS if epochs is None else epochs
+    # The first layer's weight gradient, to ask the dispatcher which backend runs it.
+    probe = (np.zeros((BATCH_SIZE, 1, IMAGE_SIZE, IMAGE_SIZE), np.float32),
+             np.zeros((BATCH_SIZE, CHANNELS, IMAGE_SIZE, IMAGE_SIZE), np.float32),
+             (CHANNELS, 1, 3, 3))
+    choice = numbaconv.explain("conv_backward_weight", *probe, padding=1)
+    log(f"bars task ({', '.join(CLASSES)}), {IMAGE_SIZE}x{IMAGE_SIZE} images; conv 1->8, "
+        f"conv 8->8 stride 2, global average pool, linear 8->3; Adam; seed {seed}")
+    log(f"convolutions run on backend {choice.backend!r}")
+    error = gradient_check(seed)
+    verdict = "ok" if error < GRADIENT_TOLERANCE else "FAILED"
+    log(f"gradient check (float64, finite differences): worst relative error {error:.1e}, "
+        f"{verdict}")
+    result = train(epochs, seed, log=log)
+    log(f"final test accuracy: {result.test_accuracy:.3f} (chance {result.chance:.3f}, "
+        f"pass mark {PASS_ACCURACY}) after {epochs} epoch(s) in {result.seconds:.1f} s")
+    if verdict != "ok":
+        log("FAILED: the network's gradients disagree with finite differences")
+        return 1
+    if not result.learned:
+        log("FAILED: the network did not learn (more --epochs may help)")
+        return 1
+    return 0
