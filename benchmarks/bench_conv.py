@@ -1,11 +1,17 @@
-"""Time of each convolution op through the public API, per standard shape and CPU backend.
+"""Time and peak memory of each convolution op through the public API, per standard shape
+and CPU backend.
 
-One class per op, each with a ``time_<op>`` method, parametrised over the shapes of
-:mod:`numbaconv.bench` (the small ``QUICK_SHAPES`` and the realistic ``SHAPES``) and over
-the CPU backends available where the suite runs, discovered at import, never named here.
-``setup`` raises ``NotImplementedError`` (asv: skip) where a backend declines a problem and
-for the plain-NumPy reference on the big shapes, which would take minutes. Shapes run
+One class per op, each with ``time_<op>`` and ``peakmem_<op>`` methods, parametrised over
+the shapes of :mod:`numbaconv.bench` (the small ``QUICK_SHAPES`` and the realistic
+``SHAPES``: ResNet 3x3, pointwise 1x1, depthwise 3x3, the 7x7 stem, 1D and 3D layers) and
+over the CPU backends available where the suite runs, discovered at import, never named
+here. The same tables feed ``numbaconv bench`` and the tests (``tests/test_bench.py``
+checks every backend against the reference on ``QUICK_SHAPES``). ``setup`` raises
+``NotImplementedError`` (asv: skip) where a backend declines a problem and for the
+plain-NumPy reference on the big shapes, which would take minutes. Shapes run
 channels-first here; ``numbaconv bench`` times both layouts and summarises per group.
+``peakmem_*`` is the process's peak resident memory after one call (asv's definition), so
+it includes what the backend imported, and its workspaces.
 
 ``GemmPeak`` tracks the machine's matrix-product GFLOP/s (NumPy's BLAS, as
 ``numbaconv bench`` measures it), to set the convolution times against.
@@ -45,11 +51,17 @@ class Conv(_ConvOp):
     def time_conv(self, shape, backend):
         self.run()
 
+    def peakmem_conv(self, shape, backend):
+        self.run()
+
 
 class ConvBackwardData(_ConvOp):
     op = "conv_backward_data"
 
     def time_conv_backward_data(self, shape, backend):
+        self.run()
+
+    def peakmem_conv_backward_data(self, shape, backend):
         self.run()
 
 
@@ -59,6 +71,9 @@ class ConvBackwardWeight(_ConvOp):
     def time_conv_backward_weight(self, shape, backend):
         self.run()
 
+    def peakmem_conv_backward_weight(self, shape, backend):
+        self.run()
+
 
 class ConvBackwardBias(_ConvOp):
     op = "conv_backward_bias"
@@ -66,11 +81,17 @@ class ConvBackwardBias(_ConvOp):
     def time_conv_backward_bias(self, shape, backend):
         self.run()
 
+    def peakmem_conv_backward_bias(self, shape, backend):
+        self.run()
+
 
 class ConvTranspose(_ConvOp):
     op = "conv_transpose"
 
     def time_conv_transpose(self, shape, backend):
+        self.run()
+
+    def peakmem_conv_transpose(self, shape, backend):
         self.run()
 
 

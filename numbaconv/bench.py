@@ -6,11 +6,15 @@ the asv suite in ``benchmarks/`` and the tests all build on it. Nothing here is 
 column and the BLAS report say so instead of failing.
 
 The standard shapes fall into groups (:data:`GROUPS`: ResNet 3x3, pointwise 1x1, depthwise
-3x3, the 7x7 stem); :func:`summarize` takes the geometric mean of PyTorch's time over a
-backend's per group and op and judges it against :data:`GROUP_TARGETS`. :func:`gemm_peak`
+3x3, the 7x7 stem, 1D and 3D convolutions); :func:`summarize` takes the geometric mean of
+PyTorch's time over a backend's per group and op and judges it against
+:data:`GROUP_TARGETS`. :func:`gemm_peak`
 measures the machine's matrix-product peak, each row's GFLOP/s being read as a fraction of
 it; :func:`first_call_latency` times the first call of each op (JIT compilation) in fresh
-processes, cold and from Numba's on-disk cache.
+processes, cold and from Numba's on-disk cache. :func:`blas_info` and
+:func:`openblas_coretype_warning` record which BLAS kernel the run used and whether
+``OPENBLAS_CORETYPE`` forced an older one; :func:`plot_ratios` draws the ratios (matplotlib,
+the ``plot`` extra).
 
 Times are medians over ``repeat`` samples after one warm-up call (which pays for any lazy
 compilation). A sample of a call faster than a couple of milliseconds loops over the call
@@ -55,11 +59,13 @@ from .testing import ConvCase, case_arrays
 PYTORCH = "pytorch"
 
 #: The groups of :data:`SHAPES`, in the order the summary lists them.
-GROUPS = ("resnet3x3", "pointwise", "depthwise", "stem")
+GROUPS = ("resnet3x3", "pointwise", "depthwise", "stem", "conv1d", "conv3d")
 
 #: The issue's targets per group: the geometric mean, over the group's shapes and both
-#: layouts, of PyTorch's time over numbaconv's, for each op of :data:`TARGET_OPS`.
-GROUP_TARGETS = {"resnet3x3": 0.8, "pointwise": 1.5, "depthwise": 1.5, "stem": 1.0}
+#: layouts, of PyTorch's time over numbaconv's, for each op of :data:`TARGET_OPS`. None: the
+#: group is measured and summarised but has no target (1D and 3D).
+GROUP_TARGETS = {"resnet3x3": 0.8, "pointwise": 1.5, "depthwise": 1.5, "stem": 1.0,
+                 "conv1d": None, "conv3d": None}
 
 #: The ops the targets apply to (the data and weight gradients).
 TARGET_OPS = ("conv_backward_data", "conv_backward_weight")
@@ -109,6 +115,16 @@ SHAPES = (
               groups=512, group="depthwise"),
     BenchCase("stem7x7s2_3c_224", (8, 3, 224, 224), (64, 3, 7, 7), stride=2, padding=3,
               output_padding=1, group="stem"),
+    # Sequence models (audio, text): a kernel-5 layer and a stride-2 downsampling one.
+    BenchCase("conv1d_k5_128c_1024", (8, 128, 1024), (128, 128, 5), padding=2,
+              group="conv1d"),
+    BenchCase("conv1d_k3s2_256c_512", (8, 256, 512), (256, 256, 3), stride=2, padding=1,
+              output_padding=1, group="conv1d"),
+    # Video and volumetric models (C3D, 3D U-Net): 3x3x3, plain and stride 2.
+    BenchCase("conv3d_3x3x3_64c_8x28", (2, 64, 8, 28, 28), (64, 64, 3, 3, 3), padding=1,
+              group="conv3d"),
+    BenchCase("conv3d_3x3x3s2_32c_16x56", (2, 32, 16, 56, 56), (32, 32, 3, 3, 3), stride=2,
+              padding=1, output_padding=1, group="conv3d"),
 )
 
 #: The same kinds of layer shrunk so that every op on every backend, the slow reference
@@ -124,7 +140,16 @@ QUICK_SHAPES = (
               group="depthwise"),
     BenchCase("stem7x7s2_3c_32", (2, 3, 32, 32), (16, 3, 7, 7), stride=2, padding=3,
               output_padding=1, group="stem"),
+    BenchCase("conv1d_k5_16c_64", (2, 16, 64), (16, 16, 5), padding=2, group="conv1d"),
+    BenchCase("conv3d_3x3x3_8c_6x8", (2, 8, 6, 8, 8), (8, 8, 3, 3, 3), padding=1,
+              group="conv3d"),
 )
+
+#: LSTM/GRU training-step shapes (forward with reserve, then the data and weight
+#: gradients). Empty until the recurrent-network functions land; the RNN benchmarks
+#: (``benchmarks/bench_rnn.py``) and ``numbaconv bench`` will take their shapes from here,
+#: as the convolution ones take theirs from :data:`SHAPES` and :data:`QUICK_SHAPES`.
+RNN_SHAPES: tuple = ()
 
 #: The problem whose public call is timed against the backend's ``run`` to measure what
 #: validation and dispatch add: small enough that the arithmetic is negligible.
@@ -434,6 +459,9 @@ class Row:
     peak_fraction : float or None
         ``gflops`` over the GEMM peak measured in the same run (:func:`gemm_peak`), when
         one was given to :func:`run_benchmarks`.
+    pytorch_s : float or None
+        PyTorch's median time on the same op, shape and layout (the baseline of
+        ``vs_pytorch``), on the backends' rows.
     """
 
     shape: str
@@ -449,6 +477,7 @@ class Row:
     detail: str = ""
     group: str = "other"
     peak_fraction: Optional[float] = None
+    pytorch_s: Optional[float] = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -474,7 +503,8 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
                    layout="channels_first", dtype: str = "float32",
                    torch=None, skip_reference_on: Iterable[str] = (),
                    settle: float = DEFAULT_SETTLE, peak_gflops: Optional[float] = None,
-                   report: Optional[Callable[[Row], None]] = None) -> list:
+                   report: Optional[Callable[[Row], None]] = None,
+                   progress: Optional[Callable[[int, int, str], None]] = None) -> list:
     """Time every op of every shape on each backend, and on PyTorch when ``torch`` is given.
 
     Backends are timed through the public functions inside ``use_backend(name)``: what a
@@ -508,6 +538,10 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
         The GEMM peak of this run (:func:`gemm_peak`); rows get ``peak_fraction`` from it.
     report : callable, optional
         Called with each :class:`Row` once its shape is done (progress for long runs).
+    progress : callable, optional
+        Called as ``progress(done, total, what)`` before each block (one engine on one
+        shape and layout) with the number of blocks done, their total and a description of
+        the block starting: for a progress display.
 
     Returns
     -------
@@ -520,11 +554,15 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
     blocks = [(case, lay) for case in shapes for lay in resolve_layouts(layout)]
     rows = []
     busy = False  # whether a block has run since the last pause
+    done, total = 0, len(blocks) * len(engines)
     for case, layout in blocks:
         arrays = case_arrays(case, layout, dtype)
         calls = [make_call(op, case, layout, dtype, arrays) for op in ops]
         measured = {}
         for engine in engines:
+            if progress is not None:
+                progress(done, total, f"{case.name} {layout} on {engine}")
+            done += 1
             if busy and settle > 0:
                 time.sleep(settle)
             busy = False
@@ -544,14 +582,19 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
             baseline = measured.get((op, PYTORCH))
             for engine in engines:
                 row = measured[op, engine]
-                if baseline is not None and baseline.median_s and row.median_s:
-                    row.vs_pytorch = baseline.median_s / row.median_s
+                if baseline is not None and baseline.median_s:
+                    if engine != PYTORCH:
+                        row.pytorch_s = baseline.median_s
+                    if row.median_s:
+                        row.vs_pytorch = baseline.median_s / row.median_s
                 if peak_gflops and row.gflops is not None:
                     row.peak_fraction = row.gflops / peak_gflops
                 rows.append(row)
                 if report is not None:
                     report(row)
         del calls, arrays
+    if progress is not None:
+        progress(total, total, "done")
     return rows
 
 
@@ -938,7 +981,8 @@ def environment() -> dict:
     -------
     dict
         JSON-serialisable. ``threadpools`` is None when threadpoolctl is not installed;
-        ``numba_threading_layer_launched`` is None until a parallel kernel has run.
+        ``numba_threading_layer_launched`` is None until a parallel kernel has run;
+        ``blas`` is :func:`blas_info` (NumPy's BLAS library and kernel).
     """
     import llvmlite
     import numba
@@ -957,6 +1001,7 @@ def environment() -> dict:
         usable_cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         usable_cpus = os.cpu_count()
+    pools = threadpools()
     return dict(
         numbaconv=__version__,
         python=platform.python_version(),
@@ -973,7 +1018,8 @@ def environment() -> dict:
         numba_threading_layer_launched=launched,
         numba_num_threads=numba.config.NUMBA_NUM_THREADS,
         threadpoolctl=tpc_version,
-        threadpools=threadpools(),
+        threadpools=pools,
+        blas=blas_info(pools),
         env={name: os.environ.get(name) for name in ENV_VARS},
     )
 
@@ -1008,6 +1054,160 @@ def describe_threadpools(pools: Optional[list]) -> list:
     return lines
 
 
+def blas_info(pools: Optional[list] = None) -> Optional[dict]:
+    """NumPy's BLAS as threadpoolctl reports it: library, version, kernel and threads.
+
+    Parameters
+    ----------
+    pools : list, optional
+        ``threadpoolctl.threadpool_info()``; taken now when omitted.
+
+    Returns
+    -------
+    dict or None
+        ``library`` (threadpoolctl's ``internal_api``: ``"openblas"``, ``"mkl"``...),
+        ``version``, ``kernel`` (the CPU-specific code path in use: OpenBLAS's
+        ``architecture``, such as ``"Haswell"`` or ``"SkylakeX"``; None where the library does
+        not say), ``threads``, ``threading_layer`` and ``filepath``. None without
+        threadpoolctl or when no BLAS is loaded.
+    """
+    if pools is None:
+        pools = threadpools()
+    blas = [p for p in pools or () if p.get("user_api") == "blas"]
+    if not blas:
+        return None
+
+    def folder(p):
+        return os.path.normcase(os.path.dirname(p.get("filepath") or ""))
+
+    # Several BLAS libraries may be loaded (PyTorch brings its own); NumPy's wheels keep
+    # theirs in numpy.libs or numpy/.libs, and anything else beats a library of PyTorch's.
+    chosen = (next((p for p in blas if "numpy" in folder(p)), None)
+              or next((p for p in blas if "torch" not in folder(p)), None) or blas[0])
+    return dict(library=chosen.get("internal_api"), version=chosen.get("version"),
+                kernel=chosen.get("architecture") or chosen.get("corename"),
+                threads=chosen.get("num_threads"),
+                threading_layer=chosen.get("threading_layer"),
+                filepath=chosen.get("filepath"))
+
+
+#: OpenBLAS's x86-64 kernels (the names ``OPENBLAS_CORETYPE`` takes and threadpoolctl
+#: reports, lower-cased) by the newest instruction set they use: :data:`ISA_NAMES` indices.
+OPENBLAS_KERNEL_ISA = {
+    **dict.fromkeys(("prescott", "core2", "penryn", "dunnington", "nehalem", "atom",
+                     "opteron", "opteron_sse3", "barcelona", "bobcat", "nano"), 0),
+    **dict.fromkeys(("sandybridge", "bulldozer", "piledriver", "steamroller", "excavator"),
+                    1),
+    **dict.fromkeys(("haswell", "zen"), 2),
+    **dict.fromkeys(("skylakex", "cooperlake", "sapphirerapids"), 3),
+}
+
+#: Instruction-set levels of :data:`OPENBLAS_KERNEL_ISA` and :func:`cpu_isa_level`.
+ISA_NAMES = ("SSE", "AVX", "AVX2", "AVX-512")
+
+
+def cpu_isa_level(flags: Optional[Iterable[str]] = None) -> Optional[int]:
+    """The newest x86 vector instruction set of this CPU, as an index of :data:`ISA_NAMES`.
+
+    Parameters
+    ----------
+    flags : iterable of str, optional
+        CPU feature flags as Linux's ``/proc/cpuinfo`` names them; read from there when
+        omitted.
+
+    Returns
+    -------
+    int or None
+        None where the flags cannot be read (not Linux) or name no x86 vector set.
+    """
+    if flags is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                line = next((ln for ln in f if ln.startswith("flags")), "")
+        except OSError:
+            return None
+        flags = line.partition(":")[2].split()
+    flags = set(flags)
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:  # what OpenBLAS's SkylakeX kernel needs
+        return 3
+    if {"avx2", "fma"} <= flags:
+        return 2
+    if "avx" in flags:
+        return 1
+    return 0 if "sse2" in flags else None
+
+
+def openblas_natural_kernel(timeout: float = 60.0) -> Optional[str]:
+    """The kernel NumPy's OpenBLAS picks on this CPU by itself, with OPENBLAS_CORETYPE unset.
+
+    Asks a fresh interpreter (``sys.executable``, with ``OPENBLAS_CORETYPE`` removed from
+    its environment), since OpenBLAS reads the variable once, when it loads. None when that
+    cannot tell (no threadpoolctl, no OpenBLAS, the interpreter failed).
+    """
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    code = ("import json, numpy, threadpoolctl; "
+            "print(json.dumps(threadpoolctl.threadpool_info()))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        info = blas_info(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    if info is None or info["library"] != "openblas":
+        return None
+    return info["kernel"]
+
+
+def openblas_coretype_warning(coretype: Optional[str], in_use: Optional[str] = None,
+                              natural: Optional[str] = None,
+                              cpu_level: Optional[int] = None) -> Optional[str]:
+    """A warning when ``OPENBLAS_CORETYPE`` makes OpenBLAS run an older kernel than it would.
+
+    Old OpenBLAS releases misdetected some CPUs, and ``OPENBLAS_CORETYPE`` (often
+    ``Haswell``) was the workaround; a current OpenBLAS forced that way runs without, say,
+    its AVX-512 kernels, at as little as half the speed, so every BLAS-bound timing and the
+    SGEMM peak would understate the machine.
+
+    Parameters
+    ----------
+    coretype : str or None
+        The variable's value (None or empty: not set, no warning).
+    in_use : str, optional
+        The kernel OpenBLAS runs now (:func:`blas_info`'s ``kernel``); ``coretype`` if
+        omitted.
+    natural : str, optional
+        The kernel OpenBLAS picks without the variable (:func:`openblas_natural_kernel`).
+    cpu_level : int, optional
+        :func:`cpu_isa_level`, the fallback when ``natural`` is unknown.
+
+    Returns
+    -------
+    str or None
+        The warning, or None when the forced kernel is not older than the CPU allows (or
+        that cannot be told).
+    """
+    if not coretype or not coretype.strip():
+        return None
+    forced = (in_use or coretype).strip()
+    forced_level = OPENBLAS_KERNEL_ISA.get(forced.lower())
+    if forced_level is None:
+        return None  # not an x86 kernel name we know: no grounds to call it old
+    if natural is not None:
+        natural_level = OPENBLAS_KERNEL_ISA.get(natural.lower())
+        if natural_level is None or natural_level <= forced_level:
+            return None
+        better = f"the {natural} kernel ({ISA_NAMES[natural_level]}) it picks for this CPU " \
+                 f"by itself"
+    elif cpu_level is not None and cpu_level > forced_level:
+        better = f"what this CPU supports ({ISA_NAMES[cpu_level]})"
+    else:
+        return None
+    return (f"OPENBLAS_CORETYPE={coretype} forces OpenBLAS's {forced} kernel "
+            f"({ISA_NAMES[forced_level]}), older than {better}: BLAS-bound timings and the "
+            f"SGEMM peak understate this machine. For figures worth comparing, unset it for "
+            f"this command: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE numbaconv bench ...")
+
+
 def format_seconds(seconds: Optional[float]) -> str:
     """A time with a unit that keeps three significant digits readable."""
     if seconds is None or not math.isfinite(seconds):
@@ -1017,3 +1217,128 @@ def format_seconds(seconds: Optional[float]) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3f} ms"
     return f"{seconds * 1e6:.1f} us"
+
+
+# --- plot --------------------------------------------------------------------------------
+
+#: What :func:`plot_ratios` raises without matplotlib.
+MATPLOTLIB_MISSING = ("plotting needs matplotlib, which is not installed: "
+                      "pip install 'numbaconv[plot]' (or pip install matplotlib)")
+
+
+def require_matplotlib() -> None:
+    """Raise ImportError with :data:`MATPLOTLIB_MISSING` when matplotlib cannot be imported.
+
+    ``numbaconv bench --plot`` calls it before measuring, not after minutes of timing.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(MATPLOTLIB_MISSING) from exc
+
+
+def plot_ratios(rows: Sequence[Row], path: str, *, title: Optional[str] = None,
+                peak_name: str = "SGEMM") -> str:
+    """Save a bar chart of each backend's ratio to PyTorch, one panel per op.
+
+    Each panel has a bar per shape and layout for each backend, on a log scale with a line
+    at 1 (left of it PyTorch is faster, right of it the backend is). Without any ratio (no
+    PyTorch in the run) it shows each row's fraction of the GEMM peak instead. Drawn on
+    matplotlib's Agg canvas, without pyplot, so it needs no display and leaves no global
+    figure behind.
+
+    Parameters
+    ----------
+    rows : sequence of Row
+        From :func:`run_benchmarks`; PyTorch's own rows and rows without a value are left
+        out.
+    path : str
+        The image file; its extension picks the format (``.png``, ``.svg``, ``.pdf``...).
+    title : str, optional
+        The figure's title.
+    peak_name : str
+        What the GEMM peak is called on the axis, when fractions of it are drawn.
+
+    Returns
+    -------
+    str
+        What was drawn: ``"vs_pytorch"`` or ``"peak_fraction"``.
+
+    Raises
+    ------
+    ImportError
+        Without matplotlib (:data:`MATPLOTLIB_MISSING`).
+    ValueError
+        When no row has a value to draw.
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    mine = [r for r in rows if r.backend != PYTORCH and r.status == "ok"]
+    metric = "vs_pytorch" if any(r.vs_pytorch is not None for r in mine) else "peak_fraction"
+    mine = [r for r in mine if getattr(r, metric) is not None]
+    if not mine:
+        raise ValueError("rows: nothing to plot (no row has a ratio to PyTorch or a fraction "
+                         "of the GEMM peak)")
+    ops = list(dict.fromkeys(r.op for r in mine))
+    backends = list(dict.fromkeys(r.backend for r in mine))
+    layouts = set(r.layout for r in mine)
+    short = {"channels_first": "NC..", "channels_last": "N..C"}
+
+    def label(r):
+        return r.shape if len(layouts) == 1 else f"{r.shape} {short.get(r.layout, r.layout)}"
+
+    labels = list(dict.fromkeys(label(r) for r in mine))
+    values = {(r.op, label(r), r.backend): getattr(r, metric) for r in mine}
+
+    bar = 0.8 / len(backends)
+    height = max(3.0, 0.6 + len(labels) * (0.16 * len(backends) + 0.12))
+    fig = Figure(figsize=(3.2 * len(ops) + 2.5, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(ops), sharey=True, squeeze=False)[0]
+    colours = [f"C{i}" for i in range(len(backends))]
+    ratio = metric == "vs_pytorch"
+    if ratio:  # one log axis for every panel, with 1 inside and round ticks
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+        low = min(1.0, min(values.values())) / 1.25
+        high = max(1.0, max(values.values())) * 1.25
+        ticks = [m * 10.0 ** e for e in range(-4, 5) for m in (1, 2, 5)
+                 if low <= m * 10.0 ** e <= high]
+    for ax, op in zip(axes, ops):
+        for i, backend in enumerate(backends):
+            ys, xs = [], []
+            for j, lab in enumerate(labels):
+                value = values.get((op, lab, backend))
+                if value is not None:
+                    ys.append(j + (i - (len(backends) - 1) / 2) * bar)
+                    xs.append(value if ratio else value * 100)
+            if ratio:  # bars grow from 1: left slower than PyTorch, right faster
+                ax.barh(ys, [x - 1 for x in xs], left=1, height=bar, color=colours[i],
+                        label=backend)
+            else:
+                ax.barh(ys, xs, height=bar, color=colours[i], label=backend)
+        ax.set_title(op, fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(labelsize=7)
+        if ratio:
+            ax.set_xscale("log")
+            ax.set_xlim(low, high)
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.axvline(1.0, color="black", linewidth=0.8)
+            ax.set_xlabel("PyTorch time / backend time", fontsize=8)
+        else:
+            ax.set_xlabel(f"% of {peak_name} peak", fontsize=8)
+    axes[0].set_yticks(range(len(labels)), labels)
+    axes[0].invert_yaxis()
+    if len(backends) > 1 or ratio:  # beside the panels, where it hides no bar
+        handles, names = axes[0].get_legend_handles_labels()
+        fig.legend(handles, names, fontsize=7, loc="outside right upper")
+    if title is None:
+        title = ("numbaconv vs PyTorch (> 1: numbaconv faster)" if metric == "vs_pytorch"
+                 else f"numbaconv: fraction of the {peak_name} peak (no PyTorch baseline)")
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=100)
+    return metric

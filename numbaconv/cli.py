@@ -321,6 +321,12 @@ def cmd_bench(args) -> int:
         names = bench.cpu_backends()
     if args.first_call:
         return _first_call(args, bench, names if args.backend else ["cpu"])
+    if args.plot:
+        try:  # before measuring, not after minutes of it
+            bench.require_matplotlib()
+        except ImportError as exc:
+            _print(f"numbaconv bench: error: --plot: {exc}", file=sys.stderr)
+            return 1
     shapes = bench.QUICK_SHAPES if args.quick else bench.SHAPES
     repeat = args.repeat or (3 if args.quick else 7)
     layout = args.layout or ("channels_first" if args.quick else "both")
@@ -345,16 +351,18 @@ def cmd_bench(args) -> int:
            f"(threading layer {env['numba_threading_layer']}), Python {env['python']}")
     _print(f"CPU: {env['processor']}, {env['usable_cpus']} usable CPUs; threads: {threads} for "
            f"Numba, BLAS{' and PyTorch' if torch is not None else ''}")
+    blas = env["blas"]
+    if blas is not None:
+        _print(f"BLAS (NumPy's): {blas['library']} {blas['version'] or ''}, kernel "
+               f"{blas['kernel'] or 'not reported'}, {blas['threads']} thread(s)")
     for line in bench.describe_threadpools(env["threadpools"]):
         _print(f"  {line}")
     set_vars = {k: v for k, v in env["env"].items() if v is not None}
     _print("environment: " + (", ".join(f"{k}={v}" for k, v in set_vars.items())
                               or "no relevant variable set"))
-    forced = [k for k in OPENBLAS_TUNING_VARS if k in set_vars]
-    if forced:
-        _print(f"note: {' and '.join(forced)} set: OpenBLAS runs tuned by hand, not as it "
-               f"detects this CPU; the comparison with PyTorch wants "
-               f"{' and '.join(OPENBLAS_TUNING_VARS)} unset")
+    warnings = _openblas_warnings(bench, set_vars, blas)
+    for text in warnings:
+        _print(f"WARNING: {text}")
     if torch is not None:
         _print(f"PyTorch {torch.__version__}: timed directly as the baseline of 'vs pytorch' "
                f"(> 1: the backend is faster)")
@@ -366,19 +374,22 @@ def cmd_bench(args) -> int:
            + ("; reference skipped on the big shapes (--include-reference)"
               if skip_reference and "reference" in names else ""))
 
+    progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     peak_size = 512 if args.quick else 2048
     with limiter:
+        progress.update(0, 0, f"{bench.gemm_name(args.dtype)} peak")
         peak = bench.gemm_peak(peak_size, args.dtype, repeat=repeat)
+        progress.clear()
     _print(f"{peak['name']} peak: {peak['gflops']:.1f} GFLOP/s (np.matmul, {peak_size}x"
            f"{peak_size} {peak['dtype']}, {threads} BLAS thread(s), median "
            f"{bench.format_seconds(peak['median_s'])}); 'of peak' = GFLOP/s / this")
     _print()
 
     headers = ("shape", "layout", "op", "backend", "median", "GFLOP/s", "of peak",
-               "vs pytorch")
+               "pytorch", "vs pytorch")
     widths = (max(len(s.name) for s in shapes), max(len(lay) for lay in layouts),
               max(len(o) for o in ops),
-              max([len(bench.PYTORCH)] + [len(n) for n in names]), 10, 8, 7, 10)
+              max([len(bench.PYTORCH)] + [len(n) for n in names]), 10, 8, 7, 10, 10)
 
     def fmt(values):
         return "  ".join(str(v).rjust(w) if i >= 4 else str(v).ljust(w)
@@ -390,25 +401,33 @@ def cmd_bench(args) -> int:
     def report(row):
         if row.backend == "reference" and row.shape in skip_reference:
             return  # the header says so once; the JSON keeps these rows
+        progress.clear()
         if row.status == "ok":
             ratio = f"{row.vs_pytorch:.2f}" if row.vs_pytorch is not None else "-"
+            baseline = "" if row.backend == bench.PYTORCH else bench.format_seconds(
+                row.pytorch_s)
             _print(fmt((row.shape, row.layout, row.op, row.backend,
                         bench.format_seconds(row.median_s), f"{row.gflops:.2f}",
-                        _percent(row.peak_fraction), ratio)))
+                        _percent(row.peak_fraction), baseline, ratio)))
         else:
-            _print(fmt((row.shape, row.layout, row.op, row.backend, row.status, "", "", ""))
-                   + f"  {_one_line(row.detail, 100)}")
+            _print(fmt((row.shape, row.layout, row.op, row.backend, row.status, "", "", "",
+                        "")) + f"  {_one_line(row.detail, 100)}")
 
     with limiter:
         if args.settle > 0:
             time.sleep(args.settle)  # BLAS's threads, busy with the peak, go idle first
-        rows = bench.run_benchmarks(shapes, names, ops=ops, repeat=repeat,
-                                    layout=layouts, dtype=args.dtype, torch=torch,
-                                    skip_reference_on=skip_reference, settle=args.settle,
-                                    peak_gflops=peak["gflops"], report=report)
-        overhead = bench.dispatch_overhead(dtype=args.dtype, layout=layouts[0],
-                                           repeat=max(11, 2 * repeat + 1),
-                                           settle=args.settle)
+        try:
+            rows = bench.run_benchmarks(shapes, names, ops=ops, repeat=repeat,
+                                        layout=layouts, dtype=args.dtype, torch=torch,
+                                        skip_reference_on=skip_reference,
+                                        settle=args.settle, peak_gflops=peak["gflops"],
+                                        report=report, progress=progress.update)
+            progress.update(0, 0, "dispatch overhead")
+            overhead = bench.dispatch_overhead(dtype=args.dtype, layout=layouts[0],
+                                               repeat=max(11, 2 * repeat + 1),
+                                               settle=args.settle)
+        finally:
+            progress.clear()
 
     _print()
     _print("dispatch overhead (tiny problem: public call minus the backend's run() on "
@@ -428,12 +447,28 @@ def cmd_bench(args) -> int:
     _print()
     _print_summary(summary, peak, torch is not None)
 
+    status = 0
+    plotted = None
+    if args.plot:
+        try:
+            plotted = bench.plot_ratios(rows, args.plot, peak_name=peak["name"])
+        except (ValueError, OSError) as exc:  # nothing to draw, or an unwritable path
+            _print(f"numbaconv bench: error: --plot {args.plot}: {exc}", file=sys.stderr)
+            status = 1
+        else:
+            what = ("ratios to PyTorch" if plotted == "vs_pytorch"
+                    else f"fractions of the {peak['name']} peak (no PyTorch ratios)")
+            _print(f"plot of the {what} written to {args.plot}")
+    for text in warnings:  # repeated last, where the eye lands after a long run
+        _print(f"WARNING: {text}")
+
     errors = [r for r in rows if r.status == "error"]
     if args.json:
         record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), quick=args.quick,
                       repeat=repeat, threads=threads, dtype=args.dtype,
                       layout=layout, layouts=list(layouts),
                       torch=None if torch is None else torch.__version__, environment=env,
+                      blas=blas, warnings=warnings, plot=args.plot if plotted else None,
                       gemm_peak=peak, shapes=[_case_dict(c) for c in shapes],
                       results=[r.as_dict() for r in rows], dispatch_overhead=overhead,
                       summary=summary, targets=dict(groups=bench.GROUP_TARGETS,
@@ -444,7 +479,69 @@ def cmd_bench(args) -> int:
     if errors:
         _print(f"{len(errors)} measurement(s) failed; see the 'error' rows")
         return 1
-    return 0
+    return status
+
+
+class _Progress:
+    """One self-overwriting status line on stderr while ``bench`` measures.
+
+    Drawn only when enabled (by default when stderr is a terminal), so that piped or
+    captured output holds the table alone. :meth:`clear` wipes the line before anything
+    else is printed, so that it never ends up inside the table.
+    """
+
+    def __init__(self, enabled: bool, stream=None):
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = time.perf_counter()
+        self.shown = False
+
+    def update(self, done: int, total: int, what: str) -> None:
+        """Show ``what`` and, when ``total`` is known, a bar of ``done`` out of ``total``."""
+        if not self.enabled:
+            return
+        import shutil
+
+        elapsed = time.perf_counter() - self.start
+        if total:
+            filled = round(20 * done / total)
+            text = f"[{'#' * filled}{'.' * (20 - filled)}] {done}/{total} {elapsed:.0f} s: {what}"
+        else:
+            text = f"{elapsed:.0f} s: {what}"
+        width = max(20, shutil.get_terminal_size().columns - 1)
+        self.stream.write("\r\033[K" + text[:width])  # back to column 0, erase the line
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def _openblas_warnings(bench, set_vars: dict, blas: Optional[dict]) -> list:
+    """Warnings about OpenBLAS settings that make this run's figures unrepresentative.
+
+    ``OPENBLAS_CORETYPE`` forcing an older kernel than OpenBLAS would pick is found out by
+    asking a fresh interpreter without it (a fraction of a second, only when it is set);
+    ``OPENBLAS_L2_SIZE`` overrides a detected cache size, which no interpreter reveals, so
+    it is reported whenever set.
+    """
+    found = []
+    coretype = set_vars.get("OPENBLAS_CORETYPE")
+    if coretype and (blas is None or blas["library"] == "openblas"):
+        natural = bench.openblas_natural_kernel()
+        text = bench.openblas_coretype_warning(
+            coretype, blas["kernel"] if blas else None, natural,
+            bench.cpu_isa_level() if natural is None else None)
+        if text:
+            found.append(text)
+    if set_vars.get("OPENBLAS_L2_SIZE"):
+        found.append(f"OPENBLAS_L2_SIZE={set_vars['OPENBLAS_L2_SIZE']} overrides the L2 size "
+                     f"OpenBLAS detects, which sizes its blocking; the comparison with "
+                     f"PyTorch wants {' and '.join(OPENBLAS_TUNING_VARS)} unset")
+    return found
 
 
 def _percent(fraction) -> str:
@@ -583,51 +680,40 @@ def cmd_demo(args) -> int:
     import contextlib
 
     import numbaconv
-    from numbaconv import demo
+    from numbaconv import demos
 
-    if args.epochs < 1:
+    name = args.model
+    if name is None:
+        name, note = demos.default_demo()
+        if note:
+            _print(f"numbaconv demo: {note}", file=sys.stderr)
+    if args.epochs is not None and args.epochs < 1:
         _print("numbaconv demo: error: --epochs must be >= 1", file=sys.stderr)
         return USAGE_ERROR
-    context = numbaconv.use_backend(*args.backend) if args.backend else contextlib.nullcontext()
+    options = dict(epochs=args.epochs, seed=args.seed, log=_print)
+    if args.output is not None:
+        if name != "autoencoder":
+            _print(f"numbaconv demo: error: --output applies to the autoencoder demo, not "
+                   f"{name}", file=sys.stderr)
+            return USAGE_ERROR
+        options["output"] = args.output
     try:
-        with context:
-            choice = numbaconv.explain("conv_backward_weight", *_demo_probe(), padding=1)
-            _print(f"bars task ({', '.join(demo.CLASSES)}), {demo.IMAGE_SIZE}x"
-                   f"{demo.IMAGE_SIZE} images; conv 1->8, conv 8->8 stride 2, global "
-                   f"average pool, linear 8->3; Adam; seed {args.seed}")
-            _print(f"convolutions run on backend {choice.backend!r}")
-            error = demo.gradient_check(args.seed)
-            verdict = "ok" if error < demo.GRADIENT_TOLERANCE else "FAILED"
-            _print(f"gradient check (float64, finite differences): worst relative error "
-                   f"{error:.1e}, {verdict}")
-            result = demo.train(args.epochs, args.seed, log=_print)
-    except ValueError as exc:  # use_backend with an unknown name
+        module = demos.load(name)
+    except demos.DemoUnavailable as exc:
         _print(f"numbaconv demo: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
-    except numbaconv.NoBackendError as exc:
-        _print(f"numbaconv demo: {exc}", file=sys.stderr)
         return 1
-    _print(f"final test accuracy: {result.test_accuracy:.3f} (chance {result.chance:.3f}, "
-           f"pass mark {demo.PASS_ACCURACY}) after {args.epochs} epoch(s) in "
-           f"{result.seconds:.1f} s")
-    if verdict != "ok":
-        _print("FAILED: the network's gradients disagree with finite differences")
-        return 1
-    if not result.learned:
-        _print("FAILED: the network did not learn (more --epochs may help)")
-        return 1
-    return 0
-
-
-def _demo_probe():
-    """The demo's first-layer weight gradient, to ask the dispatcher which backend runs it."""
-    import numpy as np
-
-    from numbaconv import demo
-    size = demo.IMAGE_SIZE
-    x = np.zeros((demo.BATCH_SIZE, 1, size, size), np.float32)
-    dy = np.zeros((demo.BATCH_SIZE, demo.CHANNELS, size, size), np.float32)
-    return x, dy, (demo.CHANNELS, 1, 3, 3)
+    with contextlib.ExitStack() as stack:
+        if args.backend:
+            try:
+                stack.enter_context(numbaconv.use_backend(*args.backend))
+            except ValueError as exc:  # an unknown backend name
+                _print(f"numbaconv demo: error: {exc}", file=sys.stderr)
+                return USAGE_ERROR
+        try:
+            return module.run_demo(**options)
+        except numbaconv.NoBackendError as exc:
+            _print(f"numbaconv demo: {exc}", file=sys.stderr)
+            return 1
 
 
 # --- parser --------------------------------------------------------------------------------
@@ -674,15 +760,19 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="time the ops on standard shapes, against PyTorch",
         description="Time conv, conv_backward_data, conv_backward_weight, "
                     "conv_backward_bias and conv_transpose on standard CNN layer shapes "
-                    "(ResNet 3x3, 1x1, depthwise 3x3, 7x7 stride-2 stem) for each available "
-                    "CPU backend, and PyTorch directly when it is installed, in both layouts, "
+                    "(ResNet 3x3, 1x1, depthwise 3x3, 7x7 stride-2 stem, 1D and 3D) for "
+                    "each available CPU backend, and PyTorch directly when it is installed, "
+                    "in both layouts, "
                     "printing median time, GFLOP/s, the fraction of the machine's GEMM peak "
                     "(np.matmul, measured in the same run) and PyTorch's time over the "
                     "backend's. Then the dispatch overhead of a tiny call, and a summary per "
-                    "group of shapes (resnet3x3, pointwise, depthwise, stem): geometric means "
-                    "of the ratio, judged against the targets for the data and weight "
-                    "gradients. With --first-call, instead: each op's first-call latency "
-                    "(JIT compilation) in fresh processes, cold and from Numba's disk cache.")
+                    "group of shapes (resnet3x3, pointwise, depthwise, stem, conv1d, conv3d): "
+                    "geometric means of the ratio, judged against the targets for the data "
+                    "and weight gradients. The header records NumPy's BLAS and the kernel it "
+                    "runs (threadpoolctl) and warns when OPENBLAS_CORETYPE forces an older "
+                    "kernel than OpenBLAS would pick. With --first-call, instead: each op's "
+                    "first-call latency (JIT compilation) in fresh processes, cold and from "
+                    "Numba's disk cache.")
     p.add_argument("--quick", action="store_true",
                    help="small shapes and few repeats (seconds; the reference included)")
     p.add_argument("--repeat", type=_positive_int, metavar="N",
@@ -708,19 +798,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "fresh processes, cold and with Numba's on-disk cache, for the cpu "
                         "backend (or --backend); honours --op, --dtype, --layout, --threads")
     p.add_argument("--json", metavar="FILE", help="also write the results to FILE as JSON")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw a bar chart of the ratios to PyTorch (fractions of the "
+                        "GEMM peak without PyTorch) into FILE.png; needs matplotlib "
+                        "(pip install 'numbaconv[plot]')")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress line on stderr (default: when stderr is a "
+                        "terminal)")
     p.set_defaults(func=cmd_bench)
 
+    from numbaconv.demos import DEFAULT_DEMO, DEMOS, FALLBACK_DEMO, INSTALL_HINT
     p = sub.add_parser(
-        "demo", help="train a small CNN in NumPy on numbaconv's gradients",
-        description="Check the gradients of a two-convolution network against finite "
-                    "differences, then train it with Adam on a synthetic task (horizontal, "
-                    "vertical or diagonal bar), printing loss and accuracy per epoch. Exit "
-                    "status 1 if the gradient check fails or the test accuracy stays below "
-                    "the pass mark.")
-    p.add_argument("--epochs", type=int, default=8, help="passes over the data (default 8)")
+        "demo", help="train a small model in NumPy on numbaconv's gradients",
+        description="Check a model's gradients against finite differences in float64, then "
+                    "train it in plain NumPy on numbaconv's kernels, printing the loss per "
+                    "epoch. Exit status 1 if the gradient check fails or the model did not "
+                    "learn (autoencoder: the held-out loss fell by less than 10%; cnn: the "
+                    "test accuracy stayed below the pass mark).")
+    p.add_argument("model", nargs="?", choices=tuple(DEMOS), metavar="model",
+                   help="; ".join(f"{n}: {info.summary}" for n, info in DEMOS.items())
+                        + f". Default: {DEFAULT_DEMO} when its packages are installed "
+                          f"({INSTALL_HINT}), else {FALLBACK_DEMO}.")
+    p.add_argument("--epochs", type=int, metavar="N",
+                   help="passes over the data (default: the model's own, "
+                        "autoencoder 25, cnn 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of data and weights (default 0)")
     p.add_argument("--backend", action="append", metavar="NAME",
                    help="run the convolutions on this backend (repeatable, as use_backend)")
+    p.add_argument("--output", metavar="PNG",
+                   help="autoencoder: where to save the picture of digits and their "
+                        "reconstructions (default numbaconv-autoencoder.png)")
     p.set_defaults(func=cmd_demo)
     return parser
 

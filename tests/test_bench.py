@@ -1,0 +1,228 @@
+"""numbaconv.bench and ``numbaconv bench`` beyond the table: the shared shape tables, the
+progress display, the PyTorch column, the BLAS record, the OPENBLAS_CORETYPE warning and
+``--plot``.
+
+The OpenBLAS environment variables are never changed here; the warning is tested on the
+functions that decide it, with their inputs given.
+"""
+
+import io
+import json
+import sys
+
+import pytest
+
+import numbaconv
+from numbaconv import bench, cli
+from numbaconv.__main__ import main
+from numbaconv.problem import CONV_OPS
+from numbaconv.testing import check_backend
+
+
+def run_cli(capsys, *argv):
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def other_cpu_backends():
+    return [b.name for b in numbaconv.backends()
+            if b.available and b.device == "cpu" and b.name != "reference"]
+
+
+# --- the shape tables ----------------------------------------------------------------------
+
+def test_tables_cover_1d_2d_and_3d_in_every_group():
+    for table in (bench.SHAPES, bench.QUICK_SHAPES):
+        assert {len(c.x_shape) - 2 for c in table} == {1, 2, 3}
+        assert {c.group for c in table} == set(bench.GROUPS)
+    assert {c.group for c in bench.QUICK_SHAPES if len(c.x_shape) == 3} == {"conv1d"}
+    assert {c.group for c in bench.QUICK_SHAPES if len(c.x_shape) == 5} == {"conv3d"}
+    assert set(bench.GROUP_TARGETS) == set(bench.GROUPS)
+    assert bench.GROUP_TARGETS["conv1d"] is None and bench.GROUP_TARGETS["conv3d"] is None
+    assert bench.RNN_SHAPES == ()  # filled in with the RNN functions
+
+
+@pytest.mark.parametrize("backend", other_cpu_backends())
+def test_benchmark_shapes_are_checked_against_the_reference(backend):
+    """The table the benchmarks time is the table the tests check (the small one)."""
+    results = check_backend(backend, cases=bench.QUICK_SHAPES)
+    failures = [(r.case, r.op, r.layout, r.dtype, r.mode, r.detail) for r in results
+                if r.status == "FAIL"]
+    assert not failures
+    assert any(r.status == "pass" for r in results)
+
+
+# --- run_benchmarks: progress and the PyTorch column --------------------------------------
+
+def test_run_benchmarks_reports_progress_and_pytorch_time():
+    torch = pytest.importorskip("torch")
+    case = next(c for c in bench.QUICK_SHAPES if c.group == "conv1d")
+    seen = []
+    rows = bench.run_benchmarks([case], ["reference"], ops=["conv", "conv_backward_bias"],
+                                repeat=1, torch=torch, settle=0,
+                                progress=lambda done, total, what: seen.append(
+                                    (done, total, what)))
+    assert [(d, t) for d, t, _ in seen] == [(0, 2), (1, 2), (2, 2)]
+    assert seen[0][2] == f"{case.name} channels_first on {bench.PYTORCH}"
+    assert seen[-1][2] == "done"
+    by = {(r.op, r.backend): r for r in rows}
+    for op in ("conv", "conv_backward_bias"):
+        mine, theirs = by[op, "reference"], by[op, bench.PYTORCH]
+        assert mine.pytorch_s == theirs.median_s
+        assert mine.vs_pytorch == pytest.approx(theirs.median_s / mine.median_s)
+        assert theirs.pytorch_s is None  # the baseline's own row has no baseline column
+
+
+def test_progress_line_draws_only_when_enabled():
+    stream = io.StringIO()
+    progress = cli._Progress(True, stream)
+    progress.update(1, 4, "resnet on cpu")
+    assert stream.getvalue().startswith("\r\x1b[K[#####...............] 1/4 ")
+    assert stream.getvalue().endswith("resnet on cpu")
+    progress.clear()
+    assert stream.getvalue().endswith("\r\x1b[K")
+    quiet = io.StringIO()
+    progress = cli._Progress(False, quiet)
+    progress.update(1, 4, "x")
+    progress.clear()
+    assert quiet.getvalue() == ""
+
+
+def test_bench_progress_goes_to_stderr_only_when_asked(capsys):
+    args = ("bench", "--quick", "--no-torch", "--backend", "reference", "--op",
+            "conv_backward_bias", "--repeat", "1", "--settle", "0")
+    status, out, err = run_cli(capsys, *args)  # captured stderr is no terminal: quiet
+    assert status == 0 and "\x1b[K" not in err and "\x1b[K" not in out
+    status, out, err = run_cli(capsys, *args, "--progress")
+    assert status == 0
+    assert f"/{len(bench.QUICK_SHAPES)} " in err and "dispatch overhead" in err
+    assert "\x1b[K" not in out
+
+
+# --- BLAS and OPENBLAS_CORETYPE ------------------------------------------------------------
+
+def test_blas_info_prefers_numpys_library():
+    torch_blas = dict(user_api="blas", internal_api="mkl", version="2024", num_threads=2,
+                      filepath="/site-packages/torch/lib/libmkl_rt.so")
+    numpy_blas = dict(user_api="blas", internal_api="openblas", version="0.3.31",
+                      num_threads=2, architecture="SkylakeX", threading_layer="pthreads",
+                      filepath="/site-packages/numpy.libs/libscipy_openblas64_.so")
+    omp = dict(user_api="openmp", internal_api="openmp", num_threads=2, filepath="/libgomp")
+    info = bench.blas_info([omp, torch_blas, numpy_blas])
+    assert (info["library"], info["kernel"], info["threads"]) == ("openblas", "SkylakeX", 2)
+    assert bench.blas_info([omp]) is None
+    assert bench.blas_info([]) is None
+
+
+def test_blas_info_of_this_process():
+    pytest.importorskip("threadpoolctl")
+    info = bench.blas_info()
+    assert info is not None and info["library"] and info["threads"] >= 1
+    assert bench.environment()["blas"] == info
+
+
+def test_cpu_isa_level():
+    assert bench.cpu_isa_level(["sse2", "avx", "avx2", "fma", "avx512f", "avx512bw",
+                                "avx512vl"]) == 3
+    assert bench.cpu_isa_level(["sse2", "avx", "avx2", "fma", "avx512f"]) == 2
+    assert bench.cpu_isa_level(["sse2", "avx"]) == 1
+    assert bench.cpu_isa_level(["sse2"]) == 0
+    assert bench.cpu_isa_level(["neon", "asimd"]) is None
+
+
+def test_openblas_coretype_warning():
+    warn = bench.openblas_coretype_warning
+    text = warn("Haswell", "Haswell", natural="SkylakeX")
+    assert text.startswith("OPENBLAS_CORETYPE=Haswell forces OpenBLAS's Haswell kernel (AVX2)")
+    assert "SkylakeX kernel (AVX-512)" in text and "env -u OPENBLAS_CORETYPE" in text
+    assert warn("Haswell", "Haswell", natural="Haswell") is None  # what it would pick anyway
+    assert warn("Haswell", "Haswell", natural="Zen") is None      # same instruction set
+    assert warn("SkylakeX", natural="Haswell") is None            # newer is not "old"
+    assert warn(None, "SkylakeX", natural="SkylakeX") is None     # not set
+    assert warn("", natural="SkylakeX") is None
+    assert warn("ARMV8", natural="NeoverseN1") is None            # not an x86 name we know
+    # Without the natural kernel, the CPU's instruction set decides.
+    assert "what this CPU supports (AVX-512)" in warn("nehalem", cpu_level=3)
+    assert warn("Haswell", cpu_level=2) is None
+    assert warn("Haswell") is None
+
+
+def test_cli_warns_about_a_forced_old_kernel(monkeypatch):
+    monkeypatch.setattr(bench, "openblas_natural_kernel", lambda: "SkylakeX")
+    blas = dict(library="openblas", kernel="Haswell")
+    (text,) = cli._openblas_warnings(bench, {"OPENBLAS_CORETYPE": "Haswell"}, blas)
+    assert "forces OpenBLAS's Haswell kernel" in text
+    assert cli._openblas_warnings(bench, {}, blas) == []
+    monkeypatch.setattr(bench, "openblas_natural_kernel", lambda: "Haswell")
+    assert cli._openblas_warnings(bench, {"OPENBLAS_CORETYPE": "Haswell"}, blas) == []
+    (text,) = cli._openblas_warnings(bench, {"OPENBLAS_L2_SIZE": "512"}, blas)
+    assert text.startswith("OPENBLAS_L2_SIZE=512 overrides")
+
+
+# --- --plot --------------------------------------------------------------------------------
+
+def fake_rows(ratios=True):
+    rows = []
+    for i, case in enumerate(bench.QUICK_SHAPES):
+        for op in ("conv", "conv_backward_data"):
+            rows.append(bench.Row(case.name, op, bench.PYTORCH, "channels_first", "float32",
+                                  "ok", median_s=1e-3, gflops=1.0, vs_pytorch=1.0))
+            for backend, scale in (("cpu", 1.0), ("torch", 0.5)):
+                rows.append(bench.Row(case.name, op, backend, "channels_first", "float32",
+                                      "ok", median_s=1e-3, gflops=1.0,
+                                      vs_pytorch=(0.5 + i) * scale if ratios else None,
+                                      peak_fraction=0.1 * (i + 1)))
+    rows.append(bench.Row("x", "conv", "cpu", "channels_first", "float32", "skipped"))
+    return rows
+
+
+@pytest.mark.parametrize("ratios", [True, False], ids=["ratios", "peak-fractions"])
+def test_plot_ratios_writes_a_png(tmp_path, ratios):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "ratios.png"
+    metric = bench.plot_ratios(fake_rows(ratios), str(path))
+    assert metric == ("vs_pytorch" if ratios else "peak_fraction")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_ratios_needs_something_to_draw(tmp_path):
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ValueError, match="rows: nothing to plot"):
+        bench.plot_ratios([r for r in fake_rows() if r.backend == bench.PYTORCH],
+                          str(tmp_path / "x.png"))
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    with pytest.raises(ImportError, match=r"pip install 'numbaconv\[plot\]'"):
+        bench.plot_ratios(fake_rows(), str(tmp_path / "x.png"))
+    status, out, err = run_cli(capsys, "bench", "--quick", "--no-torch", "--plot",
+                               str(tmp_path / "x.png"))
+    assert status == 1
+    assert "--plot" in err and "numbaconv[plot]" in err
+    assert "SGEMM peak" not in out  # refused before measuring anything
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bench_plot_and_json_record_blas_and_warnings(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    png, record_path = tmp_path / "bench.png", tmp_path / "bench.json"
+    status, out, _ = run_cli(capsys, "bench", "--quick", "--no-torch", "--backend",
+                             "reference", "--op", "conv", "--op", "conv_backward_data",
+                             "--repeat", "1", "--settle", "0", "--plot", str(png),
+                             "--json", str(record_path))
+    assert status == 0, out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert f"written to {png}" in out
+    header = next(line for line in out.splitlines() if line.startswith("shape"))
+    assert header.split()[-3:] == ["pytorch", "vs", "pytorch"]
+    record = json.loads(record_path.read_text())
+    assert record["plot"] == str(png)
+    assert isinstance(record["warnings"], list)
+    assert all(f"WARNING: {w}" in out for w in record["warnings"])
+    if record["environment"]["threadpoolctl"]:
+        assert record["blas"]["library"] and "BLAS (NumPy's):" in out
+    assert {r["op"] for r in record["results"]} == {"conv", "conv_backward_data"}
+    assert all("pytorch_s" in r for r in record["results"])
+    assert set(CONV_OPS) >= {r["op"] for r in record["results"]}
