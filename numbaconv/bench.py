@@ -145,11 +145,7 @@ QUICK_SHAPES = (
               group="conv3d"),
 )
 
-#: LSTM/GRU training-step shapes (forward with reserve, then the data and weight
-#: gradients). Empty until the recurrent-network functions land; the RNN benchmarks
-#: (``benchmarks/bench_rnn.py``) and ``numbaconv bench`` will take their shapes from here,
-#: as the convolution ones take theirs from :data:`SHAPES` and :data:`QUICK_SHAPES`.
-RNN_SHAPES: tuple = ()
+# The RNN training-step shapes live in numbaconv.bench_rnn (RNN_SHAPES, QUICK_RNN_SHAPES).
 
 #: The problem whose public call is timed against the backend's ``run`` to measure what
 #: validation and dispatch add: small enough that the arithmetic is negligible.

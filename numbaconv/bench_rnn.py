@@ -7,7 +7,11 @@ Used by ``numbaconv bench --suite rnn`` and the asv suite (``benchmarks/bench_rn
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import subprocess
+import sys
 import tracemalloc
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -57,6 +61,7 @@ RNN_SHAPES = (
 QUICK_RNN_SHAPES = (
     RNNCase("lstm_T10_N8_32", "lstm", 10, 8, 32, 32),
     RNNCase("gru_T10_N8_32_bi", "gru", 10, 8, 32, 32, bidirectional=True),
+    RNNCase("lstm_proj_T10_N8_32_p16_L2", "lstm", 10, 8, 32, 32, num_layers=2, proj_size=16),
 )
 
 
@@ -132,31 +137,75 @@ def per_step_allocations(step, steps: int = 3) -> int:
     return peak
 
 
+def measure(case: RNNCase, engine: str, *, repeat: int = 5, dtype: str = "float32",
+            threads: Optional[int] = None) -> dict:
+    """Time one engine's training step on one case in this process: ``engine`` is a
+    numbaconv backend name or ``"pytorch"``. Returns median seconds (and, for numbaconv,
+    the reserve's size and the bytes one steady step allocates)."""
+    import numba
+    if threads:
+        numba.set_num_threads(threads)
+    if engine == "pytorch":
+        import torch
+        if threads:
+            torch.set_num_threads(threads)
+        step = torch_training_step(case, torch, dtype)
+        return dict(median_s=time_call(step, repeat=repeat, warmup=2, number=1).median)
+    step = TrainingStep(case, engine, dtype)
+    result = dict(median_s=time_call(step, repeat=repeat, warmup=2, number=1).median,
+                  reserve_bytes=step.reserve.nbytes)
+    result["alloc_bytes"] = per_step_allocations(step, steps=2)
+    return result
+
+
+_CHILD = """
+import json, sys
+from numbaconv import bench_rnn
+spec = json.loads(sys.argv[1])
+case = bench_rnn.RNNCase(**spec.pop("case"))
+print(json.dumps(bench_rnn.measure(case, **spec)))
+"""
+
+
+def measure_in_subprocess(case: RNNCase, engine: str, *, timeout: float = 900, **kwargs):
+    """:func:`measure` in a fresh interpreter. PyTorch's OpenMP threads and NumPy's BLAS
+    threads keep spinning after their work; in one process they steal the cores from the
+    next engine (measured here: 1.4 s per PyTorch LSTM step right after numbaconv's, 0.12 s
+    alone), so each engine runs alone, one after the other, in the same command."""
+    spec = dict(case=dataclasses.asdict(case), engine=engine, **kwargs)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)],
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{engine} on {case.name} failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_rnn_benchmarks(cases: Sequence[RNNCase], *, backends: Sequence[str] = ("cpu",),
-                       repeat: int = 5, torch=None, dtype: str = "float32",
-                       progress=None) -> list:
-    """Time each case's training step on each backend (and PyTorch); rows of dicts."""
+                       repeat: int = 5, torch: bool = True, dtype: str = "float32",
+                       threads: Optional[int] = None, progress=None) -> list:
+    """Time each case's training step with PyTorch (if ``torch``) and each backend, every
+    engine in its own subprocess; rows of dicts, ratio = PyTorch time / backend time."""
     rows = []
     for case in cases:
         row = dict(case=case.name, mode=case.mode, T=case.seq_len, N=case.batch,
                    input_size=case.input_size, hidden_size=case.hidden_size,
                    layers=case.num_layers, bidirectional=case.bidirectional,
                    proj_size=case.proj_size, gflop=case.flops() / 1e9)
-        if progress:
-            progress(case.name)
-        if torch is not None:
-            timing = time_call(torch_training_step(case, torch, dtype), repeat=repeat,
-                               warmup=2, number=1)
-            row["pytorch_s"] = timing.median
+        options = dict(repeat=repeat, dtype=dtype, threads=threads)
+        if torch:
+            if progress:
+                progress(f"{case.name}: pytorch")
+            row["pytorch_s"] = measure_in_subprocess(case, "pytorch", **options)["median_s"]
         for name in backends:
-            step = TrainingStep(case, name, dtype)
-            timing = time_call(step, repeat=repeat, warmup=2, number=1)
-            row[f"{name}_s"] = timing.median
-            row[f"{name}_gflops"] = case.flops() / timing.median / 1e9
-            row[f"{name}_reserve_bytes"] = step.reserve.nbytes
-            row[f"{name}_alloc_bytes"] = per_step_allocations(step, steps=2)
-            if torch is not None:
-                row[f"{name}_ratio"] = row["pytorch_s"] / timing.median
+            if progress:
+                progress(f"{case.name}: {name}")
+            result = measure_in_subprocess(case, name, **options)
+            row[f"{name}_s"] = result["median_s"]
+            row[f"{name}_gflops"] = case.flops() / result["median_s"] / 1e9
+            row[f"{name}_reserve_bytes"] = result["reserve_bytes"]
+            row[f"{name}_alloc_bytes"] = result["alloc_bytes"]
+            if torch:
+                row[f"{name}_ratio"] = row["pytorch_s"] / result["median_s"]
         rows.append(row)
     return rows
 

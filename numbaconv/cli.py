@@ -303,6 +303,50 @@ def _print_skip_reasons(results) -> None:
 
 # --- bench ---------------------------------------------------------------------------------
 
+def _bench_rnn(args, bench, names) -> int:
+    """``bench --suite rnn``: training steps of the RNN shapes, side by side with PyTorch."""
+    import numba
+
+    from numbaconv import bench_rnn
+
+    threads = args.threads or numba.config.NUMBA_NUM_THREADS
+    torch = not args.no_torch and bench.import_torch() is not None
+    env = bench.environment()
+    _print(f"numbaconv {env['numbaconv']} bench --suite rnn: NumPy {env['numpy']}, Numba "
+           f"{env['numba']}, {threads} thread(s) for Numba, BLAS and PyTorch; {args.dtype}")
+    blas = env["blas"]
+    if blas is not None:
+        _print(f"BLAS (NumPy's): {blas['library']} {blas['version'] or ''}, kernel "
+               f"{blas['kernel'] or 'not reported'}")
+    set_vars = {k: v for k, v in env["env"].items() if v is not None}
+    _print("environment: " + (", ".join(f"{k}={v}" for k, v in set_vars.items())
+                              or "no relevant variable set"))
+    warnings = _openblas_warnings(bench, set_vars, blas)
+    for text in warnings:
+        _print(f"WARNING: {text}")
+    cases = bench_rnn.QUICK_RNN_SHAPES if args.quick else bench_rnn.RNN_SHAPES
+    repeat = args.repeat or (3 if args.quick else 7)
+    _print(f"training step = rnn_forward(training=True, reserve=preallocated) + "
+           f"rnn_backward_data + rnn_backward_weights(out=); PyTorch: forward + backward; "
+           f"median of {repeat}, each engine in a fresh process")
+    progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
+    try:
+        rows = bench_rnn.run_rnn_benchmarks(
+            cases, backends=names, repeat=repeat, torch=torch, dtype=args.dtype,
+            threads=threads, progress=lambda what: progress.update(0, 0, what))
+    finally:
+        progress.clear()
+    _print(bench_rnn.format_rnn_table(rows, names))
+    if args.json:
+        record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), suite="rnn",
+                      quick=args.quick, repeat=repeat, threads=threads, dtype=args.dtype,
+                      environment=env, rows=rows)
+        with open(args.json, "w") as fh:
+            json.dump(record, fh, indent=1, default=str)
+        _print(f"results written to {args.json}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from numbaconv import bench, dispatch
     from numbaconv.problem import CONV_OPS
@@ -321,6 +365,10 @@ def cmd_bench(args) -> int:
         names = bench.cpu_backends()
     if args.first_call:
         return _first_call(args, bench, names if args.backend else ["cpu"])
+    if args.suite == "rnn":
+        rnn_names = [n for n in names if "rnn_forward" in getattr(
+            dispatch.get_backend(n), "ops", ()) and (n != "reference" or args.backend)]
+        return _bench_rnn(args, bench, rnn_names)
     if args.plot:
         try:  # before measuring, not after minutes of it
             bench.require_matplotlib()
@@ -773,6 +821,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "kernel than OpenBLAS would pick. With --first-call, instead: each op's "
                     "first-call latency (JIT compilation) in fresh processes, cold and from "
                     "Numba's disk cache.")
+    p.add_argument("--suite", choices=("conv", "rnn"), default="conv",
+                   help="conv (default): the convolution ops; rnn: an RNN/LSTM/GRU training "
+                        "step (training forward, backward data, backward weights with a "
+                        "preallocated reserve) against PyTorch's forward plus autograd "
+                        "backward, each engine in its own process, with the bytes one steady "
+                        "step allocates; honours --quick, --repeat, --backend, --dtype, "
+                        "--threads, --no-torch, --json")
     p.add_argument("--quick", action="store_true",
                    help="small shapes and few repeats (seconds; the reference included)")
     p.add_argument("--repeat", type=_positive_int, metavar="N",
@@ -814,17 +869,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "train it in plain NumPy on numbaconv's kernels, printing the loss per "
                     "epoch. Exit status 1 if the gradient check fails or the model did not "
                     "learn (autoencoder: the held-out loss fell by less than 10%; cnn: the "
-                    "test accuracy stayed below the pass mark).")
+                    "test accuracy stayed below the pass mark; lstm: the loss on the text fell "
+                    "by less than 25%).")
     p.add_argument("model", nargs="?", choices=tuple(DEMOS), metavar="model",
                    help="; ".join(f"{n}: {info.summary}" for n, info in DEMOS.items())
                         + f". Default: {DEFAULT_DEMO} when its packages are installed "
                           f"({INSTALL_HINT}), else {FALLBACK_DEMO}.")
     p.add_argument("--epochs", type=int, metavar="N",
                    help="passes over the data (default: the model's own, "
-                        "autoencoder 25, cnn 8)")
+                        "autoencoder 25, cnn 8, lstm 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of data and weights (default 0)")
     p.add_argument("--backend", action="append", metavar="NAME",
-                   help="run the convolutions on this backend (repeatable, as use_backend)")
+                   help="run the convolutions (lstm: the recurrent ops) on this backend "
+                        "(repeatable, as use_backend)")
     p.add_argument("--output", metavar="PNG",
                    help="autoencoder: where to save the picture of digits and their "
                         "reconstructions (default numbaconv-autoencoder.png)")

@@ -8,12 +8,15 @@ functions that decide it, with their inputs given.
 
 import io
 import json
+import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import numbaconv
 from numbaconv import bench, cli
+from numbaconv.bench_rnn import QUICK_RNN_SHAPES
 from numbaconv.__main__ import main
 from numbaconv.problem import CONV_OPS
 from numbaconv.testing import check_backend
@@ -40,7 +43,34 @@ def test_tables_cover_1d_2d_and_3d_in_every_group():
     assert {c.group for c in bench.QUICK_SHAPES if len(c.x_shape) == 5} == {"conv3d"}
     assert set(bench.GROUP_TARGETS) == set(bench.GROUPS)
     assert bench.GROUP_TARGETS["conv1d"] is None and bench.GROUP_TARGETS["conv3d"] is None
-    assert bench.RNN_SHAPES == ()  # filled in with the RNN functions
+
+
+def test_rnn_quick_shapes_train_alike_on_cpu_and_reference():
+    """The RNN shapes the quick benchmark times give the same training step on both."""
+    from numbaconv import bench_rnn
+    for case in QUICK_RNN_SHAPES:
+        grads = []
+        for backend in ("reference", "cpu"):
+            step = bench_rnn.TrainingStep(case, backend, dtype="float64")
+            step()
+            grads.append(step.dparams.copy())
+        np.testing.assert_allclose(grads[1], grads[0], rtol=1e-9, atol=1e-12,
+                                   err_msg=case.name)
+
+
+def test_bench_rnn_suite_quick(tmp_path):
+    """``numbaconv bench --suite rnn --quick``: each engine in a subprocess, a table, JSON."""
+    out = tmp_path / "rnn.json"
+    proc = subprocess.run([sys.executable, "-m", "numbaconv", "bench", "--suite", "rnn",
+                           "--quick", "--repeat", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())
+    assert [r["case"] for r in record["rows"]] == [c.name for c in QUICK_RNN_SHAPES]
+    row = record["rows"][0]
+    assert row["cpu_s"] > 0 and row["cpu_reserve_bytes"] > 0 and row["cpu_alloc_bytes"] > 0
+    if "pytorch_s" in row:
+        assert "geometric mean of torch/cpu" in proc.stdout
 
 
 @pytest.mark.parametrize("backend", other_cpu_backends())
