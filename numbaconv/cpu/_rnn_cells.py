@@ -10,6 +10,12 @@ output is zero and the stored gates (or their gradients) are zero, as the reserv
 
 Gate order is PyTorch's: LSTM (i, f, g, o), GRU (r, z, n) plus the GRU's hidden-path product
 ``hn = W_hn h + b_hn`` stored as a fourth block.
+
+The recurrent products arrive transposed: ``hg = W_hh @ h.T`` (G*H, N) in the forward and
+``rec = W_hh.T @ dgates.T`` (P, N) in the backward. With the batch N as the short side of
+the product, OpenBLAS runs it 1.5 to 2 times faster than ``h @ W_hh.T`` (measured, 2 threads:
+N=20, H=650: 249 against 512 us; N=64, H=512: 315 against 454 us); the kernels read the
+transposed operand with a stride, which costs less than the difference.
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ def _fast_sigmoid(x):
 
 def lstm_forward_step(xg, hg, bias, c, hout, y, cells, lengths, t, store, write_y,
                       work):
-    """i, f, g, o from ``xg + hg + bias`` (N, 4H); c (N, H) updated in place; ``o * tanh(c)``
+    """i, f, g, o from ``xg + hg.T + bias`` (xg: N, 4H; hg: 4H, N); c (N, H) updated in place; ``o * tanh(c)``
     written to hout (N, H) and, with write_y, to y (N, H); the new c to cells; with store,
     xg is overwritten with the activations. work: scratch (N, 5H)."""
     n_rows, hs = c.shape
@@ -108,7 +114,7 @@ def lstm_forward_step(xg, hg, bias, c, hout, y, cells, lengths, t, store, write_
         # vectorises; one fused loop over the four gates ran 3 times slower.
         a = work[n, :4 * hs]
         tc = work[n, 4 * hs:]
-        xr, hr, cr = xg[n], hg[n], c[n]
+        xr, hr, cr = xg[n], hg[:, n], c[n]
         for j in range(4 * hs):
             a[j] = xr[j] + hr[j] + bias[j]
         i_f, i, f = a[:2 * hs], a[:hs], a[hs:2 * hs]
@@ -146,8 +152,8 @@ def commit_projection(hp, h, y, lengths, t):
 
 
 def gru_forward_step(xg, hg, b_ih, b_hh, h, y, lengths, t, store, one, work):
-    """r, z, n of PyTorch's GRU from xg (N, >= 3H: the input projection) and hg (N, 3H: the
-    hidden product); h (N, H) updated in place and written to y; with store, xg (N, 4H)
+    """r, z, n of PyTorch's GRU from xg (N, >= 3H: the input projection) and hg (3H, N: the
+    hidden product, transposed); h (N, H) updated in place and written to y; with store, xg (N, 4H)
     receives r, z, n and ``hn = W_hn h + b_hn``. work: scratch (N, 4H)."""
     n_rows, hs = h.shape
     for n in prange(n_rows):
@@ -159,7 +165,7 @@ def gru_forward_step(xg, hg, b_ih, b_hh, h, y, lengths, t, store, one, work):
                     xg[n, j] = 0.0
             continue
         # Row views indexed from 0, one simple loop each: see lstm_forward_step.
-        xr, hr, hrow = xg[n], hg[n], h[n]
+        xr, hr, hrow = xg[n], hg[:, n], h[n]
         a = work[n]
         rz, r, z, nv, hn = a[:2 * hs], a[:hs], a[hs:2 * hs], a[2 * hs:3 * hs], a[3 * hs:]
         x_rz, h_rz, bi_rz, bh_rz = xr[:2 * hs], hr[:2 * hs], b_ih[:2 * hs], b_hh[:2 * hs]
@@ -178,7 +184,7 @@ def gru_forward_step(xg, hg, b_ih, b_hh, h, y, lengths, t, store, one, work):
 
 
 def rnn_forward_step(xg, hg, bias, h, y, lengths, t, store, relu):
-    """``h = act(xg + hg + bias)`` (tanh, or ReLU with relu), written to y; with store, xg
+    """``h = act(xg + hg.T + bias)`` (tanh, or ReLU with relu), written to y; with store, xg
     receives h."""
     n_rows, hs = h.shape
     for n in prange(n_rows):
@@ -189,7 +195,7 @@ def rnn_forward_step(xg, hg, bias, h, y, lengths, t, store, relu):
                     xg[n, j] = 0.0
             continue
         for j in range(hs):
-            pre = xg[n, j] + hg[n, j] + bias[j]
+            pre = xg[n, j] + hg[j, n] + bias[j]
             if relu:
                 a = pre if (pre > 0.0 or pre != pre) else 0.0  # NaN stays, like np.maximum
             else:
@@ -202,7 +208,7 @@ def rnn_forward_step(xg, hg, bias, h, y, lengths, t, store, relu):
 
 # --- backward ------------------------------------------------------------------------------
 # dh holds the direct part of the state gradient carried from the previous backward step and
-# rec the recurrent part (dgates @ W_hh); their sum is the gradient of the state after step
+# rec the recurrent part (dgates @ W_hh, as its transpose (P, N)); their sum is the gradient of the state after step
 # t. Inside the sequence, dy_t is added and the step's gates differentiated; outside, the sum
 # passes through unchanged.
 
@@ -213,7 +219,7 @@ def gradient_of_output(dh, rec, dy, dproj, lengths, t):
     for n in prange(n_rows):
         inside = t < lengths[n]
         for j in range(p):
-            g = dh[n, j] + rec[n, j]
+            g = dh[n, j] + rec[j, n]
             if inside:
                 dproj[n, j] = g + dy[n, j]
                 dh[n, j] = 0.0
@@ -239,7 +245,7 @@ def lstm_backward_step(gates, cells, c_prev, dh, rec, dy, dm, dc, lengths, t, pr
                     cells[n, j] = 0.0
             else:
                 for j in range(hs):
-                    dh[n, j] += rec[n, j]
+                    dh[n, j] += rec[j, n]
             continue
         # Row views indexed from 0, one simple loop each: see lstm_forward_step.
         gr, cr, cp, dcr = gates[n], cells[n], c_prev[n], dc[n]
@@ -253,7 +259,7 @@ def lstm_backward_step(gates, cells, c_prev, dh, rec, dy, dm, dc, lengths, t, pr
             for j in range(hs):
                 cr[j] = o[j] * tc[j]
         else:
-            dhr, rr, dyr = dh[n], rec[n], dy[n]
+            dhr, rr, dyr = dh[n], rec[:, n], dy[n]
             for j in range(hs):
                 gh[j] = dhr[j] + rr[j] + dyr[j]
             dhr[:] = 0.0
@@ -283,10 +289,10 @@ def gru_backward_step(gates, h_prev, hx, dh, rec, dy, lengths, t, reverse, one, 
             for j in range(4 * hs):
                 gates[n, j] = 0.0
             for j in range(hs):
-                dh[n, j] += rec[n, j]
+                dh[n, j] += rec[j, n]
             continue
         # Row views indexed from 0, one simple loop each: see lstm_forward_step.
-        gr, dhr, rr, dyr = gates[n], dh[n], rec[n], dy[n]
+        gr, dhr, rr, dyr = gates[n], dh[n], rec[:, n], dy[n]
         hp = hx[n] if reverse and t + 1 >= lengths[n] else h_prev[n]
         r, z, nn, hn = gr[:hs], gr[hs:2 * hs], gr[2 * hs:3 * hs], gr[3 * hs:]
         w = work[n]
@@ -313,10 +319,10 @@ def rnn_backward_step(gates, dh, rec, dy, lengths, t, relu, one):
         if t >= lengths[n]:
             for j in range(hs):
                 gates[n, j] = 0.0
-                dh[n, j] += rec[n, j]
+                dh[n, j] += rec[j, n]
             continue
         for j in range(hs):
-            g_h = dh[n, j] + rec[n, j] + dy[n, j]
+            g_h = dh[n, j] + rec[j, n] + dy[n, j]
             a = gates[n, j]
             if relu:
                 gates[n, j] = g_h if a > 0.0 else 0.0 * g_h

@@ -25,7 +25,7 @@ def run(problem, operands, out, algorithm):
     layout = problem.reserve_layout
     dhx = np.empty_like(hx)
     dcx = np.empty_like(cx) if mode == "lstm" else None
-    rec = np.empty((n, p), dtype)
+    rec = np.empty((p, n), dtype)  # W_hh.T @ dgates.T: see _rnn_cells on why transposed
     dm = np.empty((n, hs), dtype) if cfg.proj_size else np.empty((1, 1), dtype)
     dout = dy
     one = dtype.type(1)  # keeps float32 kernels in float32
@@ -55,7 +55,7 @@ def run(problem, operands, out, algorithm):
                     k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t],
                                                dm, dc, lens, t, bool(cfg.proj_size), one,
                                                work)
-                    np.matmul(gates[t], w_hh, out=rec)
+                    np.matmul(w_hh.T, gates[t].T, out=rec)
                 dcx[ld] = dc
             elif mode == "gru":
                 hid = slice(d * p, (d + 1) * p)
@@ -64,13 +64,13 @@ def run(problem, operands, out, algorithm):
                     h_prev = hx[ld] if tp < 0 or tp >= t_len else outputs[tp, :, hid]
                     k.gru_backward_step(gates[t], h_prev, hx[ld], dh, rec, dy_d[t],
                                               lens, t, d == 1, one, work)
-                    np.matmul(gates[t][:, :3 * hs], w_hh, out=rec)
+                    np.matmul(w_hh.T, gates[t][:, :3 * hs].T, out=rec)
             else:
                 relu = mode == "rnn_relu"
                 for t in backwards:
                     k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens, t, relu, one)
-                    np.matmul(gates[t], w_hh, out=rec)
-            dhx[ld] = dh + rec
+                    np.matmul(w_hh.T, gates[t].T, out=rec)
+            dhx[ld] = dh + rec.T
             # The input gradient of every step at once: dgates (T*N, G*H) @ W_ih.
             g2 = gates.reshape(rows, gw)
             d2 = din.reshape(rows, -1)

@@ -39,7 +39,7 @@ def run(problem, operands, out, algorithm):
     hy = np.empty_like(hx)
     cy = np.empty_like(cx) if mode == "lstm" else None
     scratch_gates = None if training else np.empty((t_len, n, gw), dtype)
-    hg = np.empty((n, gh), dtype)
+    hg = np.empty((gh, n), dtype)  # W_hh @ h.T: see _rnn_cells on why transposed
     m = np.empty((n, hs), dtype) if cfg.proj_size else None
     hp = np.empty((n, p), dtype) if cfg.proj_size else None
     zeros = np.zeros(gh, dtype)
@@ -63,14 +63,13 @@ def run(problem, operands, out, algorithm):
                       out=gates.reshape(t_len * n, gw)[:, :gh])
             y_d = out_l[:, :, d * p:(d + 1) * p]
             h = hx[ld].copy()
-            w_hh_t = w_hh.T
             if mode == "lstm":
                 c = cx[ld].copy()
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 cells = layout.cells(reserve, layer, d) if training else None
                 hout = m if cfg.proj_size else h
                 for t in steps(t_len, d):
-                    np.matmul(h, w_hh_t, out=hg)
+                    np.matmul(w_hh, h.T, out=hg)
                     k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
                                               cells[t] if training else c, lens, t,
                                               training, not cfg.proj_size, work)
@@ -82,14 +81,14 @@ def run(problem, operands, out, algorithm):
                 bi = zeros if b_ih is None else b_ih
                 bh = zeros if b_hh is None else b_hh
                 for t in steps(t_len, d):
-                    np.matmul(h, w_hh_t, out=hg)
+                    np.matmul(w_hh, h.T, out=hg)
                     k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens, t,
                                              training, one, work)
             else:
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 relu = mode == "rnn_relu"
                 for t in steps(t_len, d):
-                    np.matmul(h, w_hh_t, out=hg)
+                    np.matmul(w_hh, h.T, out=hg)
                     k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens, t,
                                              training, relu)
             hy[ld] = h
