@@ -52,9 +52,8 @@ def run(problem, operands, out, algorithm):
                     if cfg.proj_size:
                         k.gradient_of_output(dh, rec, dy_d[t], dproj[t], lens, t)
                         np.matmul(dproj[t], w_hr, out=dm)
-                    k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t],
-                                               dm, dc, lens, t, bool(cfg.proj_size), one,
-                                               work)
+                    k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t], dm,
+                                         dc, lens, t, bool(cfg.proj_size), one, work)
                     np.matmul(w_hh.T, gates[t].T, out=rec)
                 dcx[ld] = dc
             elif mode == "gru":
@@ -62,8 +61,8 @@ def run(problem, operands, out, algorithm):
                 for t in backwards:
                     tp = t - 1 if d == 0 else t + 1
                     h_prev = hx[ld] if tp < 0 or tp >= t_len else outputs[tp, :, hid]
-                    k.gru_backward_step(gates[t], h_prev, hx[ld], dh, rec, dy_d[t],
-                                              lens, t, d == 1, one, work)
+                    k.gru_backward_step(gates[t], h_prev, hx[ld], dh, rec, dy_d[t], lens,
+                                        t, d == 1, one, work)
                     np.matmul(w_hh.T, gates[t][:, :3 * hs].T, out=rec)
             else:
                 relu = mode == "rnn_relu"

@@ -71,8 +71,8 @@ def run(problem, operands, out, algorithm):
                 for t in steps(t_len, d):
                     np.matmul(w_hh, h.T, out=hg)
                     k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
-                                              cells[t] if training else c, lens, t,
-                                              training, not cfg.proj_size, work)
+                                        cells[t] if training else c, lens, t, training,
+                                        not cfg.proj_size, work)
                     if cfg.proj_size:
                         np.matmul(m, w_hr.T, out=hp)
                         k.commit_projection(hp, h, y_d[t], lens, t)
@@ -82,15 +82,15 @@ def run(problem, operands, out, algorithm):
                 bh = zeros if b_hh is None else b_hh
                 for t in steps(t_len, d):
                     np.matmul(w_hh, h.T, out=hg)
-                    k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens, t,
-                                             training, one, work)
+                    k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens, t, training,
+                                       one, work)
             else:
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 relu = mode == "rnn_relu"
                 for t in steps(t_len, d):
                     np.matmul(w_hh, h.T, out=hg)
-                    k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens, t,
-                                             training, relu)
+                    k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens, t, training,
+                                       relu)
             hy[ld] = h
         inp = out_l
     # In training the last layer's output lives in the reserve; the caller gets its own copy.
