@@ -32,6 +32,12 @@ op                          operands                     result shape
 ``conv_transpose``          ``(x, w, bias or None)``     ``problem.x_shape`` (x has y_shape)
 ==========================  ===========================  =====================================
 
+The recurrent ops get a :class:`numbaconv.problem.RNNProblem` (time-major arrays, missing
+states as zeros; its docstring lists their operands) and return ``(y, hy, cy)``,
+``(dx, dhx, dcx)`` and the flat dparams. Their training forward fills the reserve laid out by
+:class:`numbaconv.problem.RNNReserveLayout`, which every backend shares, so that a reserve
+filled by one backend's forward can be differentiated by another's.
+
 On the CPU every operand is a C-contiguous NumPy array of ``problem.dtype`` in the problem's
 layout (possibly read-only, possibly sharing memory with another operand: never write to
 operands), and ``out`` is ``None`` or a C-contiguous, writable array of the result shape and
