@@ -1,0 +1,44 @@
+"""The reserve layout is shared by every backend: a reserve filled by one backend's training
+forward is differentiated by another's backward functions, with the same results."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import numbaconv as nc
+
+CONFIGS = [
+    nc.RNNConfig("lstm", 3, 4, num_layers=2, bidirectional=True, proj_size=2, dropout=0.3),
+    nc.RNNConfig("gru", 3, 4, num_layers=2, bidirectional=True, dropout=0.3),
+    nc.RNNConfig("rnn_relu", 3, 4, bidirectional=True),
+]
+
+
+def _step(cfg, backends, lengths):
+    rng = np.random.default_rng(1)
+    t, n = 5, 3
+    x = rng.standard_normal((t, n, cfg.input_size))
+    params = nc.rnn_init_params(cfg, seed=2, dtype=np.float64)
+    hx = rng.standard_normal((cfg.num_layers * cfg.num_directions, n, cfg.out_size))
+    with nc.use_backend(backends[0]):
+        y, hy, cy, reserve = nc.rnn_forward(cfg, x, params, hx, training=True,
+                                            dropout_seed=7, seq_lengths=lengths)
+    dy = rng.standard_normal(y.shape)
+    with nc.use_backend(backends[1]):
+        dx, dhx, dcx = nc.rnn_backward_data(cfg, y, dy, params, reserve, hx=hx,
+                                            seq_lengths=lengths)
+    with nc.use_backend(backends[2]):
+        dparams = nc.rnn_backward_weights(cfg, x, params, reserve, hx=hx, seq_lengths=lengths)
+    return y, dx, dhx, dparams
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.mode)
+@pytest.mark.parametrize("lengths", [None, [5, 2, 4]], ids=["full", "lengths"])
+def test_a_reserve_moves_between_backends(cfg, lengths):
+    expected = _step(cfg, ("cpu", "cpu", "cpu"), lengths)
+    for combo in itertools.product(("reference", "cpu"), repeat=3):
+        if combo == ("cpu", "cpu", "cpu"):
+            continue
+        for got, want in zip(_step(cfg, combo, lengths), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=str(combo))
