@@ -8,7 +8,8 @@ Third-party backend authors run::
 which runs every op the backend supports on every case of :data:`CASES`, in both layouts and
 both float dtypes, with and without ``out=``/``accumulate=True``, and compares each result with
 the ``reference`` backend. Unsupported combinations are reported as skipped (with the
-backend's reason), never as passed.
+backend's reason), never as passed. :func:`check_rnn_backend` does the same for the recurrent
+ops on :data:`RNN_CASES`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 from .conv import (conv, conv_backward_bias, conv_backward_data, conv_backward_weight,
                    conv_output_shape, conv_transpose)
 from .dispatch import NoBackendError, use_backend
-from .problem import CONV_OPS, LAYOUTS
+from .problem import CONV_OPS, LAYOUTS, RNN_OPS, RNNConfig
+from .rnn import rnn_backward_data, rnn_backward_weights, rnn_forward, rnn_init_params
 
 #: Relative tolerance (max abs error / max abs reference value) per dtype.
 TOLERANCE = {"float16": 2e-2, "float32": 2e-5, "float64": 1e-11}
@@ -254,6 +256,128 @@ def assert_backend_conforms(name: str, *, allow_skips: bool = True, **kwargs) ->
     if not any(r.status == "pass" for r in results):
         raise AssertionError(f"backend {name!r} supported none of the {len(results)} "
                              f"problems checked")
+    return results
+
+
+# --- recurrent networks --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RNNCase:
+    """A small recurrent problem: a configuration, T, N and optional sequence lengths."""
+
+    name: str
+    config: RNNConfig
+    seq_len: int
+    batch: int
+    seq_lengths: tuple = None
+    dropout_seed: int = 3
+
+
+#: Small RNN problems covering every mode and feature (checked by ``numbaconv check``).
+RNN_CASES = (
+    RNNCase("lstm_proj_bi_2l_dropout_lengths",
+            RNNConfig("lstm", 3, 4, num_layers=2, bidirectional=True, proj_size=2,
+                      dropout=0.3), 5, 3, (5, 2, 4)),
+    RNNCase("lstm_batch_first", RNNConfig("lstm", 4, 6, batch_first=True), 7, 4),
+    RNNCase("gru_bi_2l", RNNConfig("gru", 3, 4, num_layers=2, bidirectional=True), 5, 3),
+    RNNCase("gru_lengths_nobias", RNNConfig("gru", 3, 5, bias=False), 6, 3, (1, 6, 3)),
+    RNNCase("rnn_tanh_bi", RNNConfig("rnn_tanh", 3, 4, bidirectional=True), 4, 2),
+    RNNCase("rnn_relu_2l_lengths", RNNConfig("rnn_relu", 3, 5, num_layers=2), 6, 3, (6, 1, 3)),
+)
+
+
+def _rnn_arrays(c: RNNCase, dtype, seed: int = 0) -> dict:
+    cfg, rng = c.config, np.random.default_rng(seed)
+    t, n = c.seq_len, c.batch
+    states = cfg.num_layers * cfg.num_directions
+    x_shape = (n, t, cfg.input_size) if cfg.batch_first else (t, n, cfg.input_size)
+    y_last = cfg.num_directions * cfg.out_size
+    a = dict(x=random_array(x_shape, dtype, rng),
+             params=rnn_init_params(cfg, seed=seed, dtype=dtype),
+             hx=random_array((states, n, cfg.out_size), dtype, rng),
+             dy=random_array(x_shape[:2] + (y_last,), dtype, rng),
+             dhy=random_array((states, n, cfg.out_size), dtype, rng))
+    if cfg.mode == "lstm":
+        a["cx"] = random_array((states, n, cfg.hidden_size), dtype, rng)
+        a["dcy"] = random_array((states, n, cfg.hidden_size), dtype, rng)
+    return a
+
+
+def _rnn_step(c: RNNCase, a: dict, **weights_extra) -> dict:
+    """Training forward, backward data and backward weights of one case (current backend)."""
+    cfg, cx, dcy = c.config, a.get("cx"), a.get("dcy")
+    y, hy, cy, reserve = rnn_forward(cfg, a["x"], a["params"], a["hx"], cx,
+                                     seq_lengths=c.seq_lengths, training=True,
+                                     dropout_seed=c.dropout_seed)
+    dx, dhx, dcx = rnn_backward_data(cfg, y, a["dy"], a["params"], reserve, hx=a["hx"],
+                                     cx=cx, dhy=a["dhy"], dcy=dcy,
+                                     seq_lengths=c.seq_lengths)
+    dparams = rnn_backward_weights(cfg, a["x"], a["params"], reserve, hx=a["hx"],
+                                   seq_lengths=c.seq_lengths, **weights_extra)
+    return dict(rnn_forward=(y, hy, cy), rnn_backward_data=(dx, dhx, dcx),
+                rnn_backward_weights=(dparams,))
+
+
+def check_rnn_backend(name: str, cases=RNN_CASES, dtypes=("float32", "float64"),
+                      modes=("plain", "out", "accumulate"), tolerance=None) -> list:
+    """Run backend ``name``'s recurrent ops against the reference: per case and dtype, a
+    training step (forward with dropout and lengths where the case has them, backward data,
+    backward weights with each of ``modes``); one :class:`CheckResult` per op and mode
+    (``layout`` is ``"-"``). Operands are handed over read-only."""
+    tolerance = dict(TOLERANCE, **(tolerance or {}))
+    results = []
+    for c in cases:
+        for dtype in dtypes:
+            arrays = _rnn_arrays(c, dtype)
+            with use_backend("reference"):
+                expected = _rnn_step(c, arrays)
+            frozen = {}
+            for key, value in arrays.items():
+                frozen[key] = value.copy()
+                frozen[key].flags.writeable = False
+            for mode in modes:
+                extra = {}
+                start = random_array(arrays["params"].shape, dtype, np.random.default_rng(1))
+                if mode != "plain":
+                    extra["out"] = start.copy()
+                if mode == "accumulate":
+                    extra["accumulate"] = True
+                ops = RNN_OPS if mode == "plain" else ("rnn_backward_weights",)
+
+                def result(op, status, error=0.0, detail=""):
+                    return CheckResult(name, c.name, op, "-", dtype, mode, status, error,
+                                       detail)
+                try:
+                    with use_backend(name):
+                        got = _rnn_step(c, frozen, **extra)
+                except NoBackendError as exc:
+                    results += [result(op, "skip", detail=str(exc)) for op in ops]
+                    continue
+                except Exception as exc:
+                    results += [result(op, "FAIL", math.inf, f"{type(exc).__name__}: {exc}")
+                                for op in ops]
+                    continue
+                changed = [k for k in arrays if not np.array_equal(arrays[k], frozen[k])]
+                for op in ops:
+                    want = expected[op]
+                    if op == "rnn_backward_weights" and mode == "accumulate":
+                        want = (start + want[0],)
+                    problems = [f"modified operands {changed}"] if changed else []
+                    if mode != "plain" and got[op][0] is not extra["out"]:
+                        problems.append("did not return out")
+                    err = 0.0
+                    for g, w in zip(got[op], want):
+                        if (g is None) != (w is None):
+                            problems.append("None where the reference has an array, or "
+                                            "the reverse")
+                        elif g is not None:
+                            if g.dtype != np.dtype(dtype):
+                                problems.append(f"result dtype {g.dtype}, expected {dtype}")
+                            err = max(err, relative_error(g, w))
+                    if err > tolerance[dtype]:
+                        problems.append(f"relative error {err:.3g} > {tolerance[dtype]:g}")
+                    results.append(result(op, "FAIL" if problems else "pass", err,
+                                          "; ".join(problems)))
     return results
 
 

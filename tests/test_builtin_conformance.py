@@ -88,3 +88,33 @@ def test_writing_to_an_operand_fails_conformance():
             assert_backend_conforms("writer", cases=CASES[:1])
     finally:
         nc.unregister_backend("writer")
+
+
+def test_cpu_recurrent_ops_conform():
+    from numbaconv.testing import RNN_CASES, check_rnn_backend
+    results = check_rnn_backend("cpu")
+    assert len(results) == len(RNN_CASES) * 2 * 5  # (3 ops plain + 2 weight modes) x dtypes
+    assert all(r.status == "pass" for r in results), [r for r in results if r.status != "pass"]
+
+
+def test_recurrent_check_catches_a_wrong_weight_gradient():
+    from numbaconv import reference
+    from numbaconv.testing import RNN_CASES, check_rnn_backend
+
+    class WrongBias(reference.ReferenceBackend):
+        name = "wrongbias"
+
+        def run(self, op, problem, operands, out, algorithm):
+            result = super().run(op, problem, operands, out, algorithm)
+            if op == "rnn_backward_weights":
+                result[-1] += 1.0
+            return result
+
+    nc.register_backend("wrongbias", WrongBias)
+    try:
+        results = check_rnn_backend("wrongbias", RNN_CASES[:1], dtypes=("float64",))
+    finally:
+        nc.unregister_backend("wrongbias")
+    status = {(r.op, r.mode): r.status for r in results}
+    assert status[("rnn_forward", "plain")] == "pass"
+    assert {s for (op, _), s in status.items() if op == "rnn_backward_weights"} == {"FAIL"}
