@@ -184,8 +184,10 @@ def cmd_check(args) -> int:
     else:
         cases = tuple(testing.case(n) for n in QUICK_CHECK_CASES) if args.quick \
             else testing.CASES
-    _print(f"checking {', '.join(names)} against the reference: {len(cases)} case(s) x 2 "
-           f"layouts x (float32, float64) x (plain, out=, accumulate=); relative error "
+    _print(f"checking {', '.join(names)} against the reference: {len(cases)} convolution "
+           f"case(s) x 2 layouts x (float32, float64) x (plain, out=, accumulate=)"
+           + ("" if args.case else f", and {2 if args.quick else len(testing.RNN_CASES)} "
+              f"recurrent training step(s) x (float32, float64)") + "; relative error "
            f"tolerance {testing.TOLERANCE['float32']:g} (float32), "
            f"{testing.TOLERANCE['float64']:g} (float64)")
 
@@ -201,19 +203,22 @@ def cmd_check(args) -> int:
             start = time.perf_counter()
             try:
                 mine = testing.check_backend(name, cases=cases)
+                rnn_cases = testing.RNN_CASES[:2] if args.quick else testing.RNN_CASES
+                mine_rnn = [] if args.case else testing.check_rnn_backend(name, rnn_cases)
             except Exception as exc:  # the check itself broke: report, check the others
                 problems.append(f"{name}: check failed to run: {type(exc).__name__}: "
                                 f"{_one_line(exc, 200)}")
                 continue
-            _print(f"  {name}: {len(mine)} comparisons in "
+            _print(f"  {name}: {len(mine) + len(mine_rnn)} comparisons in "
                    f"{time.perf_counter() - start:.1f} s")
-            if not any(r.status == "pass" for r in mine):
-                problems.append(f"{name}: supported none of the {len(mine)} problems")
-            results += mine
+            if not any(r.status == "pass" for r in mine + mine_rnn):
+                problems.append(f"{name}: supported none of the {len(mine) + len(mine_rnn)} "
+                                f"problems")
+            results += mine + mine_rnn
 
     if results:
         _print()
-        for line in _check_table(names, results, testing.CONV_OPS):
+        for line in _check_table(names, results, testing.CONV_OPS + testing.RNN_OPS):
             _print(line)
     failures = [r for r in results if r.status == "FAIL"]
     if failures:
