@@ -7,7 +7,7 @@ import pytest
 
 from numbaconv import demos
 from numbaconv.__main__ import main
-from numbaconv.demos import autoencoder, cnn
+from numbaconv.demos import autoencoder, cnn, lstm
 
 
 def run_cli(capsys, *argv):
@@ -56,9 +56,10 @@ def test_autoencoder_without_sklearn_says_what_to_install(capsys, without_sklear
     assert 'pip install "numbaconv[demo]"' in err
 
 
-def test_cnn_demo_is_reachable_by_name(capsys, calls):
-    assert run_cli(capsys, "demo", "cnn", "--epochs", "2")[0] == 0
-    assert calls[0][0] == "cnn" and calls[0][1]["epochs"] == 2
+@pytest.mark.parametrize("name", ["cnn", "lstm"])
+def test_demos_without_extra_packages_are_reachable_by_name(capsys, calls, name):
+    assert run_cli(capsys, "demo", name, "--epochs", "2")[0] == 0
+    assert calls[0][0] == name and calls[0][1]["epochs"] == 2
 
 
 def test_output_is_passed_to_the_autoencoder_only(capsys, calls, tmp_path):
@@ -90,7 +91,8 @@ def test_every_listed_demo_has_the_interface():
 def test_help_states_the_default_epochs(capsys):
     main(["demo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert f"autoencoder {autoencoder.DEFAULT_EPOCHS}, cnn {cnn.DEFAULT_EPOCHS}" in out
+    assert (f"autoencoder {autoencoder.DEFAULT_EPOCHS}, cnn {cnn.DEFAULT_EPOCHS}, "
+            f"lstm {lstm.DEFAULT_EPOCHS}") in out
     for name in demos.DEMOS:
         assert name in out
 

@@ -1,16 +1,17 @@
-"""numbaconv.nn: the Conv and ConvTranspose layers and Adam.
+"""numbaconv.nn: the Conv, ConvTranspose and LSTM layers and Adam.
 
 The layers' backward passes are spelled out as plain numbaconv calls (the transposed
-convolution's weight gradient as the convolution's with input and output swapped); these
-tests hold them to numbaconv's own conv_backward / conv_transpose_backward and to finite
-differences of a whole layer in float64.
+convolution's weight gradient as the convolution's with input and output swapped; the LSTM's
+as rnn_backward_data then rnn_backward_weights); these tests hold them to numbaconv's own
+conv_backward / conv_transpose_backward, to PyTorch (LSTM) and to finite differences of a
+whole layer in float64.
 """
 
 import numpy as np
 import pytest
 
 import numbaconv as nc
-from numbaconv.nn import Adam, Conv, ConvTranspose
+from numbaconv.nn import LSTM, Adam, Conv, ConvTranspose
 
 LAYER_CASES = [
     # (in, out, kernel, keywords, input spatial shape)
@@ -160,3 +161,144 @@ def test_adam_checks_its_arguments():
         Adam([np.zeros(2)], lr=0)
     with pytest.raises(ValueError, match="grads"):
         Adam([np.zeros(2)]).step([])
+
+
+# --- LSTM ----------------------------------------------------------------------------------
+
+LSTM_CASES = {
+    # name: (keywords, T, N)
+    "one_layer": (dict(), 5, 3),
+    "projection": (dict(proj_size=2), 4, 2),
+    "two_layers_bidirectional": (dict(num_layers=2, bidirectional=True), 4, 2),
+    "batch_first_no_bias": (dict(batch_first=True, bias=False), 3, 2),
+}
+LSTM_INPUT, LSTM_HIDDEN = 4, 3
+
+
+def _lstm_arrays(layer, t, n, rng):
+    """x, h0, c0, dy, dhy, dcy for ``layer``, float64."""
+    cfg = layer.config
+    ld = cfg.num_layers * cfg.num_directions
+    x = rng.standard_normal((n, t, LSTM_INPUT) if cfg.batch_first else (t, n, LSTM_INPUT))
+    h0 = 0.5 * rng.standard_normal((ld, n, cfg.out_size))
+    c0 = 0.5 * rng.standard_normal((ld, n, cfg.hidden_size))
+    y_shape = x.shape[:2] + (cfg.num_directions * cfg.out_size,)
+    return (x, h0, c0, rng.standard_normal(y_shape), rng.standard_normal(h0.shape),
+            rng.standard_normal(c0.shape))
+
+
+@pytest.mark.parametrize("name", LSTM_CASES)
+def test_lstm_layer_matches_pytorch(name, rng):
+    torch = pytest.importorskip("torch")
+    kw, t, n = LSTM_CASES[name]
+    layer = LSTM(LSTM_INPUT, LSTM_HIDDEN, **kw, dtype=np.float64, rng=rng)
+    x, h0, c0, dy, dhy, dcy = _lstm_arrays(layer, t, n, rng)
+    module = torch.nn.LSTM(LSTM_INPUT, LSTM_HIDDEN, **kw).double()
+    with torch.no_grad():  # load the layer's weights by PyTorch's names
+        for param_name in module._flat_weights_names:
+            getattr(module, param_name).copy_(torch.from_numpy(layer.views[param_name]))
+    tx, th0, tc0 = (torch.tensor(a, requires_grad=True) for a in (x, h0, c0))
+    ty, (thy, tcy) = module(tx, (th0, tc0))
+    ((ty * torch.from_numpy(dy)).sum() + (thy * torch.from_numpy(dhy)).sum()
+     + (tcy * torch.from_numpy(dcy)).sum()).backward()
+
+    y, hy, cy = layer.forward(x, h0, c0)
+    dx, dh0, dc0 = layer.backward(dy, dhy, dcy)
+    for got, want in [(y, ty), (hy, thy), (cy, tcy), (dx, tx.grad), (dh0, th0.grad),
+                      (dc0, tc0.grad)]:
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    dviews = nc.rnn_param_views(layer.config, layer.dw)
+    for param_name in module._flat_weights_names:
+        np.testing.assert_allclose(dviews[param_name],
+                                   getattr(module, param_name).grad.numpy(),
+                                   rtol=1e-10, atol=1e-12, err_msg=param_name)
+
+
+@pytest.mark.parametrize("name", ["one_layer", "projection"])
+def test_lstm_layer_gradients_match_finite_differences(name, rng):
+    kw, t, n = LSTM_CASES[name]
+    layer = LSTM(LSTM_INPUT, LSTM_HIDDEN, **kw, dtype=np.float64, rng=rng)
+    x, h0, c0, _, _, _ = _lstm_arrays(layer, t, n, rng)
+    y, hy, cy = layer.forward(x, h0, c0, training=False)
+    targets = [rng.standard_normal(a.shape) for a in (y, hy, cy)]
+
+    def loss():  # nonlinear in every output, so the check is more than an adjoint identity
+        outputs = layer.forward(x, h0, c0, training=False)
+        return 0.5 * sum(float(np.sum((np.tanh(o) - g) ** 2)) for o, g in zip(outputs, targets))
+
+    outputs = layer.forward(x, h0, c0)
+    douts = [(np.tanh(o) - g) * (1 - np.tanh(o) ** 2) for o, g in zip(outputs, targets)]
+    dx, dh0, dc0 = layer.backward(*douts)
+    h = 1e-6
+    for array, grad in [(x, dx), (h0, dh0), (c0, dc0), (layer.w, layer.dw)]:
+        v = rng.standard_normal(array.shape)
+        array += h * v
+        plus = loss()
+        array -= 2 * h * v
+        minus = loss()
+        array += h * v
+        assert (plus - minus) / (2 * h) == pytest.approx(np.vdot(grad, v), rel=1e-7)
+
+
+def test_lstm_reserve_is_allocated_once_and_grown_only_when_needed(rng):
+    layer = LSTM(3, 4, rng=rng)
+    assert layer.reserve is None
+    x = rng.standard_normal((6, 2, 3)).astype(np.float32)
+    layer.forward(x)
+    reserve = layer.reserve
+    assert reserve.size == nc.rnn_reserve_size(layer.config, 6, 2)
+    for step in range(3):  # a training loop: same shapes, same reserve
+        y, _, _ = layer.forward(x)
+        layer.backward(np.ones_like(y))
+        assert layer.reserve is reserve
+    y, _, _ = layer.forward(x[:4])  # a shorter window fits in it too
+    layer.backward(np.ones_like(y))
+    assert layer.reserve is reserve
+    layer.forward(np.concatenate([x, x]))
+    assert layer.reserve is not reserve
+    assert layer.reserve.size == nc.rnn_reserve_size(layer.config, 12, 2)
+
+
+def test_lstm_backward_once_per_training_forward(rng):
+    layer = LSTM(2, 3, rng=rng)
+    x = rng.standard_normal((3, 1, 2)).astype(np.float32)
+    with pytest.raises(RuntimeError, match="call forward"):
+        layer.backward(np.zeros((3, 1, 3), np.float32))
+    y, _, _ = layer.forward(x)
+    layer.backward(np.ones_like(y))
+    with pytest.raises(RuntimeError, match="one backward"):
+        layer.backward(np.ones_like(y))
+    layer.forward(x)
+    layer.forward(x, training=False)  # predicting drops what the backward would need
+    with pytest.raises(RuntimeError, match="training=True"):
+        layer.backward(np.ones_like(y))
+
+
+def test_lstm_accumulate_adds_micro_batch_gradients(rng):
+    layer = LSTM(2, 3, dtype=np.float64, rng=rng)
+    x = rng.standard_normal((4, 4, 2))
+    dy = rng.standard_normal((4, 4, 3))
+    layer.forward(x)
+    layer.backward(dy)
+    whole = layer.dw.copy()
+    layer.forward(x[:, :2])
+    layer.backward(dy[:, :2])
+    layer.forward(x[:, 2:])
+    layer.backward(dy[:, 2:], accumulate=True)
+    np.testing.assert_allclose(layer.dw, whole, rtol=1e-12)
+
+
+def test_lstm_weights_have_pytorch_names_shapes_and_initialisation(rng):
+    layer = LSTM(5, 4, proj_size=2, rng=rng)
+    assert layer.views["weight_ih_l0"].shape == (16, 5)
+    assert layer.views["weight_hh_l0"].shape == (16, 2)
+    assert layer.views["weight_hr_l0"].shape == (2, 4)
+    assert np.abs(layer.w).max() <= 0.5 and layer.w.dtype == np.float32
+    layer.views["bias_ih_l0"][...] = 7  # views write the flat vector the optimiser updates
+    assert np.count_nonzero(layer.w == 7) == 16
+    assert layer.params()[0] is layer.w and layer.grads()[0] is layer.dw
+    assert LSTM(2, 2, rng=3).w.tolist() == LSTM(2, 2, rng=3).w.tolist()
+    with pytest.raises(TypeError, match="dtype"):
+        LSTM(2, 2, dtype=np.int32)
+    with pytest.raises(ValueError, match="proj_size"):
+        LSTM(2, 2, proj_size=2)

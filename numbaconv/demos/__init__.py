@@ -9,7 +9,7 @@ knowledge of any one of them:
   exit status: 0 when the gradients check out and the model learned, 1 otherwise.
 
 Only the modules listed in :data:`DEMOS` are offered; a demo is added by writing its module
-and adding a line there (``lstm``, a character-level language model, is to come).
+and adding a line there.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ DEMOS = {
                             ("sklearn",)),
     "cnn": DemoInfo("a small CNN telling apart synthetic images of bars (no extra packages)",
                     ()),
+    "lstm": DemoInfo("a character-level LSTM language model of the Zen of Python, trained by "
+                     "truncated backpropagation through time (no extra packages)", ()),
 }
 
 #: What bare ``numbaconv demo`` runs when its packages are installed, and otherwise.
