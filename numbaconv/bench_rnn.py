@@ -142,15 +142,20 @@ def measure(case: RNNCase, engine: str, *, repeat: int = 5, dtype: str = "float3
     """Time one engine's training step on one case in this process: ``engine`` is a
     numbaconv backend name or ``"pytorch"``. Returns median seconds (and, for numbaconv,
     the reserve's size and the bytes one steady step allocates)."""
-    import numba
-    if threads:
-        numba.set_num_threads(threads)
-    if engine == "pytorch":
+    if engine == "pytorch":  # Numba untouched: its started pool would spin against torch's
         import torch
         if threads:
             torch.set_num_threads(threads)
         step = torch_training_step(case, torch, dtype)
         return dict(median_s=time_call(step, repeat=repeat, warmup=2, number=1).median)
+    import numba
+
+    # Before set_num_threads starts Numba's OpenMP pool: its threads must be passive
+    # (numbaconv.config), or they spin against BLAS's and a step takes 10 times longer.
+    from .config import configure_threading
+    configure_threading()
+    if threads:
+        numba.set_num_threads(threads)
     step = TrainingStep(case, engine, dtype)
     result = dict(median_s=time_call(step, repeat=repeat, warmup=2, number=1).median,
                   reserve_bytes=step.reserve.nbytes)
@@ -168,10 +173,12 @@ print(json.dumps(bench_rnn.measure(case, **spec)))
 
 
 def measure_in_subprocess(case: RNNCase, engine: str, *, timeout: float = 900, **kwargs):
-    """:func:`measure` in a fresh interpreter. PyTorch's OpenMP threads and NumPy's BLAS
-    threads keep spinning after their work; in one process they steal the cores from the
-    next engine (measured here: 1.4 s per PyTorch LSTM step right after numbaconv's, 0.12 s
-    alone), so each engine runs alone, one after the other, in the same command."""
+    """:func:`measure` in a fresh interpreter. Thread pools keep spinning after their work
+    (PyTorch's OpenMP, NumPy's BLAS, Numba's OpenMP unless passive); in one process they
+    steal the cores from the next engine (measured on 2 cores: 1.4 s per PyTorch LSTM step
+    right after numbaconv's, 0.12 s alone; PyTorch's GRU 0.31 s with a started Numba pool
+    beside it, 0.16 s without), so each engine runs alone, one after the other, in the
+    same command."""
     spec = dict(case=dataclasses.asdict(case), engine=engine, **kwargs)
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)],
                           capture_output=True, text=True, timeout=timeout)
