@@ -23,6 +23,7 @@ SMOKE_BENCHMARKS = (
     r"ConvBackwardData\.time_conv_backward_data\('conv1d_k5_16c_64', ",
     r"ConvBackwardWeight\.peakmem_conv_backward_weight\('conv3d_3x3x3_8c_6x8', 'reference'\)",
     r"DispatchOverhead\.time_public_call\('conv'\)",
+    r"TrainingStep\.time_training_step\('lstm_T10_N8_32', 'cpu'\)",
 )
 
 
@@ -55,7 +56,7 @@ def test_asv_quick_run_passes(tmp_path):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     for name in ("time_conv_backward_data", "peakmem_conv_backward_weight",
-                 "time_public_call"):
+                 "time_public_call", "time_training_step"):
         assert any(name in line and line.rstrip().endswith("ok")
                    for line in output.splitlines()), (name, output)
     assert "failed" not in output, output
@@ -66,3 +67,6 @@ def test_asv_quick_run_passes(tmp_path):
         assert any(n.endswith(f".time_{op}") for n in names), op
         assert any(n.endswith(f".peakmem_{op}") for n in names), op
     assert any(n.endswith("DispatchOverhead.track_overhead_us") for n in names)
+    for name in ("TrainingStep.track_allocated_bytes_per_step", "Ops.time_forward",
+                 "Ops.time_backward_weights"):
+        assert any(n.endswith(name) for n in names), name
