@@ -1004,7 +1004,7 @@ def environment() -> dict:
         python_executable=sys.executable,
         platform=platform.platform(),
         machine=platform.machine(),
-        processor=_cpu_model(),
+        processor=dispatch.cpu_model(),
         cpu_count=os.cpu_count(),
         usable_cpus=usable_cpus,
         numpy=np.__version__,
@@ -1018,18 +1018,6 @@ def environment() -> dict:
         blas=blas_info(pools),
         env={name: os.environ.get(name) for name in ENV_VARS},
     )
-
-
-def _cpu_model() -> str:
-    """The CPU's marketing name where the OS tells it cheaply (platform.processor is often '')."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def describe_threadpools(pools: Optional[list]) -> list:

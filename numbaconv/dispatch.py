@@ -379,7 +379,7 @@ def default_cache_dir() -> str:
     return os.path.join(base, "numbaconv")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """The CPU's name where the OS tells it cheaply (platform.processor() is often empty)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -516,7 +516,7 @@ class _Autotuner:
             except Exception:  # a plugin's description failing must not break tuning
                 pass
         if backend.device == "cpu":
-            return f"cpu:{platform.machine()}:{_cpu_model()}"
+            return f"cpu:{platform.machine()}:{cpu_model()}"
         cuda = sys.modules.get("numba.cuda")  # imported by then: a CUDA call is running
         if cuda is not None:
             try:

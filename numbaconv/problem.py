@@ -943,22 +943,38 @@ class RNNReserveLayout:
     def header(self, reserve):
         return reserve[:RESERVE_HEADER]
 
+    def layer_input(self, reserve, layer: int, x):
+        """What ``layer`` read in the training forward: x for layer 0, else the previous
+        layer's outputs times this layer's dropout masks (a new array when masked)."""
+        if layer == 0:
+            return x
+        inp = self.outputs(reserve, layer - 1)
+        masks = self.masks(reserve, layer)
+        return inp if masks is None else inp * masks
+
     def previous_states(self, reserve, layer: int, direction: int, h0, lengths):
         """The hidden state each step of (layer, direction) read, as a new (T, N, P) array:
         the previous step's output in processing order, or ``h0`` at a sequence's first
         step (t = 0 forwards; t = T - 1, or length - 1, backwards). CPU arrays only."""
         p = self.config.out_size
         outputs = self.outputs(reserve, layer)[:, :, direction * p:(direction + 1) * p]
-        prev = np.empty(outputs.shape, outputs.dtype)
-        if direction == 0:
-            prev[0] = h0
-            prev[1:] = outputs[:-1]
-        else:
-            prev[-1] = h0
-            prev[:-1] = outputs[1:]
-            if lengths is not None:
-                prev[lengths - 1, np.arange(len(lengths))] = h0
+        prev = shifted_in_time(outputs, h0, direction)
+        if direction == 1 and lengths is not None:
+            prev[lengths - 1, np.arange(len(lengths))] = h0
         return prev
+
+
+def shifted_in_time(values, first, direction: int):
+    """A new (T, ...) array holding, at each step, ``values`` at the step processed just
+    before it (t - 1 forwards, t + 1 backwards), and ``first`` at the first step processed."""
+    prev = np.empty(values.shape, values.dtype)
+    if direction == 0:
+        prev[0] = first
+        prev[1:] = values[:-1]
+    else:
+        prev[-1] = first
+        prev[:-1] = values[1:]
+    return prev
 
 
 @functools.lru_cache(maxsize=64)

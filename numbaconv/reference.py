@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .backend import Backend, store
-from .problem import CONV_OPS, RNN_OPS, layer_params
+from .problem import CONV_OPS, RNN_OPS, layer_params, shifted_in_time
 
 
 def _channels_first(a: np.ndarray, problem) -> np.ndarray:
@@ -214,8 +214,8 @@ def rnn_forward(problem, x, params, hx, cx, lengths, reserve):
     cy = np.empty_like(cx) if lstm else None
     inp = x
     for layer in range(cfg.num_layers):
-        if layout is not None and layout.masks(reserve, layer) is not None:
-            inp = inp * layout.masks(reserve, layer)
+        if layout is not None and layer > 0:
+            inp = layout.layer_input(reserve, layer, x)
         out = np.zeros((t_len, n, d_num * p), x.dtype)
         for d in range(d_num):
             w_ih, w_hh, b_ih, b_hh, w_hr = layer_params(cfg, params, layer, d)
@@ -247,17 +247,6 @@ def rnn_forward(problem, x, params, hx, cx, lengths, reserve):
     return out, hy, cy
 
 
-def _previous_cells(cells, c0, direction):
-    prev = np.empty_like(cells)
-    if direction == 0:
-        prev[0] = c0
-        prev[1:] = cells[:-1]
-    else:
-        prev[-1] = c0
-        prev[:-1] = cells[1:]
-    return prev
-
-
 def rnn_backward_data(problem, y, dy, params, reserve, hx, cx, dhy, dcy, lengths):
     """(dx, dhx, dcx); overwrites the reserve's gates with their gradients."""
     cfg = problem.config
@@ -277,7 +266,7 @@ def rnn_backward_data(problem, y, dy, params, reserve, hx, cx, dhy, dcy, lengths
             gates = layout.gates(reserve, layer, d)
             cells = layout.cells(reserve, layer, d) if lstm else None
             h_prev = layout.previous_states(reserve, layer, d, hx[ld], lengths)
-            c_prev = _previous_cells(cells, cx[ld], d) if lstm else None
+            c_prev = shifted_in_time(cells, cx[ld], d) if lstm else None
             dh, dc = dhy[ld], (dcy[ld] if lstm else None)
             for t in reversed(_steps(t_len, d)):
                 dh_t = dh + dout[t, :, cols]
@@ -314,14 +303,7 @@ def rnn_backward_weights(problem, x, params, reserve, hx, lengths):
     rows = t_len * n
     dparams = np.zeros(cfg.num_params, x.dtype)
     for layer in range(cfg.num_layers):
-        if layer == 0:
-            inp = x
-        else:
-            inp = layout.outputs(reserve, layer - 1)
-            masks = layout.masks(reserve, layer)
-            if masks is not None:
-                inp = inp * masks
-        inp = inp.reshape(rows, -1)
+        inp = layout.layer_input(reserve, layer, x).reshape(rows, -1)
         for d in range(d_num):
             dw_ih, dw_hh, db_ih, db_hh, dw_hr = layer_params(cfg, dparams, layer, d)
             ld = layer * d_num + d

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import dispatch
 from . import problem as pb
+from .conv import _contiguous
 from .problem import RNNConfig, rnn_param_views
 
 __all__ = ["RNNConfig", "rnn_init_params", "rnn_param_views", "rnn_reserve_size",
@@ -71,15 +72,7 @@ def _time_major(a, config):
         return a
     if config.batch_first:
         a = a.swapaxes(0, 1)
-    return _native(a)
-
-
-def _native(a):
-    if a is None or not isinstance(a, np.ndarray):
-        return a
-    if not a.dtype.isnative:
-        a = a.astype(a.dtype.newbyteorder("="))
-    return np.ascontiguousarray(a)
+    return _contiguous(a)
 
 
 def _user_order(a, config):
@@ -87,7 +80,7 @@ def _user_order(a, config):
 
 
 def _zeros_if_none(a, shape, dtype):
-    return np.zeros(shape, dtype) if a is None else _native(a)
+    return np.zeros(shape, dtype) if a is None else _contiguous(a)
 
 
 def _states(config, batch):
@@ -161,7 +154,7 @@ def rnn_forward(config, x, params, hx=None, cx=None, *, seq_lengths=None, traini
             reserve = np.empty(layout.size, dtype)
         layout.header(reserve)[:] = 0  # invalid until the forward completes
         _fill_masks(problem, reserve, dropout_seed)
-    operands = (_time_major(x, config), _native(params), hx, cx, lengths,
+    operands = (_time_major(x, config), _contiguous(params), hx, cx, lengths,
                 reserve if problem.training else None)
     y, hy, cy = dispatch.run("rnn_forward", problem, operands)
     if problem.training:
@@ -208,7 +201,7 @@ def rnn_backward_data(config, y, dy, params, reserve, *, hx=None, cx=None, dhy=N
     dtype = problem.numpy_dtype
     hshape, cshape = _states(config, problem.batch)
     lstm = config.mode == "lstm"
-    operands = (_time_major(y, config), _time_major(dy, config), _native(params), reserve,
+    operands = (_time_major(y, config), _time_major(dy, config), _contiguous(params), reserve,
                 _zeros_if_none(hx, hshape, dtype),
                 _zeros_if_none(cx, cshape, dtype) if lstm else None,
                 _zeros_if_none(dhy, hshape, dtype),
@@ -250,10 +243,10 @@ def rnn_backward_weights(config, x, params, reserve, *, hx=None, seq_lengths=Non
         accumulate=accumulate)
     config = problem.config
     hshape, _ = _states(config, problem.batch)
-    operands = (_time_major(x, config), _native(params), reserve,
+    operands = (_time_major(x, config), _contiguous(params), reserve,
                 _zeros_if_none(hx, hshape, problem.numpy_dtype), lengths)
     if out is not None and not (out.flags.c_contiguous and out.dtype.isnative):
-        scratch = _native(out) if problem.accumulate else np.empty(out.shape, out.dtype.name)
+        scratch = _contiguous(out) if problem.accumulate else np.empty(out.shape, out.dtype.name)
         out[...] = dispatch.run("rnn_backward_weights", problem, operands, scratch)
         return out
     return dispatch.run("rnn_backward_weights", problem, operands, out)

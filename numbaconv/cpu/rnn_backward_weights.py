@@ -33,14 +33,7 @@ def run(problem, operands, out, algorithm):
     dparams = out if out is not None else np.empty(cfg.num_params, dtype)
     sums = np.empty(gw, dtype)
     for layer in range(cfg.num_layers):
-        if layer == 0:
-            inp = x
-        else:
-            inp = layout.outputs(reserve, layer - 1)
-            masks = layout.masks(reserve, layer)
-            if masks is not None:
-                inp = inp * masks
-        inp = inp.reshape(rows, -1)
+        inp = layout.layer_input(reserve, layer, x).reshape(rows, -1)
         for d in range(d_num):
             dw_ih, dw_hh, db_ih, db_hh, dw_hr = layer_params(cfg, dparams, layer, d)
             g2 = layout.gates(reserve, layer, d).reshape(rows, gw)

@@ -49,9 +49,7 @@ def run(problem, operands, out, algorithm):
     inp = x
     for layer in range(cfg.num_layers):
         if training:
-            masks = layout.masks(reserve, layer)
-            if masks is not None:
-                inp = inp * masks
+            inp = layout.layer_input(reserve, layer, x)  # with its dropout masks applied
             out_l = layout.outputs(reserve, layer)
         else:
             out_l = np.empty((t_len, n, d_num * p), dtype)
