@@ -21,6 +21,16 @@ are shipped once to every block's task. What comes back:
 The results equal the single-machine call on the concatenated batch up to rounding: the
 batch sum runs in another order.
 
+Recurrent networks: :func:`rnn_forward`, :func:`rnn_backward_data` and
+:func:`rnn_backward_weights` take x and dy chunked along the batch axis (axis 1, or 0 with
+``batch_first``) and states split along axis 1 like it. The training forward runs one task
+per block and persists its results, so each block's reserve stays where it was computed (a
+worker's memory, with a distributed client) inside an :class:`RNNDaskReserve`; backward data
+runs on those reserves per block and persists the updated ones; backward weights sums the
+per-block partial gradients by a tree reduction. Without dropout the results equal the
+whole-batch call's; with it, each block draws its masks from a seed derived from
+``dropout_seed`` and the block's index (reproducible, but not the whole-batch masks).
+
 Chunking: an array split along any other axis is rejected with a ``ValueError`` naming it,
 unless ``rechunk=True``, which merges those axes into one chunk (keeping the batch chunks).
 ``x`` and ``dy`` of one call must share their batch chunks (``rechunk=True`` rechunks ``dy``
@@ -37,6 +47,7 @@ oversubscribed.
 from __future__ import annotations
 
 import math
+import operator
 
 import dask
 import dask.array as da
@@ -46,7 +57,8 @@ import numbaconv as _nc
 from . import problem as pb
 
 __all__ = ["conv", "conv_backward_data", "conv_backward_weight", "conv_backward_bias",
-           "conv_backward", "conv_transpose", "conv_transpose_backward"]
+           "conv_backward", "conv_transpose", "conv_transpose_backward", "rnn_forward",
+           "rnn_backward_data", "rnn_backward_weights", "RNNDaskReserve"]
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -432,3 +444,241 @@ def _compute_present(results, compute, scheduler):
     done = iter(dask.compute(*present, scheduler=scheduler))
     return tuple(None if r is None else next(done) for r in results)
 
+
+
+# --- recurrent networks ------------------------------------------------------------------
+# One task per batch block runs the ordinary numbaconv call on it. The training forward's
+# per-block results (y, hy, cy and the reserve) are persisted, so that they stay where they
+# were computed (on the worker, with a distributed client) and the backward functions reuse
+# them instead of recomputing the forward; rnn_backward_data returns each block's reserve
+# as part of its result (it overwrites the gates), which rnn_backward_weights then reads.
+
+class RNNDaskReserve:
+    """The per-block reserves of a batch-sharded training forward (persisted dask objects).
+
+    Attributes
+    ----------
+    config : RNNConfig
+    batch_chunks : tuple of int
+        Sequences per block.
+    blocks : list of dask.delayed
+        One numbaconv reserve per block, in batch order.
+    state : str
+        ``"forward"`` after :func:`rnn_forward`, ``"backward_data"`` after
+        :func:`rnn_backward_data` (as the reserve's own header says).
+    """
+
+    def __init__(self, config, batch_chunks, blocks):
+        self.config, self.batch_chunks, self.blocks = config, tuple(batch_chunks), blocks
+        self.state = "forward"
+
+
+def _rnn_forward_block(config, x, params, hx, cx, lengths, seed):
+    y, hy, cy, reserve = _nc.rnn_forward(config, x, params, hx, cx, seq_lengths=lengths,
+                                         training=True, dropout_seed=seed)
+    return y, hy, cy, reserve
+
+
+def _rnn_inference_block(config, x, params, hx, cx, lengths):
+    return _nc.rnn_forward(config, x, params, hx, cx, seq_lengths=lengths)[:3]
+
+
+def _rnn_backward_data_block(config, y, dy, params, reserve, hx, cx, dhy, dcy, lengths):
+    dx, dhx, dcx = _nc.rnn_backward_data(config, y, dy, params, reserve, hx=hx, cx=cx,
+                                         dhy=dhy, dcy=dcy, seq_lengths=lengths)
+    return dx, dhx, dcx, reserve
+
+
+def _rnn_weights_partial(config, x, params, reserve, hx, lengths):
+    return _nc.rnn_backward_weights(config, x, params, reserve, hx=hx,
+                                    seq_lengths=lengths)[None]
+
+
+def _rnn_batch_axis(config):
+    return 0 if config.batch_first else 1
+
+
+def _rnn_blocks(name, a, config, axis, chunks, rechunk):
+    """The per-block pieces of a sequence (axis = batch axis) or state (axis 1) array:
+    delayed blocks of a dask array, slices of a NumPy array, or Nones."""
+    if a is None:
+        return [None] * len(chunks)
+    if isinstance(a, np.ndarray):
+        bounds = np.cumsum((0,) + tuple(chunks))
+        return [a[(slice(None),) * axis + (slice(lo, hi),)] for lo, hi in
+                zip(bounds[:-1], bounds[1:])]
+    if not isinstance(a, da.Array):
+        raise TypeError(f"{name}: expected a dask or NumPy array, got {type(a).__name__}")
+    split = [i for i in range(a.ndim) if i != axis and len(a.chunks[i]) > 1]
+    if split or a.chunks[axis] != tuple(chunks):
+        if not rechunk:
+            raise ValueError(f"{name}: expected chunks along the batch axis (axis {axis}) "
+                             f"only, equal to x's {tuple(chunks)}, got chunks {a.chunks}; "
+                             f"pass rechunk=True")
+        a = a.rechunk({i: (tuple(chunks) if i == axis else -1) for i in range(a.ndim)})
+    return list(a.to_delayed().ravel())
+
+
+def _rnn_x_chunks(config, x, rechunk):
+    """x's batch chunks, after checking (or making) x chunked along the batch only."""
+    axis = _rnn_batch_axis(config)
+    if not isinstance(x, da.Array):
+        raise TypeError(f"x: expected a dask array chunked along the batch axis, got "
+                        f"{type(x).__name__}")
+    if x.ndim != 3:
+        raise ValueError(f"x: expected 3 dimensions, got shape {x.shape}")
+    if any(math.isnan(c) for c in x.chunks[axis]):
+        raise ValueError("x: expected known chunk sizes along the batch axis, got unknown "
+                         "ones (call x.compute_chunk_sizes() first)")
+    if any(len(x.chunks[i]) > 1 for i in range(3) if i != axis):
+        if not rechunk:
+            raise ValueError(f"x: expected chunks along the batch axis (axis {axis}) only, "
+                             f"got chunks {x.chunks}; pass rechunk=True to merge the other "
+                             f"axes into one chunk")
+        x = x.rechunk({i: -1 for i in range(3) if i != axis})
+    return x, x.chunks[axis]
+
+
+def _sequence_from_blocks(blocks, index, config, chunks, shape_of, dtype, axis):
+    pieces = [da.from_delayed(dask.delayed(operator.getitem)(b, index), shape_of(n), dtype)
+              for b, n in zip(blocks, chunks)]
+    return da.concatenate(pieces, axis=axis)
+
+
+def _block_seeds(seed, count):
+    """One dropout seed per block, derived from the user's: blocks get different masks (so
+    with dropout the result is not the whole-batch call's, whose masks are drawn at once)."""
+    if seed is None:
+        return [None] * count
+    return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(count)]
+
+
+def rnn_forward(config, x, params, hx=None, cx=None, *, seq_lengths=None, training=False,
+                dropout_seed=None, rechunk=False, scheduler=None):
+    """:func:`numbaconv.rnn_forward` on a dask x chunked along the batch axis.
+
+    Parameters
+    ----------
+    config, params, hx, cx, seq_lengths, training, dropout_seed
+        As in :func:`numbaconv.rnn_forward`; params is a NumPy array; hx and cx NumPy or
+        dask arrays (split along axis 1 like x's batch); dropout masks are drawn per block
+        from seeds derived from ``dropout_seed``.
+    x : dask array, shape (T, N, input_size) (or (N, T, input_size) with batch_first)
+    rechunk : bool
+        Rechunk arrays split along other axes (or differently from x) instead of raising.
+    scheduler : optional
+        What persists the training forward (a name or a ``distributed.Client``).
+
+    Returns
+    -------
+    y : dask array, one block per block of x
+    hy, cy : dask arrays (cy None unless LSTM), chunked along axis 1 like x's batch
+    reserve : RNNDaskReserve or None
+        With training: the per-block reserves, persisted where they were computed.
+    """
+    params = _numpy("params", params)
+    x, chunks = _rnn_x_chunks(config, x, rechunk)
+    axis = _rnn_batch_axis(config)
+    # The whole-batch call's validation, on zero-byte stand-ins: the same messages.
+    pb.rnn_forward_problem(config, _meta(x), params, _meta(hx), _meta(cx),
+                           seq_lengths=seq_lengths, training=training,
+                           dropout_seed=dropout_seed)
+    xs = list(x.to_delayed().ravel())
+    hxs = _rnn_blocks("hx", hx, config, 1, chunks, rechunk)
+    cxs = _rnn_blocks("cx", cx, config, 1, chunks, rechunk)
+    lengths = _rnn_blocks("seq_lengths", None if seq_lengths is None else
+                          np.asarray(seq_lengths), config, 0, chunks, rechunk)
+    if training:
+        tasks = [dask.delayed(_rnn_forward_block, pure=False)(config, xb, params, h, c, n, s)
+                 for xb, h, c, n, s in zip(xs, hxs, cxs, lengths,
+                                           _block_seeds(dropout_seed, len(xs)))]
+        tasks = list(dask.persist(*tasks, scheduler=scheduler))
+    else:
+        tasks = [dask.delayed(_rnn_inference_block)(config, xb, params, h, c, n)
+                 for xb, h, c, n in zip(xs, hxs, cxs, lengths)]
+    t_len = x.shape[1 - axis]
+    d_out = config.num_directions * config.out_size
+    states = config.num_layers * config.num_directions
+    y = _sequence_from_blocks(tasks, 0, config, chunks,
+                              lambda n: (n, t_len, d_out) if axis == 0 else (t_len, n, d_out),
+                              x.dtype, axis)
+    hy = _sequence_from_blocks(tasks, 1, config, chunks,
+                               lambda n: (states, n, config.out_size), x.dtype, 1)
+    cy = None if config.mode != "lstm" else _sequence_from_blocks(
+        tasks, 2, config, chunks, lambda n: (states, n, config.hidden_size), x.dtype, 1)
+    reserve = None
+    if training:
+        reserve = RNNDaskReserve(config, chunks, [dask.delayed(operator.getitem)(t, 3)
+                                                  for t in tasks])
+    return y, hy, cy, reserve
+
+
+def _check_dask_reserve(reserve, config, state):
+    if not isinstance(reserve, RNNDaskReserve):
+        raise TypeError(f"reserve: expected the RNNDaskReserve of numbaconv.dask.rnn_forward"
+                        f"(..., training=True), got {type(reserve).__name__}")
+    if reserve.config != config:
+        raise ValueError("reserve: filled by a training forward of another config")
+    if reserve.state != state:
+        raise ValueError("reserve: rnn_backward_data already ran on this reserve" if
+                         state == "forward" else "reserve: expected rnn_backward_data to "
+                         "have run on this reserve first")
+
+
+def rnn_backward_data(config, y, dy, params, reserve, *, hx=None, cx=None, dhy=None,
+                      dcy=None, seq_lengths=None, rechunk=False, scheduler=None):
+    """:func:`numbaconv.rnn_backward_data` per batch block, on the reserve of
+    :func:`rnn_forward`; returns ``(dx, dhx, dcx)`` as dask arrays (dx one block per block
+    of dy). Each block's reserve (now holding the gate gradients) is persisted for
+    :func:`rnn_backward_weights`."""
+    params = _numpy("params", params)
+    _check_dask_reserve(reserve, config, "forward")
+    chunks, axis = reserve.batch_chunks, _rnn_batch_axis(config)
+    ys = _rnn_blocks("y", y, config, axis, chunks, rechunk)
+    dys = _rnn_blocks("dy", dy, config, axis, chunks, rechunk)
+    pieces = [_rnn_blocks(name, a, config, 1, chunks, rechunk)
+              for name, a in (("hx", hx), ("cx", cx), ("dhy", dhy), ("dcy", dcy))]
+    lengths = _rnn_blocks("seq_lengths", None if seq_lengths is None else
+                          np.asarray(seq_lengths), config, 0, chunks, rechunk)
+    tasks = [dask.delayed(_rnn_backward_data_block, pure=False)(config, yb, dyb, params, r,
+                                                                *states, n)
+             for yb, dyb, r, n, *states in zip(ys, dys, reserve.blocks, lengths, *pieces)]
+    tasks = list(dask.persist(*tasks, scheduler=scheduler))
+    reserve.blocks = [dask.delayed(operator.getitem)(t, 3) for t in tasks]
+    reserve.state = "backward_data"
+    shape = dy.shape
+    dtype = dy.dtype
+    t_len = shape[1 - axis]
+    states = config.num_layers * config.num_directions
+    dx = _sequence_from_blocks(
+        tasks, 0, config, chunks,
+        lambda n: (n, t_len, config.input_size) if axis == 0 else (t_len, n, config.input_size),
+        dtype, axis)
+    dhx = _sequence_from_blocks(tasks, 1, config, chunks,
+                                lambda n: (states, n, config.out_size), dtype, 1)
+    dcx = None if config.mode != "lstm" else _sequence_from_blocks(
+        tasks, 2, config, chunks, lambda n: (states, n, config.hidden_size), dtype, 1)
+    return dx, dhx, dcx
+
+
+def rnn_backward_weights(config, x, params, reserve, *, hx=None, seq_lengths=None,
+                         out=None, accumulate=False, compute=True, scheduler=None,
+                         split_every=None, rechunk=False):
+    """:func:`numbaconv.rnn_backward_weights` as per-block partial gradients, tree-summed:
+    a NumPy array (or, with ``compute=False``, a dask array of one chunk)."""
+    params = _numpy("params", params)
+    _no_out_if_lazy(out, compute)
+    _check_dask_reserve(reserve, config, "backward_data")
+    chunks, axis = reserve.batch_chunks, _rnn_batch_axis(config)
+    xs = _rnn_blocks("x", x, config, axis, chunks, rechunk)
+    hxs = _rnn_blocks("hx", hx, config, 1, chunks, rechunk)
+    lengths = _rnn_blocks("seq_lengths", None if seq_lengths is None else
+                          np.asarray(seq_lengths), config, 0, chunks, rechunk)
+    dtype = params.dtype
+    partials = [da.from_delayed(dask.delayed(_rnn_weights_partial)(config, xb, params, r, h,
+                                                                    n),
+                                (1, config.num_params), dtype)
+                for xb, r, h, n in zip(xs, reserve.blocks, hxs, lengths)]
+    total = da.concatenate(partials, axis=0).sum(axis=0, dtype=dtype,
+                                                 split_every=split_every)
+    return _finish((total,), out, accumulate, compute, scheduler)[0]
