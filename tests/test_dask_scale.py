@@ -94,3 +94,9 @@ def _kill(client, address):
 
 def _restarted(client):
     return True  # the nanny may restart a worker under the same address; the result decides
+
+
+def test_bench_dask_overhead_runs():
+    from numbaconv import bench_dask
+    rows = bench_dask.overhead(batch=16, chunks=(8,), repeat=1)
+    assert len(rows) == 1 and rows[0][0] == 8 and rows[0][1] > 0 and rows[0][2] > 0
