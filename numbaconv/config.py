@@ -16,6 +16,10 @@ Read once, at first use, from the environment:
     3x3 convolution of ResNet's 56x56 64-channel layer took 15.6 ms spinning and 11.3 ms
     passive. This sets a process-wide variable (read by any OpenMP runtime loaded later);
     ``0`` leaves the environment alone.
+``NUMBACONV_CUDA_THREADS``, ``NUMBACONV_CUDA_TILE``
+    Override :data:`CUDA_THREADS_PER_BLOCK` (a power of two) and :data:`CUDA_TILE`
+    (``"rows,columns,step"``). The simulator tests set them small, so that last blocks are
+    partly filled; results do not depend on them beyond rounding.
 ``NUMBACONV_FASTMATH``
     ``1`` (default) lets LLVM reassociate and contract (FMA) floating-point arithmetic, which
     vectorises reductions. NaN and infinity semantics are kept (no ``nnan``/``ninf``): a NaN
@@ -33,6 +37,10 @@ FASTMATH_FLAGS = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
 
 #: CUDA threads per block for element-wise kernels (a multiple of the warp size).
 CUDA_THREADS_PER_BLOCK = 256
+
+#: CUDA implicit-GEMM tile: (output rows, output columns, reduction step) per block; the
+#: block has rows x columns threads, one output each.
+CUDA_TILE = (16, 16, 16)
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -74,3 +82,32 @@ def jit_options(parallel: bool = True) -> dict:
     fastmath = set(FASTMATH_FLAGS) if _flag("NUMBACONV_FASTMATH", True) else False
     return dict(parallel=parallel, cache=_flag("NUMBACONV_JIT_CACHE", True),
                 fastmath=fastmath, nogil=True, error_model="numpy")
+
+
+def _ints(name: str, default: tuple) -> tuple:
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != len(default) or any(v < 1 for v in values):
+        raise ValueError(f"{name}: expected {len(default)} positive comma-separated ints, "
+                         f"got {raw!r}")
+    return values
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_threads_per_block() -> int:
+    """Threads per block of the CUDA element-wise and reduction kernels (a power of two)."""
+    (threads,) = _ints("NUMBACONV_CUDA_THREADS", (CUDA_THREADS_PER_BLOCK,))
+    if threads & (threads - 1):
+        raise ValueError(f"NUMBACONV_CUDA_THREADS: expected a power of two, got {threads}")
+    return threads
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_tile() -> tuple:
+    """(rows, columns, step) of the CUDA implicit-GEMM tiles."""
+    return _ints("NUMBACONV_CUDA_TILE", CUDA_TILE)

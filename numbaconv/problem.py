@@ -271,6 +271,10 @@ def inspect_array(name: str, value) -> ArrayInfo:
     if cai is not None:
         return ArrayInfo(name, "cuda", _dtype_name(cai["typestr"]), tuple(cai["shape"]),
                          value)
+    if getattr(value, "__cuda_ndarray__", False):
+        # Numba's device arrays under its simulator (NUMBA_ENABLE_CUDASIM=1) carry this
+        # marker but no __cuda_array_interface__; the CUDA tests run on them.
+        return ArrayInfo(name, "cuda", _dtype_name(value.dtype), tuple(value.shape), value)
     raise TypeError(f"{name}: expected a NumPy array or a CUDA array "
                     f"(__cuda_array_interface__), got {type(value).__name__}")
 

@@ -1,0 +1,111 @@
+"""The ``cuda`` backend: Numba CUDA kernels (the ``cuda`` extra: ``numba-cuda[cu12]``).
+
+Serves any array exposing ``__cuda_array_interface__`` (Numba device arrays, CuPy, PyTorch
+CUDA tensors), with any strides, and returns Numba device arrays. float16 is stored as is and
+accumulated in float32. Every reduction is deterministic (fixed splits, partials added in
+order, no floating-point atomics); all index arithmetic is 64-bit; no op copies to the host.
+
+Importing this package imports neither Numba nor a kernel: creating the backend is free, and
+``numba.cuda`` is imported by :meth:`CudaBackend.availability` and on the first run. Kernels
+compile on first use of a (op, dtype, layout). Without a GPU the backend is unavailable,
+except under Numba's simulator (``NUMBA_ENABLE_CUDASIM=1`` set before Numba is imported),
+which the tests use.
+
+Algorithms, per op (``numbaconv.explain`` says which one runs and why; README.md in this
+folder gives each kernel's performance model):
+
+``implicit_gemm``
+    Any convolution, data gradient or transposed convolution: a tiled matrix product whose
+    input tile is gathered from the windows on the fly (no im2col in memory). The weight
+    gradient is the same product reduced over (image, position) in fixed chunks.
+``direct``
+    One thread per output element, for grouped convolutions with few channels per group
+    (depthwise above all), where GEMM tiles would be mostly empty.
+``reduce``
+    The bias gradient (two passes).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib
+import importlib.util
+import os
+from typing import Optional
+
+from ..backend import Backend
+
+_MODULES = {
+    "conv": ("conv", "run"),
+    "conv_backward_data": ("conv_backward_data", "run"),
+    "conv_backward_weight": ("conv_backward_weight", "run"),
+    "conv_backward_bias": ("conv_backward_bias", "run"),
+    "conv_transpose": ("conv_backward_data", "run_transpose"),
+}
+
+#: Channels summed per output (per group) up to which ``direct`` is offered and chosen.
+DIRECT_MAX_CHANNELS_PER_GROUP = 16
+
+
+def _channels_summed(op, problem) -> int:
+    """Channels each output element sums over (per group)."""
+    if op == "conv":
+        return problem.in_channels // problem.groups
+    return problem.out_channels // problem.groups
+
+
+class CudaBackend(Backend):
+    """Numba CUDA kernels for the convolution ops (float16/32/64, both layouts)."""
+
+    name = "cuda"
+    device = "cuda"
+    priority = 100
+    version = "1"
+    ops = frozenset(_MODULES)
+    dtypes = ("float16", "float32", "float64")
+
+    def availability(self) -> Optional[str]:
+        # Cheap checks only, importing nothing: numbaconv.backends() calls this, and must not
+        # import numba.cuda or touch a GPU. A driver without a usable device surfaces when a
+        # kernel first runs; device arrays cannot exist without one anyway.
+        if importlib.util.find_spec("numba_cuda") is None:
+            return ("numba-cuda is not installed (pip install 'numbaconv[cuda]', which "
+                    "brings numba-cuda[cu12])")
+        if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0"):
+            return None
+        if ctypes.util.find_library("cuda") is None and not os.path.exists("/dev/nvidiactl"):
+            return ("no CUDA driver found (libcuda); NUMBA_ENABLE_CUDASIM=1 runs the kernels "
+                    "in Numba's simulator")
+        return None
+
+    def algorithms(self, op, problem):
+        if op == "conv_backward_bias":
+            return ("reduce",)
+        if op == "conv_backward_weight":
+            return ("implicit_gemm",)
+        if problem.groups > 1 and \
+                _channels_summed(op, problem) <= DIRECT_MAX_CHANNELS_PER_GROUP:
+            return ("direct", "implicit_gemm")
+        return ("implicit_gemm", "direct")
+
+    def choose(self, op, problem):
+        if op == "conv_backward_bias":
+            return "reduce", "the only algorithm (two passes, partials added in order)"
+        if op == "conv_backward_weight":
+            return "implicit_gemm", ("the only algorithm (tiled product over fixed chunks of "
+                                     "images and positions, partials added in order)")
+        if self.algorithms(op, problem)[0] == "direct":
+            return "direct", (f"grouped with {_channels_summed(op, problem)} channels per "
+                              f"group: GEMM tiles would be mostly empty")
+        return "implicit_gemm", ("general case: shared-memory tiles of the weights and of "
+                                 "windows gathered on the fly")
+
+    def run(self, op, problem, operands, out, algorithm):
+        module_name, function = _MODULES[op]
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        return getattr(module, function)(problem, operands, out, algorithm)
+
+
+def make_backend() -> CudaBackend:
+    """Entry point of the built-in ``cuda`` backend."""
+    return CudaBackend()

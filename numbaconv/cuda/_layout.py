@@ -1,0 +1,71 @@
+"""Problem geometry and device arrays as the CUDA kernels see them: always 5D.
+
+The geometry is the CPU backend's (:func:`numbaconv.cpu._layout.geom`, pure Python: three
+spatial dimensions, leading unit ones for 1D and 2D). Arrays are handed over as the user
+passed them (any ``__cuda_array_interface__`` object, any strides) and viewed, never copied,
+as 5D Numba device arrays by inserting unit axes, which works whatever the strides.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cpu._layout import Geom, geom
+
+__all__ = ["Geom", "geom", "device_array", "geometry_args", "view5", "as_device"]
+
+
+def _cuda():
+    from numba import cuda
+    return cuda
+
+
+def simulated() -> bool:
+    """Whether Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1 before import)."""
+    cuda = _cuda()
+    return bool(getattr(cuda, "simulator_enabled", False)
+                or getattr(getattr(cuda, "config", None), "ENABLE_CUDASIM", 0))
+
+
+def as_device(a):
+    """A Numba device array sharing ``a``'s memory (no copy)."""
+    if a is None or getattr(a, "__cuda_ndarray__", False):
+        return a
+    return _cuda().as_cuda_array(a)
+
+
+def device_array(shape, dtype):
+    return _cuda().device_array(tuple(shape), np.dtype(dtype))
+
+
+def view5(a, at: int):
+    """``a`` with unit axes inserted at ``at`` until it has 5 dimensions (a view)."""
+    a = as_device(a)
+    count = 5 - len(a.shape)
+    if count == 0:
+        return a
+    if simulated():
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        return FakeCUDAArray(np.expand_dims(a._ary, tuple(range(at, at + count))))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    shape = tuple(a.shape[:at]) + (1,) * count + tuple(a.shape[at:])
+    strides = tuple(a.strides[:at]) + (a.dtype.itemsize,) * count + tuple(a.strides[at:])
+    return DeviceNDArray(shape, strides, a.dtype, stream=a.stream, gpu_data=a.gpu_data)
+
+
+def activation5(g: Geom, a):
+    """x, y or their gradients as 5D: unit axes before the spatial ones."""
+    ndim = len(a.shape) - 2
+    return view5(a, 1 if g.channels_last else 2) if ndim < 3 else as_device(a)
+
+
+def weight5(a):
+    return view5(a, 2)
+
+
+def geometry_args(g: Geom) -> tuple:
+    """``(groups, s, r, p, stride, dilation, before)`` as kernel arguments (int64)."""
+    def ints(t):
+        return tuple(int(v) for v in t)
+    return (int(g.g), ints(g.s), ints(g.r), ints(g.p), ints(g.stride), ints(g.dilation),
+            ints(g.before))

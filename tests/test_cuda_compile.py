@@ -1,0 +1,81 @@
+"""Every CUDA kernel compiles for real GPUs (no GPU needed): ``numba.cuda.compile_ptx`` for
+compute capabilities 8.0 and 9.0, then the bundled ``ptxas -v``, whose registers, shared
+memory and spills are recorded (``pytest -s`` prints them; numbaconv/cuda/README.md quotes
+them). float32 and float64 kernels must not spill.
+"""
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+if importlib.util.find_spec("numba_cuda") is None:
+    pytest.skip("numba-cuda is not installed (the cuda extra)", allow_module_level=True)
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+    pytest.skip("compile_ptx is not available under the CUDA simulator",
+                allow_module_level=True)
+
+from numbaconv.config import CUDA_THREADS_PER_BLOCK, CUDA_TILE  # noqa: E402
+
+CCS = ((8, 0), (9, 0))
+
+
+def _ptxas():
+    try:
+        import nvidia.cuda_nvcc as nvcc
+    except ImportError:
+        return None
+    for root in nvcc.__path__:
+        path = pathlib.Path(root) / "bin" / "ptxas"
+        if path.exists():
+            return path
+    return None
+
+
+def _ptxas_report(ptxas, ptx: str, cc, tmp_path) -> dict:
+    source = tmp_path / "kernel.ptx"
+    source.write_text(ptx)
+    done = subprocess.run([str(ptxas), "-v", f"-arch=sm_{cc[0]}{cc[1]}", str(source),
+                           "-o", str(tmp_path / "kernel.cubin")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = done.stderr
+
+    def number(pattern):
+        found = re.search(pattern, text)
+        return int(found.group(1)) if found else 0
+    return dict(registers=number(r"Used (\d+) registers"),
+                smem=number(r"(\d+) bytes smem"),
+                spill_stores=number(r"(\d+) bytes spill stores"),
+                spill_loads=number(r"(\d+) bytes spill loads"),
+                stack=number(r"(\d+) bytes stack frame"))
+
+
+@pytest.mark.parametrize("cc", CCS, ids=lambda cc: f"sm{cc[0]}{cc[1]}")
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
+    from numba import cuda
+
+    from numbaconv.cuda import _kernels
+    ptxas = _ptxas()
+    kernels = _kernels.signatures(dtype, layout == "channels_last", CUDA_TILE,
+                                  CUDA_THREADS_PER_BLOCK)
+    assert len(kernels) >= 6
+    lines = []
+    for label, function, signature in kernels:
+        ptx, _ = cuda.compile_ptx(function, signature, cc=cc)
+        assert ".entry" in ptx, label
+        if ptxas is None:
+            continue
+        report = _ptxas_report(ptxas, ptx, cc, tmp_path)
+        record_property(label, report)
+        lines.append(f"sm_{cc[0]}{cc[1]} {label:36s} {report['registers']:4d} regs "
+                     f"{report['smem']:6d} B smem  spills {report['spill_stores']}/"
+                     f"{report['spill_loads']} B  stack {report['stack']} B")
+        if dtype != "float16":
+            assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
+    print("\n" + "\n".join(lines))

@@ -1,0 +1,148 @@
+"""The ``cuda`` backend under Numba's simulator: every op and algorithm against the reference.
+
+Runs only with NUMBA_ENABLE_CUDASIM=1 set before Numba is imported; tests/test_cuda.py runs
+this file in such a subprocess, with 4x8 tiles (step 4) and 32 threads per block so that
+last blocks are partly filled. The simulator runs each block's threads as Python threads:
+cases are the tiniest of numbaconv.testing.CASES plus two tiny 2D/3D ones with every feature.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
+    pytest.skip("needs NUMBA_ENABLE_CUDASIM=1 (tests/test_cuda.py runs this file so)",
+                allow_module_level=True)
+pytest.importorskip("numba_cuda")
+
+from numba import cuda  # noqa: E402
+
+import numbaconv as nc  # noqa: E402
+from numbaconv import dispatch  # noqa: E402
+from numbaconv.testing import (TOLERANCE, ConvCase, case, case_arrays,  # noqa: E402
+                               relative_error, run_op)
+
+OPS = ("conv", "conv_backward_data", "conv_backward_weight", "conv_backward_bias",
+       "conv_transpose")
+
+SIM_CASES = (
+    case("1d_basic"),
+    case("1d_stride_dilation_groups"),
+    case("1d_asymmetric_stride3"),
+    ConvCase("2d_tiny_everything", (1, 4, 5, 4), (4, 2, 3, 2), stride=(2, 1),
+             padding=((1, 0), (0, 1)), dilation=(1, 2), groups=2, output_padding=(1, 0)),
+    ConvCase("3d_tiny_depthwise", (1, 2, 3, 4, 3), (4, 1, 2, 2, 2), stride=(1, 2, 1),
+             padding=1, groups=2, output_padding=(0, 1, 0)),
+)
+
+
+def device(arrays):
+    return {name: cuda.to_device(a) for name, a in arrays.items()}
+
+
+def expected(op, c, layout, a):
+    with nc.use_backend("reference"):
+        return run_op(op, c, layout, a)
+
+
+@pytest.mark.parametrize("c", SIM_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_every_op_and_algorithm(c, layout):
+    dtype = "float64" if layout == "channels_first" else "float32"
+    a = case_arrays(c, layout, dtype)
+    d = device(a)
+    backend = dispatch.get_backend("cuda")
+    for op in OPS:
+        want = expected(op, c, layout, a)
+        choice = nc.explain(op, *_explain_args(op, c, layout, d), **_explain_kwargs(op, c,
+                                                                                     layout))
+        assert choice.backend == "cuda"
+        got = run_op(op, c, layout, d)                      # the public path
+        assert getattr(got, "__cuda_ndarray__", False), type(got)
+        assert relative_error(got.copy_to_host(), want) < TOLERANCE[dtype], op
+        problem = choice_problem(op, c, layout, d)
+        for algorithm in backend.algorithms(op, problem):  # each algorithm, forced
+            got = backend.run(op, problem, _operands(op, d), None, algorithm)
+            host = got.copy_to_host()
+            assert host.dtype == np.dtype(dtype) and host.shape == want.shape
+            err = relative_error(host, want)
+            assert err < TOLERANCE[dtype], (op, algorithm, err)
+
+
+@pytest.mark.parametrize("op", ["conv_backward_data", "conv_backward_weight",
+                                "conv_backward_bias"])
+def test_out_and_accumulate(op):
+    c, layout = case("1d_stride_dilation_groups"), "channels_last"
+    a = case_arrays(c, layout, "float64")
+    d = device(a)
+    want = expected(op, c, layout, a)
+    start = np.random.default_rng(3).uniform(-1, 1, want.shape)
+    out = cuda.to_device(start)
+    assert run_op(op, c, layout, d, out=out) is out
+    assert relative_error(out.copy_to_host(), want) < 1e-11
+    out = cuda.to_device(start)
+    assert run_op(op, c, layout, d, out=out, accumulate=True) is out
+    assert relative_error(out.copy_to_host(), start + want) < 1e-11
+
+
+def test_float16_accumulates_in_float32():
+    c, layout = case("1d_basic"), "channels_first"
+    a = case_arrays(c, layout, "float16")
+    d = device(a)
+    for op in OPS:
+        want = expected(op, c, layout, {k: v.astype(np.float64) for k, v in a.items()})
+        got = run_op(op, c, layout, d).copy_to_host()
+        assert got.dtype == np.float16
+        assert relative_error(got, want) < TOLERANCE["float16"], op
+
+
+def test_strided_operands_and_out():
+    c, layout = case("1d_basic"), "channels_first"
+    a = case_arrays(c, layout, "float64")
+    wide = np.zeros(a["x"].shape[:2] + (2 * a["x"].shape[2],))
+    wide[:, :, ::2] = a["x"]
+    x = cuda.to_device(wide)[:, :, ::2]          # a strided view on the device
+    d = device(a)
+    want = expected("conv", c, layout, a)
+    out_wide = cuda.to_device(np.zeros(want.shape[:2] + (want.shape[2] * 3,)))
+    out = out_wide[:, :, ::3]
+    got = nc.conv(x, d["w"], d["bias"], out=out)
+    assert relative_error(got.copy_to_host(), want) < 1e-11
+    assert not out_wide.copy_to_host()[:, :, 1::3].any()   # nothing written between
+
+
+def test_reductions_are_deterministic():
+    c, layout = case("1d_stride_dilation_groups"), "channels_first"
+    d = device(case_arrays(c, layout, "float32"))
+    for op in ("conv_backward_weight", "conv_backward_bias"):
+        first = run_op(op, c, layout, d).copy_to_host()
+        again = run_op(op, c, layout, d).copy_to_host()
+        assert np.array_equal(first, again), op
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def _explain_args(op, c, layout, d):
+    return {"conv": (d["x"], d["w"], d["bias"]),
+            "conv_backward_data": (d["dy"], d["w"], tuple(d["x"].shape)),
+            "conv_backward_weight": (d["x"], d["dy"], tuple(d["w"].shape)),
+            "conv_backward_bias": (d["dy"],),
+            "conv_transpose": (d["xt"], d["w"], d["bias_t"])}[op]
+
+
+def _explain_kwargs(op, c, layout):
+    if op == "conv_backward_bias":
+        return dict(layout=layout)
+    extra = dict(output_padding=c.output_padding) if op == "conv_transpose" else {}
+    return dict(c.kwargs, layout=layout, **extra)
+
+
+def choice_problem(op, c, layout, d):
+    from numbaconv.conv import _BUILDERS
+    return _BUILDERS[op](*_explain_args(op, c, layout, d), **_explain_kwargs(op, c, layout))
+
+def _operands(op, d):
+    return {"conv": (d["x"], d["w"], d["bias"]), "conv_backward_data": (d["dy"], d["w"]),
+            "conv_backward_weight": (d["x"], d["dy"]), "conv_backward_bias": (d["dy"],),
+            "conv_transpose": (d["xt"], d["w"], d["bias_t"])}[op]
