@@ -79,8 +79,18 @@ def _user_order(a, config):
     return a.swapaxes(0, 1) if config.batch_first else a
 
 
-def _zeros_if_none(a, shape, dtype):
-    return np.zeros(shape, dtype) if a is None else _contiguous(a)
+def _zeros_if_none(a, shape, dtype, device="cpu"):
+    if a is None:
+        return np.zeros(shape, dtype) if device == "cpu" else _device_array(shape, dtype, True)
+    return _contiguous(a)
+
+
+def _device_array(shape, dtype, zero=False):
+    """A Numba device array (cuda problems): zero-filled on the device with ``zero``."""
+    from numba import cuda
+    if not zero:
+        return cuda.device_array(shape, dtype)
+    return cuda.to_device(np.zeros(shape, dtype))
 
 
 def _states(config, batch):
@@ -145,13 +155,15 @@ def rnn_forward(config, x, params, hx=None, cx=None, *, seq_lengths=None, traini
     config = problem.config
     dtype = problem.numpy_dtype
     hshape, cshape = _states(config, problem.batch)
-    hx = _zeros_if_none(hx, hshape, dtype)
-    cx = _zeros_if_none(cx, cshape, dtype) if config.mode == "lstm" else None
+    device = problem.device
+    hx = _zeros_if_none(hx, hshape, dtype, device)
+    cx = _zeros_if_none(cx, cshape, dtype, device) if config.mode == "lstm" else None
     dispatch.select("rnn_forward", problem)  # no backend: fail before touching reserve
     if problem.training:
         layout = problem.reserve_layout
         if reserve is None:
-            reserve = np.empty(layout.size, dtype)
+            reserve = np.empty(layout.size, dtype) if device == "cpu" else \
+                _device_array(layout.size, dtype)
         layout.header(reserve)[:] = 0  # invalid until the forward completes
         _fill_masks(problem, reserve, dropout_seed)
     operands = (_time_major(x, config), _contiguous(params), hx, cx, lengths,
@@ -201,11 +213,12 @@ def rnn_backward_data(config, y, dy, params, reserve, *, hx=None, cx=None, dhy=N
     dtype = problem.numpy_dtype
     hshape, cshape = _states(config, problem.batch)
     lstm = config.mode == "lstm"
+    device = problem.device
     operands = (_time_major(y, config), _time_major(dy, config), _contiguous(params), reserve,
-                _zeros_if_none(hx, hshape, dtype),
-                _zeros_if_none(cx, cshape, dtype) if lstm else None,
-                _zeros_if_none(dhy, hshape, dtype),
-                _zeros_if_none(dcy, cshape, dtype) if lstm else None, lengths)
+                _zeros_if_none(hx, hshape, dtype, device),
+                _zeros_if_none(cx, cshape, dtype, device) if lstm else None,
+                _zeros_if_none(dhy, hshape, dtype, device),
+                _zeros_if_none(dcy, cshape, dtype, device) if lstm else None, lengths)
     dispatch.select("rnn_backward_data", problem)
     reserve[1] = 0  # a failure half-way leaves a reserve no backward accepts
     dx, dhx, dcx = dispatch.run("rnn_backward_data", problem, operands)
@@ -244,8 +257,8 @@ def rnn_backward_weights(config, x, params, reserve, *, hx=None, seq_lengths=Non
     config = problem.config
     hshape, _ = _states(config, problem.batch)
     operands = (_time_major(x, config), _contiguous(params), reserve,
-                _zeros_if_none(hx, hshape, problem.numpy_dtype), lengths)
-    if out is not None and not (out.flags.c_contiguous and out.dtype.isnative):
+                _zeros_if_none(hx, hshape, problem.numpy_dtype, problem.device), lengths)
+    if isinstance(out, np.ndarray) and not (out.flags.c_contiguous and out.dtype.isnative):
         scratch = _contiguous(out) if problem.accumulate else np.empty(out.shape, out.dtype.name)
         out[...] = dispatch.run("rnn_backward_weights", problem, operands, scratch)
         return out

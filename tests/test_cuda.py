@@ -42,3 +42,16 @@ def test_kernels_under_the_simulator():
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+
+
+@needs_numba_cuda
+def test_rnn_kernels_under_the_simulator():
+    """The recurrent ops (tests/test_cuda_rnn_sim.py) on T=3, N=3, I=4, H=5 with small tiles
+    and blocks, so that every GEMM tile and element-wise block is partly filled."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBACONV_CUDA_TILE="4,8,4",
+               NUMBACONV_CUDA_THREADS="32")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
+                           "no:cacheprovider", os.path.join(HERE, "test_cuda_rnn_sim.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]

@@ -79,3 +79,28 @@ def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
         if dtype != "float16":
             assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
     print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("cc", CCS, ids=lambda cc: f"sm{cc[0]}{cc[1]}")
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_every_rnn_kernel_compiles(dtype, cc, tmp_path, record_property):
+    from numba import cuda
+
+    from numbaconv.cuda import _rnn_kernels
+    ptxas = _ptxas()
+    kernels = _rnn_kernels.signatures(dtype, CUDA_TILE)
+    assert len(kernels) >= 14
+    lines = []
+    for label, function, signature in kernels:
+        ptx, _ = cuda.compile_ptx(function, signature, cc=cc)
+        assert ".entry" in ptx, label
+        if ptxas is None:
+            continue
+        report = _ptxas_report(ptxas, ptx, cc, tmp_path)
+        record_property(label, report)
+        lines.append(f"sm_{cc[0]}{cc[1]} {label:36s} {report['registers']:4d} regs "
+                     f"{report['smem']:6d} B smem  spills {report['spill_stores']}/"
+                     f"{report['spill_loads']} B  stack {report['stack']} B")
+        if dtype != "float16":
+            assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
+    print("\n" + "\n".join(lines))

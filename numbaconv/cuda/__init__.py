@@ -23,6 +23,13 @@ folder gives each kernel's performance model):
     (depthwise above all), where GEMM tiles would be mostly empty.
 ``reduce``
     The bias gradient (two passes).
+``fused`` (rnn_forward, rnn_backward_data, rnn_backward_weights)
+    Tiled GEMMs for the input projections of all steps, each step's recurrent product, the
+    input gradient and the weight gradients (over all T*N rows, in a fixed order), and one
+    fused kernel per step for the gates and the state update (or their derivatives), writing
+    the reserve layout every backend shares. RNN tanh/relu, LSTM and GRU, any number of
+    layers, both directions, sequence lengths; not yet: proj_size, dropout between layers in
+    training, batch_first (declined, so another backend or an error says so).
 """
 
 from __future__ import annotations
@@ -41,7 +48,11 @@ _MODULES = {
     "conv_backward_weight": ("conv_backward_weight", "run"),
     "conv_backward_bias": ("conv_backward_bias", "run"),
     "conv_transpose": ("conv_backward_data", "run_transpose"),
+    "rnn_forward": ("rnn_forward", "run"),
+    "rnn_backward_data": ("rnn_backward_data", "run"),
+    "rnn_backward_weights": ("rnn_backward_weights", "run"),
 }
+_RNN_OPS = ("rnn_forward", "rnn_backward_data", "rnn_backward_weights")
 
 #: Channels summed per output (per group) up to which ``direct`` is offered and chosen.
 DIRECT_MAX_CHANNELS_PER_GROUP = 16
@@ -55,7 +66,8 @@ def _channels_summed(op, problem) -> int:
 
 
 class CudaBackend(Backend):
-    """Numba CUDA kernels for the convolution ops (float16/32/64, both layouts)."""
+    """Numba CUDA kernels for the convolution ops (float16/32/64, both layouts) and the
+    recurrent ops (no projection, no dropout, time-major)."""
 
     name = "cuda"
     device = "cuda"
@@ -78,7 +90,23 @@ class CudaBackend(Backend):
                     "in Numba's simulator")
         return None
 
+    def supports(self, op, problem):
+        reason = super().supports(op, problem)
+        if reason is not None or op not in _RNN_OPS:
+            return reason
+        cfg = problem.config
+        if cfg.proj_size:
+            return "LSTM projection (proj_size) is not implemented on cuda yet"
+        if cfg.dropout > 0 and cfg.num_layers > 1 and problem.training:
+            return "dropout between layers in training is not implemented on cuda yet"
+        if cfg.batch_first:
+            return ("batch_first is not implemented on cuda yet (device arrays are not "
+                    "transposed by the frontend)")
+        return None
+
     def algorithms(self, op, problem):
+        if op in _RNN_OPS:
+            return ("fused",)
         if op == "conv_backward_bias":
             return ("reduce",)
         if op == "conv_backward_weight":
@@ -89,6 +117,9 @@ class CudaBackend(Backend):
         return ("implicit_gemm", "direct")
 
     def choose(self, op, problem):
+        if op in _RNN_OPS:
+            return "fused", ("the only algorithm: tiled GEMMs (deterministic) and one fused "
+                             "gate kernel per step")
         if op == "conv_backward_bias":
             return "reduce", "the only algorithm (two passes, partials added in order)"
         if op == "conv_backward_weight":

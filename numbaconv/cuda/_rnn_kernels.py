@@ -1,0 +1,434 @@
+"""CUDA kernels of the recurrent ops (twin of :mod:`numbaconv.cpu._rnn_cells`), built on first
+use by factories keyed on their compile-time constants (mode, dtype, tile, transposes).
+
+``gemm(ta, tb, dtype, tile)``
+    ``c (+)= op(a) @ op(b)`` on 2-D arrays of any strides (``op`` transposes with ``ta``/``tb``),
+    shared-memory tiles, accumulation in float32 for float16 storage (float64 for float64).
+    Every output element is one thread's sum over the whole reduction in a fixed order: the
+    input projections of all steps, each step's recurrent product, the input gradient and
+    the weight gradients over all T*N rows are all deterministic, without atomics.
+``forward_step(mode, dtype)`` / ``backward_step(mode, dtype)``
+    One thread per (row n, hidden unit j) of one time step: the gate nonlinearities fused
+    with the state update, and their derivatives. They read and write the reserve in
+    :class:`numbaconv.problem.RNNReserveLayout`, exactly as the cpu kernels do (activations,
+    then gradients of the pre-activations; zeros past a sequence's end), so reserves are
+    interchangeable between backends. Each thread owns its (n, j) of every state array.
+``add2``, ``zero2``, ``copy1``, ``previous_states``, ``bias_sums``
+    ``out = a [+ b]`` (copies, dhx), zero fill, a 1-D copy (strided params), the hidden state each step read (for the weight
+    gradient), and the bias gradients as column sums of the gate gradients (one thread per
+    column, rows added in order).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+# Kernels name `cuda` as a module global: the simulator swaps it for its fake module there.
+from numba import cuda
+
+MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
+
+
+def _acc_type(dtype: str):
+    import numba
+    return numba.float64 if dtype == "float64" else numba.float32
+
+
+# --- GEMM ----------------------------------------------------------------------------------
+
+def gemm_function(ta: bool, tb: bool, dtype: str, tile: tuple):
+    """``c[m, q] (+)= sum_l A[m, l] * B[l, q]`` with ``A = a.T if ta else a`` and
+    ``B = b.T if tb else b``.
+
+    Launch: block ``(tile_q, tile_m)``; grid ``(q_tiles, m_tiles)``.
+    Arguments: ``a, b, c, accumulate``.
+    """
+    acc = _acc_type(dtype)
+    tm, tq, tl = tile
+    threads = tm * tq
+
+    def gemm(a, b, c, accumulate):
+        sa = cuda.shared.array((tm, tl), acc)
+        sb = cuda.shared.array((tl, tq), acc)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * tq + tx
+        rows = c.shape[0]
+        cols = c.shape[1]
+        reduce_len = a.shape[0] if ta else a.shape[1]
+        m0 = cuda.blockIdx.y * tm
+        q0 = cuda.blockIdx.x * tq
+        total = acc(0)
+        for l0 in range(0, reduce_len, tl):
+            for e in range(tid, tm * tl, threads):
+                mi = e // tl
+                li = e % tl
+                m = m0 + mi
+                l = l0 + li
+                v = acc(0)
+                if m < rows and l < reduce_len:
+                    v = acc(a[l, m]) if ta else acc(a[m, l])
+                sa[mi, li] = v
+            for e in range(tid, tl * tq, threads):
+                li = e // tq
+                qi = e % tq
+                l = l0 + li
+                q = q0 + qi
+                v = acc(0)
+                if l < reduce_len and q < cols:
+                    v = acc(b[q, l]) if tb else acc(b[l, q])
+                sb[li, qi] = v
+            cuda.syncthreads()
+            for li in range(tl):
+                total += sa[ty, li] * sb[li, tx]
+            cuda.syncthreads()
+        m = m0 + ty
+        q = q0 + tx
+        if m < rows and q < cols:
+            if accumulate:
+                total += acc(c[m, q])
+            c[m, q] = total
+
+    return gemm
+
+
+# --- cells ---------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _math(dtype: str):
+    acc = _acc_type(dtype)
+
+    @cuda.jit(device=True, inline=True)
+    def sigmoid(v):
+        return acc(1) / (acc(1) + math.exp(-v))
+
+    return sigmoid
+
+
+def forward_step_function(mode: str, dtype: str):
+    """One step of the forward for rows n and hidden units j (one thread each).
+
+    ``xg`` (N, Gw): the input projection of this step (no bias), overwritten with the
+    activations when ``store``; ``hg`` (N, G*H): ``h @ W_hh.T``; ``h`` (N, H) and ``c``
+    (N, H, LSTM; a dummy otherwise) updated in place; ``y`` (N, H) receives h (zero past a
+    sequence's end); ``cells`` (N, H, LSTM with store) the new cell state.
+
+    Launch: 1D, enough threads for N*H. Arguments:
+    ``xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    acc = _acc_type(dtype)
+    sigmoid = _math(dtype)
+    lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
+
+    def forward_step(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        hs = h.shape[1]
+        if e >= h.shape[0] * hs:
+            return
+        n = e // hs
+        j = e % hs
+        if t >= lengths[n]:
+            y[n, j] = 0
+            if store:
+                if lstm:
+                    cells[n, j] = c[n, j]
+                    for k in range(4):
+                        xg[n, k * hs + j] = 0
+                elif gru:
+                    for k in range(4):
+                        xg[n, k * hs + j] = 0
+                else:
+                    xg[n, j] = 0
+            return
+        if lstm:
+            pre_i = acc(xg[n, j]) + acc(hg[n, j]) + acc(b_ih[j]) + acc(b_hh[j])
+            pre_f = (acc(xg[n, hs + j]) + acc(hg[n, hs + j]) + acc(b_ih[hs + j])
+                     + acc(b_hh[hs + j]))
+            pre_g = (acc(xg[n, 2 * hs + j]) + acc(hg[n, 2 * hs + j]) + acc(b_ih[2 * hs + j])
+                     + acc(b_hh[2 * hs + j]))
+            pre_o = (acc(xg[n, 3 * hs + j]) + acc(hg[n, 3 * hs + j]) + acc(b_ih[3 * hs + j])
+                     + acc(b_hh[3 * hs + j]))
+            gi = sigmoid(pre_i)
+            gf = sigmoid(pre_f)
+            gg = math.tanh(pre_g)
+            go = sigmoid(pre_o)
+            cn = gf * acc(c[n, j]) + gi * gg
+            hn = go * math.tanh(cn)
+            c[n, j] = cn
+            h[n, j] = hn
+            y[n, j] = hn
+            if store:
+                cells[n, j] = cn
+                xg[n, j] = gi
+                xg[n, hs + j] = gf
+                xg[n, 2 * hs + j] = gg
+                xg[n, 3 * hs + j] = go
+        elif gru:
+            r = sigmoid(acc(xg[n, j]) + acc(b_ih[j]) + acc(hg[n, j]) + acc(b_hh[j]))
+            z = sigmoid(acc(xg[n, hs + j]) + acc(b_ih[hs + j]) + acc(hg[n, hs + j])
+                        + acc(b_hh[hs + j]))
+            hn = acc(hg[n, 2 * hs + j]) + acc(b_hh[2 * hs + j])
+            nv = math.tanh(acc(xg[n, 2 * hs + j]) + acc(b_ih[2 * hs + j]) + r * hn)
+            hnew = (acc(1) - z) * nv + z * acc(h[n, j])
+            h[n, j] = hnew
+            y[n, j] = hnew
+            if store:
+                xg[n, j] = r
+                xg[n, hs + j] = z
+                xg[n, 2 * hs + j] = nv
+                xg[n, 3 * hs + j] = hn
+        else:
+            pre = acc(xg[n, j]) + acc(hg[n, j]) + acc(b_ih[j]) + acc(b_hh[j])
+            if relu:
+                a = pre if (pre > 0 or pre != pre) else acc(0)
+            else:
+                a = math.tanh(pre)
+            h[n, j] = a
+            y[n, j] = a
+            if store:
+                xg[n, j] = a
+
+    return forward_step
+
+
+def backward_step_function(mode: str, dtype: str):
+    """One step of the data gradient for rows n and hidden units j (one thread each).
+
+    ``gates`` (N, Gw): this step's activations, overwritten with the gradients of the
+    pre-activations (GRU: dr, dz, r * dn, dn); ``dh`` (N, H): the direct part of the state
+    gradient (see :mod:`numbaconv.cpu._rnn_cells`), ``rec`` (N, H): ``dgates_prev @ W_hh``;
+    ``dy`` (N, H); LSTM: ``cells`` (N, H) this step's cell state, ``prev`` the previous one,
+    ``dc`` (N, H) the cell gradient, updated; GRU: ``prev`` the previous output and ``hx``
+    the initial state (read at a reverse sequence's first step, with ``reverse``).
+
+    Launch: 1D, enough threads for N*H. Arguments:
+    ``gates, cells, prev, hx, dh, rec, dy, dc, lengths, t, reverse``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    acc = _acc_type(dtype)
+    lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
+    one = acc(1)
+
+    def backward_step(gates, cells, prev, hx, dh, rec, dy, dc, lengths, t, reverse):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        hs = dh.shape[1]
+        if e >= dh.shape[0] * hs:
+            return
+        n = e // hs
+        j = e % hs
+        if t >= lengths[n]:
+            if lstm or gru:
+                for k in range(4):
+                    gates[n, k * hs + j] = 0
+            else:
+                gates[n, j] = 0
+            dh[n, j] = acc(dh[n, j]) + acc(rec[n, j])
+            return
+        gh = acc(dh[n, j]) + acc(rec[n, j]) + acc(dy[n, j])
+        if lstm:
+            gi = acc(gates[n, j])
+            gf = acc(gates[n, hs + j])
+            gg = acc(gates[n, 2 * hs + j])
+            go = acc(gates[n, 3 * hs + j])
+            tc = math.tanh(acc(cells[n, j]))
+            dcn = acc(dc[n, j]) + gh * go * (one - tc * tc)
+            dh[n, j] = 0
+            gates[n, 3 * hs + j] = gh * tc * go * (one - go)
+            dc[n, j] = dcn * gf
+            gates[n, hs + j] = dcn * acc(prev[n, j]) * gf * (one - gf)
+            gates[n, j] = dcn * gg * gi * (one - gi)
+            gates[n, 2 * hs + j] = dcn * gi * (one - gg * gg)
+        elif gru:
+            r = acc(gates[n, j])
+            z = acc(gates[n, hs + j])
+            nn = acc(gates[n, 2 * hs + j])
+            hn = acc(gates[n, 3 * hs + j])
+            if reverse and t + 1 >= lengths[n]:
+                hp = acc(hx[n, j])
+            else:
+                hp = acc(prev[n, j])
+            dn = gh * (one - z) * (one - nn * nn)
+            dh[n, j] = gh * z
+            gates[n, hs + j] = gh * (hp - nn) * z * (one - z)
+            gates[n, j] = dn * hn * r * (one - r)
+            gates[n, 2 * hs + j] = dn * r
+            gates[n, 3 * hs + j] = dn
+        else:
+            a = acc(gates[n, j])
+            if relu:
+                gates[n, j] = gh if a > 0 else acc(0) * gh
+            else:
+                gates[n, j] = gh * (one - a * a)
+            dh[n, j] = 0
+
+    return backward_step
+
+
+# --- small helpers -------------------------------------------------------------------------
+
+def add2_function(dtype: str):
+    """``out = a + b`` (with ``has_b``) or ``out = a``, 2-D, any strides.
+
+    Launch: 1D, enough threads for out's elements. Arguments: ``a, b, out, has_b``.
+    """
+    acc = _acc_type(dtype)
+
+    def add2(a, b, out, has_b):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        cols = out.shape[1]
+        if e >= out.shape[0] * cols:
+            return
+        i = e // cols
+        j = e % cols
+        v = acc(a[i, j])
+        if has_b:
+            v += acc(b[i, j])
+        out[i, j] = v
+
+    return add2
+
+
+def copy1_function(dtype: str):
+    """``out = a``, 1-D, any strides. Launch: 1D, enough threads for out's elements."""
+
+    def copy1(a, out):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if e < out.shape[0]:
+            out[e] = a[e]
+
+    return copy1
+
+
+def zero2_function(dtype: str):
+    """``out = 0``, 2-D, any strides. Launch: 1D, enough threads for out's elements."""
+
+    def zero2(out):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        cols = out.shape[1]
+        if e < out.shape[0] * cols:
+            out[e // cols, e % cols] = 0
+
+    return zero2
+
+
+def previous_states_function(dtype: str):
+    """``out[t, n] = outputs[t -+ 1, n]`` (the step processed before t), or ``h0[n]`` at a
+    sequence's first step (t = 0 forwards; t + 1 >= length backwards).
+
+    Launch: 1D, enough threads for T*N*P. Arguments: ``outputs, h0, out, lengths, reverse``.
+    """
+
+    def previous_states(outputs, h0, out, lengths, reverse):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        t_len = out.shape[0]
+        n_rows = out.shape[1]
+        p = out.shape[2]
+        if e >= t_len * n_rows * p:
+            return
+        j = e % p
+        rest = e // p
+        n = rest % n_rows
+        t = rest // n_rows
+        if reverse:
+            first = t + 1 >= lengths[n]
+            tp = t + 1
+        else:
+            first = t == 0
+            tp = t - 1
+        if first:
+            out[t, n, j] = h0[n, j]
+        else:
+            out[t, n, j] = outputs[tp, n, j]
+
+    return previous_states
+
+
+def bias_sums_function(dtype: str, gru: bool):
+    """Bias gradients from the gate gradients ``g2`` (rows, Gw), rows added in order:
+    ``db_ih[j]`` and ``db_hh[j]`` (+)= column sums (GRU: db_ih from columns 0:2H and 3H:4H,
+    db_hh from 0:3H).
+
+    Launch: 1D, enough threads for G*H. Arguments: ``g2, db_ih, db_hh, accumulate``.
+    """
+    acc = _acc_type(dtype)
+
+    def bias_sums(g2, db_ih, db_hh, accumulate):
+        j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        gh = db_ih.shape[0]
+        if j >= gh:
+            return
+        rows = g2.shape[0]
+        s_hh = acc(0)
+        for r in range(rows):
+            s_hh += acc(g2[r, j])
+        s_ih = s_hh
+        if gru:
+            hs = gh // 3
+            if j >= 2 * hs:
+                s_ih = acc(0)
+                for r in range(rows):
+                    s_ih += acc(g2[r, j + hs])
+        if accumulate:
+            s_ih += acc(db_ih[j])
+            s_hh += acc(db_hh[j])
+        db_ih[j] = s_ih
+        db_hh[j] = s_hh
+
+    return bias_sums
+
+
+# --- compiled kernels ----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def kernel(name: str, *key):
+    """The ``cuda.jit`` kernel ``name`` built from ``key`` (compiled lazily, per signature)."""
+    return cuda.jit(FUNCTIONS[name](*key))
+
+
+FUNCTIONS = {
+    "gemm": gemm_function,
+    "forward_step": forward_step_function,
+    "backward_step": backward_step_function,
+    "add2": add2_function,
+    "zero2": zero2_function,
+    "copy1": copy1_function,
+    "previous_states": previous_states_function,
+    "bias_sums": bias_sums_function,
+}
+
+
+def signatures(dtype: str, tile: tuple):
+    """Every RNN kernel of one dtype as ``(label, python function, signature)``, with the
+    array layouts the drivers pass for the common case: what the compile tests hand to
+    ``numba.cuda.compile_ptx``."""
+    from numba import types
+    elem = {"float16": types.float16, "float32": types.float32,
+            "float64": types.float64}[dtype]
+    a1 = types.Array(elem, 1, "C")
+    a2 = types.Array(elem, 2, "A")
+    a3 = types.Array(elem, 3, "A")
+    lens = types.Array(types.int64, 1, "C")
+    found = []
+    for ta, tb in ((False, True), (False, False), (True, False)):
+        found.append((f"rnn_gemm_{'T' if ta else 'N'}{'T' if tb else 'N'}_{dtype}",
+                      gemm_function(ta, tb, dtype, tile), (a2, a2, a2, types.boolean)))
+    for mode in MODES:
+        found.append((f"rnn_forward_step_{mode}_{dtype}", forward_step_function(mode, dtype),
+                      (a2, a2, a1, a1, a2, a2, a2, a2, lens, types.int64, types.boolean)))
+        found.append((f"rnn_backward_step_{mode}_{dtype}",
+                      backward_step_function(mode, dtype),
+                      (a2, a2, a2, a2, a2, a2, a2, a2, lens, types.int64, types.boolean)))
+    found.append((f"rnn_add2_{dtype}", add2_function(dtype), (a2, a2, a2, types.boolean)))
+    found.append((f"rnn_zero2_{dtype}", zero2_function(dtype), (a2,)))
+    found.append((f"rnn_copy1_{dtype}", copy1_function(dtype),
+                  (types.Array(elem, 1, "A"), a1)))
+    found.append((f"rnn_previous_states_{dtype}", previous_states_function(dtype),
+                  (a3, a2, a3, lens, types.boolean)))
+    for gru in (False, True):
+        found.append((f"rnn_bias_sums_{'gru_' if gru else ''}{dtype}",
+                      bias_sums_function(dtype, gru), (a2, a1, a1, types.boolean)))
+    return found

@@ -1,0 +1,71 @@
+"""cuda ``rnn_backward_data``: per step (in reverse processing order) one fused kernel for the
+gate derivatives, written over the reserve's activations, and the recurrent product
+``dgates @ W_hh`` (GEMM); after the loop, the input gradient of all steps as one GEMM per
+layer and direction. Twin of :mod:`numbaconv.cpu.rnn_backward_data`."""
+
+from __future__ import annotations
+
+from ..problem import layer_params
+from ._layout import as_device, device_array
+from .rnn_forward import contiguous_params, copy2, device_lengths, gemm, launch, steps
+
+
+def run(problem, operands, out, algorithm):
+    y, dy, params, reserve, hx, cx, dhy, dcy, lengths = operands
+    cfg = problem.config
+    dt = problem.dtype
+    t_len, n = problem.seq_len, problem.batch
+    d_num, p, hs = cfg.num_directions, cfg.out_size, cfg.hidden_size
+    mode = cfg.mode
+    lstm, gru = mode == "lstm", mode == "gru"
+    gw = 4 * hs if gru else cfg.gates * hs
+    rows = t_len * n
+    params = contiguous_params(params, dt)
+    dy, reserve, hx, cx, dhy, dcy = (as_device(a) for a in (dy, reserve, hx, cx, dhy, dcy))
+    lens = device_lengths(lengths, t_len, n)
+    layout = problem.reserve_layout
+    dhx = device_array(hx.shape, dt)
+    dcx = device_array(cx.shape, dt) if lstm else None
+    rec = device_array((n, p), dt)
+    dh = device_array((n, p), dt)
+    dc = device_array((n, hs), dt) if lstm else dh
+    dout = dy
+    for layer in reversed(range(cfg.num_layers)):
+        din = device_array((t_len, n, cfg.layer_input_size(layer)), dt)
+        d2 = din.reshape(rows, cfg.layer_input_size(layer))
+        outputs = layout.outputs(reserve, layer)
+        for d in range(d_num):
+            w_ih, w_hh, _, _, _ = layer_params(cfg, params, layer, d)
+            ld = layer * d_num + d
+            gates = layout.gates(reserve, layer, d)
+            cells = layout.cells(reserve, layer, d) if lstm else None
+            dy_d = dout[:, :, d * p:(d + 1) * p]
+            copy2(dhy[ld], dh, dt)
+            if lstm:
+                copy2(dcy[ld], dc, dt)
+            launch("zero2", (dt,), n * p, rec)
+            for t in reversed(steps(t_len, d)):
+                tp = t - 1 if d == 0 else t + 1
+                first = tp < 0 or tp >= t_len
+                if lstm:
+                    prev = cx[ld] if first else cells[tp]
+                elif gru:
+                    prev = hx[ld] if first else outputs[tp, :, d * p:(d + 1) * p]
+                else:
+                    prev = dh
+                launch("backward_step", (mode, dt), n * hs, gates[t],
+                       cells[t] if lstm else dh, prev, hx[ld], dh, rec, dy_d[t], dc, lens,
+                       t, d == 1)
+                gemm(gates[t][:, :3 * hs] if gru else gates[t], w_hh, rec, dt)
+            copy2(dh, dhx[ld], dt, add=rec)
+            if lstm:
+                copy2(dc, dcx[ld], dt)
+            # The input gradient of every step at once: dgates (T*N, G*H) @ W_ih.
+            g2 = gates.reshape(rows, gw)
+            if gru:  # input-path gradients are dr, dz and dn (columns 0:2H, 3H:4H)
+                gemm(g2[:, :2 * hs], w_ih[:2 * hs], d2, dt, accumulate=d > 0)
+                gemm(g2[:, 3 * hs:], w_ih[2 * hs:], d2, dt, accumulate=True)
+            else:
+                gemm(g2, w_ih, d2, dt, accumulate=d > 0)
+        dout = din
+    return dout, dhx, dcx

@@ -1,0 +1,56 @@
+"""cuda ``rnn_backward_weights``: after the recurrent loop of rnn_backward_data, every weight
+gradient is one tiled GEMM over all T*N rows (gate gradients from the reserve, transposed,
+against the layer's inputs and the previous states, rebuilt on the device), each output
+summing its rows in a fixed order; the bias gradients are column sums in row order. No
+atomics: the same inputs give bitwise the same dparams. Twin of
+:mod:`numbaconv.cpu.rnn_backward_weights`."""
+
+from __future__ import annotations
+
+from ..problem import layer_params
+from ._layout import as_device, device_array
+from .rnn_forward import contiguous_params, device_lengths, gemm, launch, rows
+
+
+def run(problem, operands, out, algorithm):
+    x, params, reserve, hx, lengths = operands
+    cfg = problem.config
+    dt = problem.dtype
+    t_len, n = problem.seq_len, problem.batch
+    d_num, p, hs = cfg.num_directions, cfg.out_size, cfg.hidden_size
+    gru = cfg.mode == "gru"
+    gh = cfg.gates * hs
+    gw = 4 * hs if gru else gh
+    n_rows = t_len * n
+    reserve, hx = as_device(reserve), as_device(hx)
+    lens = device_lengths(lengths, t_len, n)
+    layout = problem.reserve_layout
+    acc = bool(problem.accumulate)
+    dparams = as_device(out) if out is not None else device_array((cfg.num_params,), dt)
+    target = contiguous_params(dparams, dt) if acc else (
+        dparams if dparams.is_c_contiguous() else device_array(dparams.shape, dt))
+    prev = device_array((t_len, n, p), dt)
+    prev2 = prev.reshape(n_rows, p)
+    inp = rows(x, dt)
+    for layer in range(cfg.num_layers):
+        if layer > 0:
+            inp = layout.outputs(reserve, layer - 1).reshape(n_rows, d_num * p)
+        outputs = layout.outputs(reserve, layer)
+        for d in range(d_num):
+            dw_ih, dw_hh, db_ih, db_hh, _ = layer_params(cfg, target, layer, d)
+            ld = layer * d_num + d
+            g2 = layout.gates(reserve, layer, d).reshape(n_rows, gw)
+            launch("previous_states", (dt,), n_rows * p, outputs[:, :, d * p:(d + 1) * p],
+                   hx[ld], prev, lens, d == 1)
+            if gru:  # columns: dr, dz, r * dn (hidden path), dn (input path)
+                gemm(g2[:, :2 * hs], inp, dw_ih[:2 * hs], dt, ta=True, accumulate=acc)
+                gemm(g2[:, 3 * hs:], inp, dw_ih[2 * hs:], dt, ta=True, accumulate=acc)
+                gemm(g2[:, :3 * hs], prev2, dw_hh, dt, ta=True, accumulate=acc)
+            else:
+                gemm(g2, inp, dw_ih, dt, ta=True, accumulate=acc)
+                gemm(g2, prev2, dw_hh, dt, ta=True, accumulate=acc)
+            if cfg.bias:
+                launch("bias_sums", (dt, gru), gh, g2, db_ih, db_hh, acc)
+    if target is not dparams:
+        launch("copy1", (dt,), dparams.shape[0], target, dparams)
+    return dparams
