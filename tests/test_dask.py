@@ -221,16 +221,9 @@ def test_importing_numbaconv_does_not_import_dask():
     assert out.stdout.strip() == "False"
 
 
-def test_local_cluster_with_two_worker_processes():
+def test_local_cluster_with_two_worker_processes(local_cluster):
     distributed = pytest.importorskip("distributed")
-    try:
-        cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                           host="127.0.0.1", dashboard_address=None,
-                                           silence_logs=50)
-    except Exception as error:  # pragma: no cover - depends on the machine
-        pytest.skip(f"a LocalCluster with 2 worker processes could not start on loopback "
-                    f"here: {type(error).__name__}: {error}")
-    with cluster, distributed.Client(cluster) as client:
+    with distributed.Client(local_cluster) as client:
         c, a = arrays("2d_same_stride2", "channels_last", np.float64)
         kw = dict(c.kwargs, layout="channels_last")
         x, dy = chunked(a["x"], (3, 3, 1)), chunked(a["dy"], (3, 3, 1))

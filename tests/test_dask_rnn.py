@@ -136,19 +136,12 @@ def test_dropout_masks_per_block_are_reproducible():
     assert not np.array_equal(first, other)
 
 
-def test_local_cluster_training_step():
+def test_local_cluster_training_step(local_cluster):
     distributed = pytest.importorskip("distributed")
-    try:
-        cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                           host="127.0.0.1", dashboard_address=None,
-                                           silence_logs=50)
-    except Exception as error:  # pragma: no cover - depends on the machine
-        pytest.skip(f"a LocalCluster with 2 worker processes could not start on loopback "
-                    f"here: {type(error).__name__}: {error}")
     cfg = CONFIGS["lstm_proj_bi_2l"]
     a = operands(cfg)
     lengths = [5, 2, 4, 1, 3, 5, 5]
-    with cluster, distributed.Client(cluster) as client:
+    with distributed.Client(local_cluster) as client:
         got, _ = sharded(cfg, a, lengths, (4, 3), scheduler=client)
     want = whole_batch(cfg, a, lengths)
     for key, value in want.items():

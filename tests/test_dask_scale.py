@@ -55,22 +55,15 @@ def _slow_block(block, delay):
     return block
 
 
-def test_a_worker_killed_mid_reduction_is_retried():
+def test_a_worker_killed_mid_reduction_is_retried(local_cluster):
     distributed = pytest.importorskip("distributed")
-    try:
-        cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                           host="127.0.0.1", dashboard_address=None,
-                                           silence_logs=50)
-    except Exception as error:  # pragma: no cover - depends on the machine
-        pytest.skip(f"a LocalCluster with 2 worker processes could not start on loopback "
-                    f"here: {type(error).__name__}: {error}")
     rng = np.random.default_rng(1)
     xn = rng.standard_normal((16, 4, 10, 10))
     dyn = rng.standard_normal((16, 6, 10, 10))
     # Slow blocks, so that the kill lands while partial sums are being made.
     x = da.from_array(xn, chunks=(2, 4, 10, 10)).map_blocks(_slow_block, 0.4, dtype=xn.dtype)
     dy = da.from_array(dyn, chunks=(2, 6, 10, 10))
-    with cluster, distributed.Client(cluster) as client:
+    with distributed.Client(local_cluster) as client:
         lazy = ncd.conv_backward_weight(x, dy, (6, 4, 3, 3), compute=False, split_every=2,
                                         **KW)
         future = client.compute(lazy)
