@@ -308,6 +308,27 @@ def _print_skip_reasons(results) -> None:
 
 # --- bench ---------------------------------------------------------------------------------
 
+def _print_blas_and_environment(bench, env: dict, *, threadpools: bool) -> list:
+    """The bench header's BLAS line (with its threads and every thread pool when
+    ``threadpools``), the relevant environment variables and the OPENBLAS warnings, which it
+    returns."""
+    blas = env["blas"]
+    if blas is not None:
+        _print(f"BLAS (NumPy's): {blas['library']} {blas['version'] or ''}, kernel "
+               f"{blas['kernel'] or 'not reported'}"
+               + (f", {blas['threads']} thread(s)" if threadpools else ""))
+    if threadpools:
+        for line in bench.describe_threadpools(env["threadpools"]):
+            _print(f"  {line}")
+    set_vars = {k: v for k, v in env["env"].items() if v is not None}
+    _print("environment: " + (", ".join(f"{k}={v}" for k, v in set_vars.items())
+                              or "no relevant variable set"))
+    warnings = _openblas_warnings(bench, set_vars, blas)
+    for text in warnings:
+        _print(f"WARNING: {text}")
+    return warnings
+
+
 def _bench_rnn(args, bench, names) -> int:
     """``bench --suite rnn``: training steps of the RNN shapes, side by side with PyTorch."""
     import numba
@@ -319,16 +340,7 @@ def _bench_rnn(args, bench, names) -> int:
     env = bench.environment()
     _print(f"numbaconv {env['numbaconv']} bench --suite rnn: NumPy {env['numpy']}, Numba "
            f"{env['numba']}, {threads} thread(s) for Numba, BLAS and PyTorch; {args.dtype}")
-    blas = env["blas"]
-    if blas is not None:
-        _print(f"BLAS (NumPy's): {blas['library']} {blas['version'] or ''}, kernel "
-               f"{blas['kernel'] or 'not reported'}")
-    set_vars = {k: v for k, v in env["env"].items() if v is not None}
-    _print("environment: " + (", ".join(f"{k}={v}" for k, v in set_vars.items())
-                              or "no relevant variable set"))
-    warnings = _openblas_warnings(bench, set_vars, blas)
-    for text in warnings:
-        _print(f"WARNING: {text}")
+    _print_blas_and_environment(bench, env, threadpools=False)
     cases = bench_rnn.QUICK_RNN_SHAPES if args.quick else bench_rnn.RNN_SHAPES
     repeat = args.repeat or (3 if args.quick else 7)
     _print(f"training step = rnn_forward(training=True, reserve=preallocated) + "
@@ -405,17 +417,7 @@ def cmd_bench(args) -> int:
     _print(f"CPU: {env['processor']}, {env['usable_cpus']} usable CPUs; threads: {threads} for "
            f"Numba, BLAS{' and PyTorch' if torch is not None else ''}")
     blas = env["blas"]
-    if blas is not None:
-        _print(f"BLAS (NumPy's): {blas['library']} {blas['version'] or ''}, kernel "
-               f"{blas['kernel'] or 'not reported'}, {blas['threads']} thread(s)")
-    for line in bench.describe_threadpools(env["threadpools"]):
-        _print(f"  {line}")
-    set_vars = {k: v for k, v in env["env"].items() if v is not None}
-    _print("environment: " + (", ".join(f"{k}={v}" for k, v in set_vars.items())
-                              or "no relevant variable set"))
-    warnings = _openblas_warnings(bench, set_vars, blas)
-    for text in warnings:
-        _print(f"WARNING: {text}")
+    warnings = _print_blas_and_environment(bench, env, threadpools=True)
     if torch is not None:
         _print(f"PyTorch {torch.__version__}: timed directly as the baseline of 'vs pytorch' "
                f"(> 1: the backend is faster)")
