@@ -68,15 +68,26 @@ def rnn_reserve_size(config, seq_len, batch) -> int:
 # --- normalisation: what backends see ----------------------------------------------------
 
 def _time_major(a, config):
-    if a is None or not isinstance(a, np.ndarray):
+    if a is None:
         return a
+    if not isinstance(a, np.ndarray):  # device arrays: any strides, unless transposed
+        return _device_swapped(a) if config.batch_first else a
     if config.batch_first:
         a = a.swapaxes(0, 1)
     return _contiguous(a)
 
 
 def _user_order(a, config):
-    return a.swapaxes(0, 1) if config.batch_first else a
+    if not config.batch_first:
+        return a
+    return a.swapaxes(0, 1) if isinstance(a, np.ndarray) else _device_swapped(a)
+
+
+def _device_swapped(a):
+    """A device array's (T, N, F) <-> (N, T, F) as a new contiguous device array, swapped
+    on the device (Numba device arrays have no 3-D swapaxes view; one copy kernel)."""
+    from .cuda.rnn_forward import swap_time_batch
+    return swap_time_batch(a)
 
 
 def _zeros_if_none(a, shape, dtype, device="cpu"):
@@ -100,18 +111,42 @@ def _states(config, batch):
 
 def _fill_masks(problem, reserve, seed) -> None:
     """Dropout scales (0 or 1 / (1 - p)) for the inputs of layers 1.., from one generator:
-    the same seed gives the same masks on every backend."""
+    the same seed gives the same masks on every backend.
+
+    Device reserves get the very draws a NumPy reserve of their dtype gets, made on the host
+    (float16 draws float32, which NumPy's generator has, and rounds the scales), copied to
+    the device in one transfer and from there into each layer's masks region."""
     config = problem.config
     if config.dropout == 0 or config.num_layers == 1:
         return
     rng = np.random.default_rng(seed)
     layout = problem.reserve_layout
-    keep_scale = 1.0 / (1.0 - config.dropout)
-    for layer in range(1, config.num_layers):
-        masks = layout.masks(reserve, layer)
-        for step in masks:  # one step at a time keeps the boolean temporary small
-            rng.random(dtype=step.dtype, out=step)
-            np.multiply(step >= config.dropout, keep_scale, out=step)
+    layers = range(1, config.num_layers)
+    if problem.device == "cpu":
+        for layer in layers:
+            _draw_masks(rng, layout.masks(reserve, layer), config.dropout)
+        return
+    from numba import cuda
+
+    from .cuda._layout import as_device
+    dtype = problem.numpy_dtype
+    shape = (len(layers), problem.seq_len, problem.batch,
+             config.num_directions * config.out_size)  # the masks region of each layer
+    host = np.empty(shape, np.float32 if dtype == np.float16 else dtype)
+    for i in range(len(layers)):
+        _draw_masks(rng, host[i], config.dropout)
+    masks = cuda.to_device(host.astype(dtype, copy=False))
+    reserve = as_device(reserve)
+    for i, layer in enumerate(layers):
+        layout.masks(reserve, layer).copy_to_device(masks[i])
+
+
+def _draw_masks(rng, masks, dropout) -> None:
+    """Fill one layer's (T, N, F) masks from ``rng``."""
+    keep_scale = 1.0 / (1.0 - dropout)
+    for step in masks:  # one step at a time keeps the boolean temporary small
+        rng.random(dtype=step.dtype, out=step)
+        np.multiply(step >= dropout, keep_scale, out=step)
 
 
 # --- public functions ----------------------------------------------------------------------
@@ -143,7 +178,8 @@ def rnn_forward(config, x, params, hx=None, cx=None, *, seq_lengths=None, traini
 
     Returns
     -------
-    y : ndarray, shape (T, N, D * out_size) (batch-first view with batch_first)
+    y : ndarray, shape (T, N, D * out_size) (batch-first with batch_first: a view of NumPy
+        results, a transposed copy of device ones)
     hy : ndarray, shape (num_layers * D, N, out_size)
     cy : ndarray, shape (num_layers * D, N, hidden_size), or None unless LSTM
     reserve : ndarray or None

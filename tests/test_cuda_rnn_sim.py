@@ -2,7 +2,8 @@
 
 Runs only with NUMBA_ENABLE_CUDASIM=1 set before Numba is imported; tests/test_cuda.py runs
 this file in such a subprocess, with 4x8 tiles (step 4) and 32 threads per block, so that
-GEMM tiles and element-wise blocks are partly filled (T=3, N=3, I=4, H=5).
+GEMM tiles and element-wise blocks are partly filled (T=3, N=3, I=4, H=5; batch_first
+tests use T != N, so that a missed axis swap cannot pass).
 """
 
 import os
@@ -21,32 +22,54 @@ import numbaconv as nc  # noqa: E402
 from numbaconv.testing import relative_error  # noqa: E402
 
 T, N, I, H = 3, 3, 4, 5
-TOL = {"float32": 2e-5, "float64": 1e-11}
+#: float16: storage rounding (2**-11 relative) of every gate, state and gradient, summed in
+#: float32; measured errors against the float64 reference stay below 1e-3 on these shapes.
+TOL = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-11}
+SEED = 7  # dropout_seed of every training forward here
 
 
-def arrays(cfg, dtype, lengths=None, seed=0):
+def arrays(cfg, dtype, lengths=None, seed=0, t_len=T, n=N):
+    """Inputs in cfg's layout (batch-first sequences with batch_first), drawn in float64
+    and rounded to dtype."""
     rng = np.random.default_rng(seed)
-    ld, d = cfg.num_layers * cfg.num_directions, cfg.num_directions
-    a = dict(x=rng.uniform(-1, 1, (T, N, I)),
+    ld, d, p = cfg.num_layers * cfg.num_directions, cfg.num_directions, cfg.out_size
+
+    def seq(features):
+        return rng.uniform(-1, 1, (n, t_len, features) if cfg.batch_first
+                           else (t_len, n, features))
+
+    a = dict(x=seq(I),
              params=nc.rnn_init_params(cfg, seed=seed, dtype=np.float64),
-             hx=rng.uniform(-1, 1, (ld, N, H)),
-             cx=rng.uniform(-1, 1, (ld, N, H)) if cfg.mode == "lstm" else None,
-             dy=rng.uniform(-1, 1, (T, N, d * H)),
-             dhy=rng.uniform(-1, 1, (ld, N, H)),
-             dcy=rng.uniform(-1, 1, (ld, N, H)) if cfg.mode == "lstm" else None)
+             hx=rng.uniform(-1, 1, (ld, n, p)),
+             cx=rng.uniform(-1, 1, (ld, n, H)) if cfg.mode == "lstm" else None,
+             dy=seq(d * p),
+             dhy=rng.uniform(-1, 1, (ld, n, p)),
+             dcy=rng.uniform(-1, 1, (ld, n, H)) if cfg.mode == "lstm" else None)
     a = {k: (None if v is None else v.astype(dtype)) for k, v in a.items()}
     a["lengths"] = lengths
     return a
 
 
+def forward(cfg, a):
+    return nc.rnn_forward(cfg, a["x"], a["params"], a["hx"], a["cx"],
+                          seq_lengths=a["lengths"], training=True, dropout_seed=SEED)
+
+
+def backward_data(cfg, a, y, reserve):
+    return nc.rnn_backward_data(cfg, y, a["dy"], a["params"], reserve, hx=a["hx"],
+                                cx=a["cx"], dhy=a["dhy"], dcy=a["dcy"],
+                                seq_lengths=a["lengths"])
+
+
+def backward_weights(cfg, a, reserve, **kwargs):
+    return nc.rnn_backward_weights(cfg, a["x"], a["params"], reserve, hx=a["hx"],
+                                   seq_lengths=a["lengths"], **kwargs)
+
+
 def train_step(cfg, a):
-    y, hy, cy, reserve = nc.rnn_forward(cfg, a["x"], a["params"], a["hx"], a["cx"],
-                                        seq_lengths=a["lengths"], training=True)
-    dx, dhx, dcx = nc.rnn_backward_data(cfg, y, a["dy"], a["params"], reserve, hx=a["hx"],
-                                        cx=a["cx"], dhy=a["dhy"], dcy=a["dcy"],
-                                        seq_lengths=a["lengths"])
-    dparams = nc.rnn_backward_weights(cfg, a["x"], a["params"], reserve, hx=a["hx"],
-                                      seq_lengths=a["lengths"])
+    y, hy, cy, reserve = forward(cfg, a)
+    dx, dhx, dcx = backward_data(cfg, a, y, reserve)
+    dparams = backward_weights(cfg, a, reserve)
     return dict(y=y, hy=hy, cy=cy, dx=dx, dhx=dhx, dcx=dcx, dparams=dparams,
                 reserve=reserve)
 
@@ -60,27 +83,40 @@ def device(a):
             for k, v in a.items()}
 
 
-def regions(cfg, reserve):
-    """The reserve's header and regions without their alignment padding (never written)."""
-    layout = nc.problem.rnn_reserve_layout(cfg, T, N)
-    parts = [layout.header(reserve)[:6]]
+def regions(cfg, reserve, header=True, dproj=True):
+    """The reserve's header and regions without their alignment padding (never written);
+    dproj only after rnn_backward_data (the forward leaves it unwritten)."""
+    t_len, n = int(reserve[2]), int(reserve[3])  # header slots 2 and 3
+    layout = nc.problem.rnn_reserve_layout(cfg, t_len, n)
+    parts = [layout.header(reserve)[:6]] if header else []
     for layer in range(cfg.num_layers):
         for d in range(cfg.num_directions):
             parts.append(layout.gates(reserve, layer, d).ravel())
             if cfg.mode == "lstm":
                 parts.append(layout.cells(reserve, layer, d).ravel())
+            if cfg.proj_size and dproj:
+                parts.append(layout.dproj(reserve, layer, d).ravel())
         parts.append(layout.outputs(reserve, layer).ravel())
+        masks = layout.masks(reserve, layer)
+        if masks is not None:
+            parts.append(masks.ravel())
     return np.concatenate(parts)
 
 
-def compare(cfg, dtype, lengths=None):
-    a = arrays(cfg, dtype, lengths)
+def compare(cfg, dtype, lengths=None, t_len=T, n=N):
+    """A training step on cuda (device arrays of dtype) against the reference (float64 for
+    float16, which the reference lacks: the same rounded inputs, exact arithmetic)."""
+    a = arrays(cfg, dtype, lengths, t_len=t_len, n=n)
+    ref = a if dtype != "float16" else \
+        {k: (v.astype(np.float64) if isinstance(v, np.ndarray) and k != "lengths" else v)
+         for k, v in a.items()}
     with nc.use_backend("reference"):
-        want = train_step(cfg, a)
+        want = train_step(cfg, ref)
     with nc.use_backend("cuda"):
         got = train_step(cfg, device(a))
-    want["reserve"] = regions(cfg, want["reserve"])
-    got["reserve"] = regions(cfg, host(got["reserve"]))
+    # float16 headers hold the tags rounded (config and length tags overflow to inf)
+    want["reserve"] = regions(cfg, want["reserve"], header=dtype != "float16")
+    got["reserve"] = regions(cfg, host(got["reserve"]), header=dtype != "float16")
     for k, w in want.items():
         g = host(got[k])
         if w is None:
@@ -108,32 +144,105 @@ def test_no_bias_and_lengths_float32():
 
 
 def test_inference_forward_and_default_states():
+    """Also a strided (non-contiguous) device x, copied once on the device."""
     cfg = nc.RNNConfig("lstm", I, H, num_layers=2)
     a = arrays(cfg, "float64")
     with nc.use_backend("reference"):
         want = nc.rnn_forward(cfg, a["x"], a["params"])
     with nc.use_backend("cuda"):
         d = device(a)
-        got = nc.rnn_forward(cfg, d["x"], d["params"])
+        x = cuda.to_device(np.repeat(a["x"], 2, axis=2))[:, :, ::2]
+        assert not x.is_c_contiguous()
+        got = nc.rnn_forward(cfg, x, d["params"])
     assert got[3] is None
     for w, g in zip(want[:3], got[:3]):
         assert relative_error(host(g), w) < TOL["float64"]
 
 
-def test_reserves_are_interchangeable_with_cpu():
+@pytest.mark.parametrize("cfg, lengths", [
+    (nc.RNNConfig("gru", I, H, bidirectional=True), np.array([1, 3, 2])),
+    (nc.RNNConfig("lstm", I, H, num_layers=2, dropout=0.5, proj_size=2),
+     np.array([2, 3, 1])),
+], ids=["gru-bidirectional", "lstm-proj-dropout"])
+def test_reserves_are_interchangeable_with_cpu(cfg, lengths):
     """A reserve filled by the cuda forward is differentiated by the cpu backward, and the
-    other way round, with the same results."""
-    cfg = nc.RNNConfig("gru", I, H, bidirectional=True)
-    a = arrays(cfg, "float64", lengths=np.array([1, 3, 2]))
+    other way round, with the same results (the same dropout_seed: the same masks)."""
+    a = arrays(cfg, "float64", lengths=lengths)
+    d = device(a)
     with nc.use_backend("cuda"):
-        d = device(a)
-        _, _, _, reserve = nc.rnn_forward(cfg, d["x"], d["params"], d["hx"],
-                                          seq_lengths=a["lengths"], training=True)
+        y_cuda, _, _, reserve_cuda = forward(cfg, d)
     with nc.use_backend("cpu"):
-        _, _, _, cpu_reserve = nc.rnn_forward(cfg, a["x"], a["params"], a["hx"],
-                                              seq_lengths=a["lengths"], training=True)
-    assert relative_error(regions(cfg, reserve.copy_to_host()),
-                          regions(cfg, cpu_reserve)) < 1e-11
+        y_cpu, _, _, reserve_cpu = forward(cfg, a)
+    assert relative_error(regions(cfg, reserve_cuda.copy_to_host(), dproj=False),
+                          regions(cfg, reserve_cpu, dproj=False)) < 1e-11
+    # swap: cpu differentiates the cuda forward's reserve, cuda the cpu forward's
+    from_cuda = reserve_cuda.copy_to_host()
+    from_cpu = cuda.to_device(reserve_cpu)
+    with nc.use_backend("cpu"):
+        want = backward_data(cfg, a, y_cpu, from_cuda) + \
+            (backward_weights(cfg, a, from_cuda),)
+    with nc.use_backend("cuda"):
+        got = backward_data(cfg, d, y_cuda, from_cpu) + (backward_weights(cfg, d, from_cpu),)
+    for name, w, g in zip(("dx", "dhx", "dcx", "dparams"), want, got):
+        assert (g is None) == (w is None), name
+        if w is not None:
+            assert relative_error(host(g), w) < 1e-11, name
+    assert relative_error(regions(cfg, from_cpu.copy_to_host()), regions(cfg, from_cuda)) \
+        < 1e-11
+
+
+def test_dropout_masks_follow_the_seed_as_on_cpu():
+    """The same dropout_seed gives cuda the cpu's masks, bit for bit, and its results."""
+    cfg = nc.RNNConfig("rnn_tanh", I, H, num_layers=3, dropout=0.4)
+    a = arrays(cfg, "float32")
+    with nc.use_backend("cpu"):
+        want = train_step(cfg, a)
+    with nc.use_backend("cuda"):
+        got = train_step(cfg, device(a))
+    layout = nc.problem.rnn_reserve_layout(cfg, T, N)
+    reserve = got["reserve"].copy_to_host()
+    for layer in (1, 2):
+        masks = layout.masks(reserve, layer)
+        assert np.array_equal(masks, layout.masks(want["reserve"], layer)), layer
+        assert set(np.unique(masks)) == {0.0, np.float32(1 / 0.6)}
+    for k in ("y", "hy", "dx", "dhx", "dparams"):
+        assert relative_error(host(got[k]), want[k]) < TOL["float32"], k
+
+
+def test_batch_first_device_arrays():
+    """batch_first device arrays are swapped on the device and come back batch-first
+    (T = 4 and N = 2 here, so that a missed swap cannot pass)."""
+    cfg = nc.RNNConfig("rnn_tanh", I, H, bidirectional=True, batch_first=True)
+    a, got = compare(cfg, "float32", lengths=np.array([4, 2]), t_len=4, n=2)
+    for k, shape in (("y", (2, 4, 2 * H)), ("dx", (2, 4, I))):
+        assert not isinstance(got[k], np.ndarray) and hasattr(got[k], "copy_to_host"), k
+        assert tuple(got[k].shape) == shape, k
+    with nc.use_backend("cuda"):  # inference returns batch-first too
+        d = device(a)
+        y = nc.rnn_forward(cfg, d["x"], d["params"], d["hx"], seq_lengths=a["lengths"])[0]
+    assert relative_error(y.copy_to_host(), host(got["y"])) < TOL["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_projection(dtype):
+    compare(nc.RNNConfig("lstm", I, H, proj_size=2), dtype)
+
+
+def test_every_feature_at_once():
+    """Projection, two layers with dropout, both directions, lengths and batch_first."""
+    cfg = nc.RNNConfig("lstm", I, H, num_layers=2, bidirectional=True, dropout=0.5,
+                       proj_size=3, batch_first=True)
+    compare(cfg, "float64", lengths=np.array([1, 3]), t_len=3, n=2)
+
+
+@pytest.mark.parametrize("cfg", [
+    nc.RNNConfig("lstm", I, H, proj_size=2),
+    nc.RNNConfig("gru", I, H),
+    nc.RNNConfig("rnn_relu", I, H, bidirectional=True),
+], ids=["lstm-proj", "gru", "rnn_relu-bidirectional"])
+def test_float16(cfg):
+    """float16 storage, float32 accumulation, against the float64 reference."""
+    compare(cfg, "float16", lengths=np.array([3, 1, 2]))
 
 
 def test_weight_gradient_is_deterministic_and_accumulates():
@@ -158,16 +267,34 @@ def test_weight_gradient_is_deterministic_and_accumulates():
                                        out=out, accumulate=True)
     assert back is out
     assert relative_error(out.copy_to_host(), start + runs[0]) < 1e-5
+    # A strided out (every other element of a buffer): accumulated into, and written, in
+    # place; the elements between stay untouched.
+    buffer = np.full(2 * cfg.num_params, 99.0, np.float32)
+    buffer[::2] = start
+    base = cuda.to_device(buffer)
+    strided = base[::2]
+    with nc.use_backend("cuda"):
+        back = nc.rnn_backward_weights(cfg, d["x"], d["params"], reserve, hx=d["hx"],
+                                       out=strided, accumulate=True)
+    assert back is strided
+    got = base.copy_to_host()
+    assert np.array_equal(got[1::2], buffer[1::2])
+    assert relative_error(got[::2], start + runs[0]) < 1e-5
+    with nc.use_backend("cuda"):
+        nc.rnn_backward_weights(cfg, d["x"], d["params"], reserve, hx=d["hx"], out=strided)
+    got = base.copy_to_host()
+    assert np.array_equal(got[1::2], buffer[1::2])
+    assert np.array_equal(got[::2], runs[0])
 
 
-def test_declines_what_it_does_not_implement():
+def test_supports_every_rnn_feature():
     from numbaconv import dispatch
     from numbaconv.rnn import rnn_problem
     backend = dispatch.get_backend("cuda")
-    x = cuda.to_device(np.zeros((T, N, I), np.float32))
-    for cfg, word in ((nc.RNNConfig("lstm", I, H, proj_size=2), "proj_size"),
-                      (nc.RNNConfig("gru", I, H, batch_first=True), "batch_first"),
-                      (nc.RNNConfig("gru", I, H, num_layers=2, dropout=0.5), "dropout")):
-        params = cuda.to_device(np.zeros(cfg.num_params, np.float32))
+    x = cuda.to_device(np.zeros((T, N, I), np.float16))
+    for cfg in (nc.RNNConfig("lstm", I, H, proj_size=2),
+                nc.RNNConfig("gru", I, H, batch_first=True),
+                nc.RNNConfig("gru", I, H, num_layers=2, dropout=0.5)):
+        params = cuda.to_device(np.zeros(cfg.num_params, np.float16))
         problem = rnn_problem("rnn_forward", cfg, x, params, training=True)
-        assert word in backend.supports("rnn_forward", problem)
+        assert backend.supports("rnn_forward", problem) is None, cfg

@@ -27,9 +27,10 @@ folder gives each kernel's performance model):
     Tiled GEMMs for the input projections of all steps, each step's recurrent product, the
     input gradient and the weight gradients (over all T*N rows, in a fixed order), and one
     fused kernel per step for the gates and the state update (or their derivatives), writing
-    the reserve layout every backend shares. RNN tanh/relu, LSTM and GRU, any number of
-    layers, both directions, sequence lengths; not yet: proj_size, dropout between layers in
-    training, batch_first (declined, so another backend or an error says so).
+    the reserve layout every backend shares. RNN tanh/relu, LSTM (with projection) and GRU,
+    any number of layers, both directions, sequence lengths, dropout between layers in
+    training (masks drawn on the host by the frontend, as for cpu), batch_first (device
+    arrays transposed on the device by the frontend).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _channels_summed(op, problem) -> int:
 
 class CudaBackend(Backend):
     """Numba CUDA kernels for the convolution ops (float16/32/64, both layouts) and the
-    recurrent ops (no projection, no dropout, time-major)."""
+    recurrent ops (every RNN feature)."""
 
     name = "cuda"
     device = "cuda"
@@ -75,6 +76,8 @@ class CudaBackend(Backend):
     version = "1"
     ops = frozenset(_MODULES)
     dtypes = ("float16", "float32", "float64")
+    # No supports() override: every RNN feature is implemented (proj_size, dropout between
+    # layers, batch_first), so only Backend's generic checks (op, dtype) can decline.
 
     def availability(self) -> Optional[str]:
         # Cheap checks only, importing nothing: numbaconv.backends() calls this, and must not
@@ -88,20 +91,6 @@ class CudaBackend(Backend):
         if ctypes.util.find_library("cuda") is None and not os.path.exists("/dev/nvidiactl"):
             return ("no CUDA driver found (libcuda); NUMBA_ENABLE_CUDASIM=1 runs the kernels "
                     "in Numba's simulator")
-        return None
-
-    def supports(self, op, problem):
-        reason = super().supports(op, problem)
-        if reason is not None or op not in _RNN_OPS:
-            return reason
-        cfg = problem.config
-        if cfg.proj_size:
-            return "LSTM projection (proj_size) is not implemented on cuda yet"
-        if cfg.dropout > 0 and cfg.num_layers > 1 and problem.training:
-            return "dropout between layers in training is not implemented on cuda yet"
-        if cfg.batch_first:
-            return ("batch_first is not implemented on cuda yet (device arrays are not "
-                    "transposed by the frontend)")
         return None
 
     def algorithms(self, op, problem):

@@ -7,16 +7,22 @@ use by factories keyed on their compile-time constants (mode, dtype, tile, trans
     Every output element is one thread's sum over the whole reduction in a fixed order: the
     input projections of all steps, each step's recurrent product, the input gradient and
     the weight gradients over all T*N rows are all deterministic, without atomics.
-``forward_step(mode, dtype)`` / ``backward_step(mode, dtype)``
+``forward_step(mode, dtype)`` / ``backward_step(mode, dtype, projected)``
     One thread per (row n, hidden unit j) of one time step: the gate nonlinearities fused
     with the state update, and their derivatives. They read and write the reserve in
     :class:`numbaconv.problem.RNNReserveLayout`, exactly as the cpu kernels do (activations,
     then gradients of the pre-activations; zeros past a sequence's end), so reserves are
     interchangeable between backends. Each thread owns its (n, j) of every state array.
-``add2``, ``zero2``, ``copy1``, ``previous_states``, ``bias_sums``
-    ``out = a [+ b]`` (copies, dhx), zero fill, a 1-D copy (strided params), the hidden state each step read (for the weight
-    gradient), and the bias gradients as column sums of the gate gradients (one thread per
-    column, rows added in order).
+``commit_projection``, ``gradient_of_output``
+    LSTM with projection (one thread per (n, j < P)): the projected state ``m @ W_hr.T``
+    (a GEMM) becomes h and y inside the sequence; backwards, the gradient of h goes to the
+    reserve's dproj (the GEMM ``dproj @ W_hr`` then gives the cell kernel its input).
+``add2``, ``mul2``, ``zero2``, ``copy1``, ``copy3``, ``previous_states``, ``bias_sums``
+    ``out = a [+ b]`` (copies, dhx), ``out = a * b`` (dropout masks), zero fill, a 1-D copy
+    (strided params), a 3-D copy optionally swapping the first two axes (batch_first, strided
+    sequences), the hidden state each step read (for the weight gradient), and the bias
+    gradients as column sums of the gate gradients (one thread per column, rows added in
+    order).
 """
 
 from __future__ import annotations
@@ -194,7 +200,7 @@ def forward_step_function(mode: str, dtype: str):
     return forward_step
 
 
-def backward_step_function(mode: str, dtype: str):
+def backward_step_function(mode: str, dtype: str, projected: bool = False):
     """One step of the data gradient for rows n and hidden units j (one thread each).
 
     ``gates`` (N, Gw): this step's activations, overwritten with the gradients of the
@@ -204,11 +210,19 @@ def backward_step_function(mode: str, dtype: str):
     ``dc`` (N, H) the cell gradient, updated; GRU: ``prev`` the previous output and ``hx``
     the initial state (read at a reverse sequence's first step, with ``reverse``).
 
+    ``projected`` (LSTM with proj_size): ``dh`` (N, H) is ``dm = dproj @ W_hr``, the gradient
+    of ``o * tanh(c)``, read only (``gradient_of_output`` already folded rec and dy into
+    dproj; ``rec`` and ``dy`` are not read); ``cells`` receives ``o * tanh(c)`` (zero past
+    the sequence's end), the projection's input for the weight gradient, as on cpu.
+
     Launch: 1D, enough threads for N*H. Arguments:
     ``gates, cells, prev, hx, dh, rec, dy, dc, lengths, t, reverse``.
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if projected and mode != "lstm":
+        raise ValueError(f"projected: expected False for mode {mode!r} (projections are "
+                         f"LSTM only), got True")
     acc = _acc_type(dtype)
     lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
     one = acc(1)
@@ -226,9 +240,15 @@ def backward_step_function(mode: str, dtype: str):
                     gates[n, k * hs + j] = 0
             else:
                 gates[n, j] = 0
-            dh[n, j] = acc(dh[n, j]) + acc(rec[n, j])
+            if projected:
+                cells[n, j] = 0
+            else:
+                dh[n, j] = acc(dh[n, j]) + acc(rec[n, j])
             return
-        gh = acc(dh[n, j]) + acc(rec[n, j]) + acc(dy[n, j])
+        if projected:
+            gh = acc(dh[n, j])
+        else:
+            gh = acc(dh[n, j]) + acc(rec[n, j]) + acc(dy[n, j])
         if lstm:
             gi = acc(gates[n, j])
             gf = acc(gates[n, hs + j])
@@ -236,7 +256,10 @@ def backward_step_function(mode: str, dtype: str):
             go = acc(gates[n, 3 * hs + j])
             tc = math.tanh(acc(cells[n, j]))
             dcn = acc(dc[n, j]) + gh * go * (one - tc * tc)
-            dh[n, j] = 0
+            if projected:
+                cells[n, j] = go * tc
+            else:
+                dh[n, j] = 0
             gates[n, 3 * hs + j] = gh * tc * go * (one - go)
             dc[n, j] = dcn * gf
             gates[n, hs + j] = dcn * acc(prev[n, j]) * gf * (one - gf)
@@ -268,6 +291,60 @@ def backward_step_function(mode: str, dtype: str):
     return backward_step
 
 
+# --- projection (LSTM with proj_size) -------------------------------------------------------
+
+def commit_projection_function(dtype: str):
+    """The projected state ``hp = m @ W_hr.T`` (N, P) becomes ``h`` (N, P) and ``y`` (N, P)
+    where row n is inside its sequence at step t; ``y`` is zero elsewhere and ``h`` keeps
+    its value (twin of the cpu ``commit_projection``).
+
+    Launch: 1D, enough threads for N*P. Arguments: ``hp, h, y, lengths, t``.
+    """
+
+    def commit_projection(hp, h, y, lengths, t):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        p = hp.shape[1]
+        if e >= hp.shape[0] * p:
+            return
+        n = e // p
+        j = e % p
+        if t < lengths[n]:
+            v = hp[n, j]
+            h[n, j] = v
+            y[n, j] = v
+        else:
+            y[n, j] = 0
+
+    return commit_projection
+
+
+def gradient_of_output_function(dtype: str):
+    """LSTM with projection, one backward step: ``dproj = dh + rec + dy`` (N, P) inside the
+    sequence, where dh becomes zero (the cell adds no direct part); outside, ``dproj = 0``
+    and dh becomes ``dh + rec`` (twin of the cpu ``gradient_of_output``).
+
+    Launch: 1D, enough threads for N*P. Arguments: ``dh, rec, dy, dproj, lengths, t``.
+    """
+    acc = _acc_type(dtype)
+
+    def gradient_of_output(dh, rec, dy, dproj, lengths, t):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        p = dh.shape[1]
+        if e >= dh.shape[0] * p:
+            return
+        n = e // p
+        j = e % p
+        g = acc(dh[n, j]) + acc(rec[n, j])
+        if t < lengths[n]:
+            dproj[n, j] = g + acc(dy[n, j])
+            dh[n, j] = 0
+        else:
+            dproj[n, j] = 0
+            dh[n, j] = g
+
+    return gradient_of_output
+
+
 # --- small helpers -------------------------------------------------------------------------
 
 def add2_function(dtype: str):
@@ -290,6 +367,53 @@ def add2_function(dtype: str):
         out[i, j] = v
 
     return add2
+
+
+def mul2_function(dtype: str):
+    """``out = a * b``, 2-D, any strides (``out`` may be ``a``: each thread reads its own
+    element before writing it). Dropout: a layer's input times its masks.
+
+    Launch: 1D, enough threads for out's elements. Arguments: ``a, b, out``.
+    """
+    acc = _acc_type(dtype)
+
+    def mul2(a, b, out):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        cols = out.shape[1]
+        if e >= out.shape[0] * cols:
+            return
+        i = e // cols
+        j = e % cols
+        out[i, j] = acc(a[i, j]) * acc(b[i, j])
+
+    return mul2
+
+
+def copy3_function(dtype: str):
+    """``out[i, k, f] = a[k, i, f]`` with ``swap`` (time-major <-> batch-first), else
+    ``a[i, k, f]``; 3-D, any strides. One thread per out element, f fastest: writes are
+    coalesced, and reads too wherever a's last axis is dense (features are contiguous in
+    both layouts).
+
+    Launch: 1D, enough threads for out's elements. Arguments: ``a, out, swap``.
+    """
+
+    def copy3(a, out, swap):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        rows = out.shape[1]
+        f_len = out.shape[2]
+        if e >= out.shape[0] * rows * f_len:
+            return
+        f = e % f_len
+        rest = e // f_len
+        k = rest % rows
+        i = rest // rows
+        if swap:
+            out[i, k, f] = a[k, i, f]
+        else:
+            out[i, k, f] = a[i, k, f]
+
+    return copy3
 
 
 def copy1_function(dtype: str):
@@ -393,7 +517,11 @@ FUNCTIONS = {
     "gemm": gemm_function,
     "forward_step": forward_step_function,
     "backward_step": backward_step_function,
+    "commit_projection": commit_projection_function,
+    "gradient_of_output": gradient_of_output_function,
     "add2": add2_function,
+    "mul2": mul2_function,
+    "copy3": copy3_function,
     "zero2": zero2_function,
     "copy1": copy1_function,
     "previous_states": previous_states_function,
@@ -422,7 +550,16 @@ def signatures(dtype: str, tile: tuple):
         found.append((f"rnn_backward_step_{mode}_{dtype}",
                       backward_step_function(mode, dtype),
                       (a2, a2, a2, a2, a2, a2, a2, a2, lens, types.int64, types.boolean)))
+    found.append((f"rnn_backward_step_lstm_proj_{dtype}",
+                  backward_step_function("lstm", dtype, True),
+                  (a2, a2, a2, a2, a2, a2, a2, a2, lens, types.int64, types.boolean)))
+    found.append((f"rnn_commit_projection_{dtype}", commit_projection_function(dtype),
+                  (a2, a2, a2, lens, types.int64)))
+    found.append((f"rnn_gradient_of_output_{dtype}", gradient_of_output_function(dtype),
+                  (a2, a2, a2, a2, lens, types.int64)))
     found.append((f"rnn_add2_{dtype}", add2_function(dtype), (a2, a2, a2, types.boolean)))
+    found.append((f"rnn_mul2_{dtype}", mul2_function(dtype), (a2, a2, a2)))
+    found.append((f"rnn_copy3_{dtype}", copy3_function(dtype), (a3, a3, types.boolean)))
     found.append((f"rnn_zero2_{dtype}", zero2_function(dtype), (a2,)))
     found.append((f"rnn_copy1_{dtype}", copy1_function(dtype),
                   (types.Array(elem, 1, "A"), a1)))

@@ -1,7 +1,10 @@
 """cuda ``rnn_backward_data``: per step (in reverse processing order) one fused kernel for the
 gate derivatives, written over the reserve's activations, and the recurrent product
 ``dgates @ W_hh`` (GEMM); after the loop, the input gradient of all steps as one GEMM per
-layer and direction. Twin of :mod:`numbaconv.cpu.rnn_backward_data`."""
+layer and direction, times the layer's dropout masks. With proj_size, each step first
+writes the gradient of h to the reserve's dproj (``gradient_of_output``) and the GEMM
+``dproj @ W_hr`` gives the cell kernel its input. Twin of
+:mod:`numbaconv.cpu.rnn_backward_data`."""
 
 from __future__ import annotations
 
@@ -29,16 +32,19 @@ def run(problem, operands, out, algorithm):
     rec = device_array((n, p), dt)
     dh = device_array((n, p), dt)
     dc = device_array((n, hs), dt) if lstm else dh
+    proj = bool(cfg.proj_size)
+    dm = device_array((n, hs), dt) if proj else None  # dproj @ W_hr
     dout = dy
     for layer in reversed(range(cfg.num_layers)):
         din = device_array((t_len, n, cfg.layer_input_size(layer)), dt)
         d2 = din.reshape(rows, cfg.layer_input_size(layer))
         outputs = layout.outputs(reserve, layer)
         for d in range(d_num):
-            w_ih, w_hh, _, _, _ = layer_params(cfg, params, layer, d)
+            w_ih, w_hh, _, _, w_hr = layer_params(cfg, params, layer, d)
             ld = layer * d_num + d
             gates = layout.gates(reserve, layer, d)
             cells = layout.cells(reserve, layer, d) if lstm else None
+            dproj = layout.dproj(reserve, layer, d) if proj else None
             dy_d = dout[:, :, d * p:(d + 1) * p]
             copy2(dhy[ld], dh, dt)
             if lstm:
@@ -53,9 +59,16 @@ def run(problem, operands, out, algorithm):
                     prev = hx[ld] if first else outputs[tp, :, d * p:(d + 1) * p]
                 else:
                     prev = dh
-                launch("backward_step", (mode, dt), n * hs, gates[t],
-                       cells[t] if lstm else dh, prev, hx[ld], dh, rec, dy_d[t], dc, lens,
-                       t, d == 1)
+                if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
+                    launch("gradient_of_output", (dt,), n * p, dh, rec, dy_d[t], dproj[t],
+                           lens, t)
+                    gemm(dproj[t], w_hr, dm, dt)
+                    launch("backward_step", (mode, dt, True), n * hs, gates[t], cells[t],
+                           prev, hx[ld], dm, dm, dm, dc, lens, t, d == 1)
+                else:
+                    launch("backward_step", (mode, dt, False), n * hs, gates[t],
+                           cells[t] if lstm else dh, prev, hx[ld], dh, rec, dy_d[t], dc,
+                           lens, t, d == 1)
                 gemm(gates[t][:, :3 * hs] if gru else gates[t], w_hh, rec, dt)
             copy2(dh, dhx[ld], dt, add=rec)
             if lstm:
@@ -67,5 +80,9 @@ def run(problem, operands, out, algorithm):
                 gemm(g2[:, 3 * hs:], w_ih[2 * hs:], d2, dt, accumulate=True)
             else:
                 gemm(g2, w_ih, d2, dt, accumulate=d > 0)
+        masks = layout.masks(reserve, layer)
+        if masks is not None:  # the gradient of the previous layer's output
+            f = masks.shape[2]
+            launch("mul2", (dt,), rows * f, d2, masks.reshape(rows, f), d2)
         dout = din
     return dout, dhx, dcx

@@ -1,15 +1,17 @@
 """cuda ``rnn_backward_weights``: after the recurrent loop of rnn_backward_data, every weight
 gradient is one tiled GEMM over all T*N rows (gate gradients from the reserve, transposed,
 against the layer's inputs and the previous states, rebuilt on the device), each output
-summing its rows in a fixed order; the bias gradients are column sums in row order. No
-atomics: the same inputs give bitwise the same dparams. Twin of
-:mod:`numbaconv.cpu.rnn_backward_weights`."""
+summing its rows in a fixed order; the bias gradients are column sums in row order; with
+proj_size, ``dW_hr = dproj.T @ m`` (both from the reserve). Layers 1.. read the previous
+layer's output times the dropout masks, as the forward did. No atomics: the same inputs
+give bitwise the same dparams. Twin of :mod:`numbaconv.cpu.rnn_backward_weights`."""
 
 from __future__ import annotations
 
 from ..problem import layer_params
 from ._layout import as_device, device_array
-from .rnn_forward import contiguous_params, device_lengths, gemm, launch, rows
+from .rnn_forward import (contiguous_params, device_lengths, gemm, launch, layer_input,
+                          masked_scratch, rows)
 
 
 def run(problem, operands, out, algorithm):
@@ -31,13 +33,13 @@ def run(problem, operands, out, algorithm):
         dparams if dparams.is_c_contiguous() else device_array(dparams.shape, dt))
     prev = device_array((t_len, n, p), dt)
     prev2 = prev.reshape(n_rows, p)
-    inp = rows(x, dt)
+    x_rows = rows(x, dt)
+    masked = masked_scratch(problem, dt)
     for layer in range(cfg.num_layers):
-        if layer > 0:
-            inp = layout.outputs(reserve, layer - 1).reshape(n_rows, d_num * p)
+        inp = layer_input(layout, reserve, layer, x_rows, masked, dt)
         outputs = layout.outputs(reserve, layer)
         for d in range(d_num):
-            dw_ih, dw_hh, db_ih, db_hh, _ = layer_params(cfg, target, layer, d)
+            dw_ih, dw_hh, db_ih, db_hh, dw_hr = layer_params(cfg, target, layer, d)
             ld = layer * d_num + d
             g2 = layout.gates(reserve, layer, d).reshape(n_rows, gw)
             launch("previous_states", (dt,), n_rows * p, outputs[:, :, d * p:(d + 1) * p],
@@ -51,6 +53,10 @@ def run(problem, operands, out, algorithm):
                 gemm(g2, prev2, dw_hh, dt, ta=True, accumulate=acc)
             if cfg.bias:
                 launch("bias_sums", (dt, gru), gh, g2, db_ih, db_hh, acc)
+            if dw_hr is not None:  # dproj (rows, P) against m = o * tanh(c) (rows, H)
+                gemm(layout.dproj(reserve, layer, d).reshape(n_rows, p),
+                     layout.cells(reserve, layer, d).reshape(n_rows, hs), dw_hr, dt,
+                     ta=True, accumulate=acc)
     if target is not dparams:
         launch("copy1", (dt,), dparams.shape[0], target, dparams)
     return dparams

@@ -1,9 +1,13 @@
 """cuda ``rnn_forward``: the input projections of all steps as one tiled GEMM per layer and
 direction (written straight into the reserve's gate region), then per step the recurrent
-product ``h @ W_hh.T`` (GEMM) and one fused kernel for the gates and the state update. Twin
-of :mod:`numbaconv.cpu.rnn_forward`; the reserve is the same layout, on the device.
+product ``h @ W_hh.T`` (GEMM) and one fused kernel for the gates and the state update; with
+proj_size, the projection ``m @ W_hr.T`` (GEMM) and a kernel committing it to h and y. In
+training, layers 1.. read the previous layer's output times the dropout masks the frontend
+wrote into the reserve. Twin of :mod:`numbaconv.cpu.rnn_forward`; the reserve is the same
+layout, on the device.
 
-Also the drivers' shared helpers (GEMM and element-wise launches, device lengths)."""
+Also the drivers' shared helpers (GEMM and element-wise launches, device lengths, layer
+inputs, the time/batch axis swap the frontend uses for batch_first device arrays)."""
 
 from __future__ import annotations
 
@@ -55,16 +59,56 @@ def device_lengths(lengths, seq_len, batch):
     return cuda.to_device(np.ascontiguousarray(host, dtype=np.int64))
 
 
+def copy3(src, dtype, swap):
+    """A new C-contiguous device array holding the 3-D ``src`` (any strides), with its first
+    two axes swapped when ``swap``: one kernel, no host round trip."""
+    src = as_device(src)
+    a, b, f = src.shape
+    dst = device_array((b, a, f) if swap else (a, b, f), dtype)
+    launch("copy3", (dtype,), a * b * f, src, dst, bool(swap))
+    return dst
+
+
+def swap_time_batch(a):
+    """``(T, N, F) <-> (N, T, F)`` of a device array, as a new C-contiguous Numba device
+    array: how the frontend undoes (and redoes) batch_first for device arrays."""
+    a = as_device(a)
+    return copy3(a, np.dtype(a.dtype).name, True)
+
+
 def rows(a, dtype):
     """A (T, N, F) device array as (T*N, F): a view when contiguous, else a device copy."""
     a = as_device(a)
     t_len, n, f = a.shape
     if not a.is_c_contiguous():
-        dense = device_array((t_len, n, f), dtype)
-        for t in range(t_len):
-            copy2(a[t], dense[t], dtype)
-        a = dense
+        a = copy3(a, dtype, False)
     return a.reshape(t_len * n, f)
+
+
+def masked_scratch(problem, dtype):
+    """A (T*N, D*P) device array for layer inputs times their dropout masks, or None when
+    the reserve has no masks."""
+    cfg = problem.config
+    if cfg.dropout == 0 or cfg.num_layers == 1:
+        return None
+    return device_array((problem.seq_len * problem.batch, cfg.num_directions * cfg.out_size),
+                        dtype)
+
+
+def layer_input(layout, reserve, layer, x_rows, scratch, dtype):
+    """What ``layer`` read in the training forward, as (T*N, features) rows: x for layer 0,
+    else the previous layer's outputs, times this layer's dropout masks (into ``scratch``)
+    when the reserve has them; the device twin of ``RNNReserveLayout.layer_input``."""
+    if layer == 0:
+        return x_rows
+    outputs = layout.outputs(reserve, layer - 1)
+    inp = outputs.reshape(outputs.shape[0] * outputs.shape[1], outputs.shape[2])
+    masks = layout.masks(reserve, layer)
+    if masks is None:
+        return inp
+    launch("mul2", (dtype,), scratch.shape[0] * scratch.shape[1], inp,
+           masks.reshape(scratch.shape[0], scratch.shape[1]), scratch)
+    return scratch
 
 
 def contiguous_params(params, dtype):
@@ -100,14 +144,22 @@ def run(problem, operands, out, algorithm):
     hg = device_array((n, gh), dt)
     h = device_array((n, p), dt)
     c = device_array((n, hs), dt) if lstm else h
+    proj = bool(cfg.proj_size)
+    m = device_array((n, hs), dt) if proj else None  # o * tanh(c), the projection's input
+    hp = device_array((n, p), dt) if proj else None  # m @ W_hr.T
     zero_bias = zeros((gh,), dt) if not cfg.bias else None
-    inp = rows(x, dt)
+    x_rows = rows(x, dt)
+    masked = masked_scratch(problem, dt) if training else None
+    inp = x_rows
     out_l = None
     for layer in range(cfg.num_layers):
-        out_l = layout.outputs(reserve, layer) if training else \
-            device_array((t_len, n, d_num * p), dt)
+        if training:  # with its dropout masks applied
+            inp = layer_input(layout, reserve, layer, x_rows, masked, dt)
+            out_l = layout.outputs(reserve, layer)
+        else:
+            out_l = device_array((t_len, n, d_num * p), dt)
         for d in range(d_num):
-            w_ih, w_hh, b_ih, b_hh, _ = layer_params(cfg, params, layer, d)
+            w_ih, w_hh, b_ih, b_hh, w_hr = layer_params(cfg, params, layer, d)
             if b_ih is None:
                 b_ih = b_hh = zero_bias
             ld = layer * d_num + d
@@ -120,15 +172,22 @@ def run(problem, operands, out, algorithm):
             cells = layout.cells(reserve, layer, d) if training and lstm else None
             for t in steps(t_len, d):
                 gemm(h, w_hh, hg, dt, tb=True)
-                launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh, h,
-                       c, y_d[t], cells[t] if cells is not None else c, lens, t, training)
+                if proj:  # the cell writes m; h and y come from its projection
+                    launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
+                           m, c, m, cells[t] if cells is not None else c, lens, t, training)
+                    gemm(m, w_hr, hp, dt, tb=True)
+                    launch("commit_projection", (dt,), n * p, hp, h, y_d[t], lens, t)
+                else:
+                    launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
+                           h, c, y_d[t], cells[t] if cells is not None else c, lens, t,
+                           training)
             copy2(h, hy[ld], dt)
             if lstm:
                 copy2(c, cy[ld], dt)
         inp = out_l.reshape(t_len * n, d_num * p)
     if training:  # the last layer's output lives in the reserve; the caller gets a copy
         y = device_array(out_l.shape, dt)
-        copy2(inp, y.reshape(t_len * n, d_num * p), dt)
+        copy2(out_l.reshape(t_len * n, d_num * p), y.reshape(t_len * n, d_num * p), dt)
     else:
         y = out_l
     return y, hy, cy
