@@ -847,8 +847,9 @@ def layer_params(config: RNNConfig, flat, layer: int, direction: int) -> tuple:
     return w_ih, w_hh, b_ih, b_hh, w_hr
 
 
-#: Marks a reserve written by a training forward (header slot 0).
-RESERVE_MAGIC = 7351.0
+#: Marks a reserve written by a training forward (header slot 0); below 2048, so that
+#: float16 holds it exactly, like every header value.
+RESERVE_MAGIC = 1737.0
 #: Reserve states (header slot 1): after the training forward, after rnn_backward_data.
 RESERVE_FORWARD, RESERVE_BACKWARD_DATA = 1.0, 2.0
 RESERVE_HEADER = 16
@@ -870,7 +871,9 @@ class RNNReserveLayout:
     ============  =============================  ===========================================
     region        shape, per layer (x direction)  contents
     ============  =============================  ===========================================
-    header        16                              magic, state, T, N, config and length tags
+    header        16                              magic, state, then T, N, a config tag and
+                                                  a lengths tag as base-1024 digits, three
+                                                  each (exact in float16 too)
     gates[l, d]   (T, N, Gw)                      forward: activations (RNN: h; LSTM: i, f,
                                                   g, o; GRU: r, z, n, W_hn h + b_hn); after
                                                   rnn_backward_data: the gradients of the
@@ -1128,10 +1131,22 @@ def lengths_tag(lengths) -> float:
     return float(zlib.crc32(lengths.tobytes()) % (1 << 23) + 1)
 
 
+def _digits(value) -> list:
+    """``value`` (below 2**30) as three base-1024 digits, most significant first: integers
+    below 2048 are exact in float16, whose integers stop being exact at 2048."""
+    value = int(value)
+    return [float(value >> 20), float(value >> 10 & 1023), float(value & 1023)]
+
+
+def _from_digits(digits) -> int:
+    return (int(digits[0]) << 20) + (int(digits[1]) << 10) + int(digits[2])
+
+
 def reserve_header(config, seq_len, batch, lengths, state) -> list:
-    """The header a training forward writes (slots: magic, state, T, N, config, lengths)."""
-    return [RESERVE_MAGIC, state, float(seq_len), float(batch), _config_tag(config),
-            lengths_tag(lengths)]
+    """The header a training forward writes: magic, state, then T, N, the config tag and
+    the lengths tag as three digits each (slots 2-4, 5-7, 8-10, 11-13)."""
+    return [RESERVE_MAGIC, state, *_digits(seq_len), *_digits(batch),
+            *_digits(_config_tag(config)), *_digits(lengths_tag(lengths))]
 
 
 def check_reserve(reserve, config, seq_len, batch, dtype, device, *, state=None,
@@ -1166,11 +1181,13 @@ def check_reserve(reserve, config, seq_len, batch, dtype, device, *, state=None,
     if head[0] != RESERVE_MAGIC or head[1] not in (RESERVE_FORWARD, RESERVE_BACKWARD_DATA):
         raise ValueError("reserve: expected the reserve of a training forward "
                          "(rnn_forward(..., training=True)), got an array it did not fill")
-    if head[2] != expected[2] or head[3] != expected[3] or head[4] != expected[4]:
+    same = [bool(np.all(head[a:a + 3] == expected[a:a + 3])) for a in (2, 5, 8, 11)]
+    if not all(same[:3]):
+        other = "" if same[2] else ", another config"
         raise ValueError(f"reserve: filled by a training forward of another problem (T="
-                         f"{head[2]:g}, N={head[3]:g}{', another config' if head[4] != expected[4] else ''}), "
+                         f"{_from_digits(head[2:5])}, N={_from_digits(head[5:8])}{other}), "
                          f"expected T={seq_len}, N={batch} and this config")
-    if head[5] != expected[5]:
+    if not same[3]:
         raise ValueError("seq_lengths: expected the lengths the training forward used, got "
                          "different ones")
     if head[1] != state:

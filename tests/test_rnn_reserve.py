@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import numbaconv as nc
+from numbaconv import problem as pb
 
 CONFIGS = [
     nc.RNNConfig("lstm", 3, 4, num_layers=2, bidirectional=True, proj_size=2, dropout=0.3),
@@ -42,3 +43,17 @@ def test_a_reserve_moves_between_backends(cfg, lengths):
             continue
         for got, want in zip(_step(cfg, combo, lengths), expected):
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=str(combo))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_the_reserve_header_is_exact_in_every_dtype(dtype):
+    """T, N and the tags are stored as base-1024 digits, which float16 (the cuda backend's
+    half-precision reserves) holds exactly: a whole value would round or overflow to inf."""
+    config = nc.RNNConfig("lstm", 7, 5, num_layers=2, proj_size=3)
+    lengths = np.array([3000, 17, 2999], dtype=np.int64)
+    header = pb.reserve_header(config, 3001, 70000, lengths, pb.RESERVE_FORWARD)
+    stored = np.array(header, dtype=dtype)
+    assert np.array_equal(stored.astype(np.float64), np.array(header))
+    other = pb.reserve_header(config, 3001, 70000, lengths[::-1].copy(), pb.RESERVE_FORWARD)
+    assert not np.array_equal(np.array(other, dtype=dtype), stored)
+    assert pb._from_digits(stored[2:5]) == 3001 and pb._from_digits(stored[5:8]) == 70000
