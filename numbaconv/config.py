@@ -84,6 +84,22 @@ def jit_options(parallel: bool = True) -> dict:
                 fastmath=fastmath, nogil=True, error_model="numpy")
 
 
+def serial_twin(func):
+    """``func`` (a plain Python kernel function) compiled without ``prange`` threads.
+
+    The twin is a copy of the function under the name ``<name>_serial``, so that Numba's
+    disk cache, which files compilations by function name, keeps it apart from the
+    parallel compilation of the same code.
+    """
+    import types
+
+    import numba
+    twin = types.FunctionType(func.__code__, func.__globals__, func.__name__ + "_serial",
+                              func.__defaults__, func.__closure__)
+    twin.__qualname__ = twin.__name__
+    return numba.njit(**jit_options(parallel=False))(twin)
+
+
 def _ints(name: str, default: tuple) -> tuple:
     raw = os.environ.get(name, "").strip()
     if raw == "":

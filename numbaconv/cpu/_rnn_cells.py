@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import math
-import types as pytypes
 from types import SimpleNamespace
 
 import numba
@@ -30,7 +29,7 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
-from ..config import jit_options
+from ..config import jit_options, serial_twin
 
 _jit = numba.njit(**jit_options())
 
@@ -363,11 +362,7 @@ def kernels(parallel: bool) -> SimpleNamespace:
     compiled = {}
     for name in STEP_KERNELS:
         func = globals()[name]
-        if not parallel:
-            func = pytypes.FunctionType(func.__code__, func.__globals__, name + "_serial",
-                                        func.__defaults__, func.__closure__)
-            func.__qualname__ = func.__name__
-        compiled[name] = numba.njit(**jit_options(parallel))(func)
+        compiled[name] = numba.njit(**jit_options())(func) if parallel else serial_twin(func)
     return SimpleNamespace(**compiled)
 
 
