@@ -119,8 +119,32 @@ def test_random_problems_match_the_reference(c, layout):
     check_every_algorithm(c, layout, "float64")
 
 
-def test_workspace_tiling_splits_batches_and_rows(monkeypatch):
+def _force_tile_workers(monkeypatch, workers):
+    """Run the GEMM algorithms' tiles one after another (1) or shared out (2), whatever
+    the thread count."""
     from numbaconv.cpu import _gemm
+    if workers > 1 and _gemm._blas() is None:
+        pytest.skip("NumPy's BLAS is not an OpenBLAS numbaconv can set the threads of")
+    monkeypatch.setattr(_gemm, "tile_workers", lambda jobs: min(workers, jobs))
+
+
+@pytest.mark.parametrize("c", [
+    ConvCase("taps_in_padding", (1, 1, 2, 1, 1), (1, 1, 1, 1, 3), padding=(0, 0, 2),
+             dilation=(1, 1, 2)),
+    ConvCase("taps_past_input", (2, 1, 1, 1, 3), (1, 1, 1, 1, 3), padding=(0, 0, (2, 0)),
+             dilation=(1, 1, 2)),
+], ids=lambda c: c.name)
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_taps_that_read_no_input_at_all(c, layout):
+    """Taps whose every window position falls in the padding (found by hypothesis: the
+    valid range came out empty with lo > hi, and slicing with it wrapped around)."""
+    check_every_algorithm(c, layout, "float64")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workspace_tiling_splits_batches_and_rows(monkeypatch, workers):
+    from numbaconv.cpu import _gemm
+    _force_tile_workers(monkeypatch, workers)
     c = ConvCase("tiled", (3, 4, 9, 8), (6, 2, 3, 3), stride=(2, 1), padding=1, groups=2,
                  output_padding=(1, 0))
     monkeypatch.setattr(_gemm, "WORKSPACE_BYTES", 0)   # the largest operand bounds it
@@ -136,6 +160,52 @@ def test_workspace_tiling_splits_batches_and_rows(monkeypatch):
     assert [(n0, nb) for n0, nb, _, _ in tiles] == [(0, 2), (2, 1)]
     for layout in ("channels_first", "channels_last"):
         check_every_algorithm(c, layout, "float64")
+    # Stride 1 and output rows as long as input rows: the packing copies runs of rows,
+    # here split across row tiles, 3D, dilated.
+    monkeypatch.setattr(_gemm, "WORKSPACE_BYTES", 0)
+    monkeypatch.setattr(_gemm, "TILE_BYTES", 2**40)
+    for same in (ConvCase("runs", (2, 3, 5, 7, 6), (4, 3, 3, 3, 3), padding=(1, 2, 2),
+                          dilation=(1, 2, 2)),
+                 ConvCase("runs_uneven", (2, 3, 9, 5), (4, 3, 2, 3), padding=((1, 0), 1))):
+        for layout in ("channels_first", "channels_last"):
+            check_every_algorithm(same, layout, "float64")
+
+
+def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
+    """Tiles shared out among threads, or run one after another, are summed in the same
+    fixed order (slots chosen by the shape alone)."""
+    from numbaconv.cpu import _gemm
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 5, 9, 9)).astype(np.float32)
+    dy = rng.standard_normal((6, 7, 9, 9)).astype(np.float32)
+    monkeypatch.setattr(_gemm, "TILE_BYTES", 4 * 5 * 9 * 9 * 9)     # one image per tile
+    results = []
+    for workers in (1, 2, 2):
+        _force_tile_workers(monkeypatch, workers)
+        with nc.use_backend("cpu"):
+            results.append(nc.conv_backward_weight(x, dy, (7, 5, 3, 3), padding=1))
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_weight(x, dy, (7, 5, 3, 3), padding=1)
+    assert relative_error(results[0], expected) < TOL["float32"]
+    assert np.array_equal(results[1], results[2])
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
+
+
+def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
+    """The workers hold NumPy's OpenBLAS to one thread (a process-wide setting) only while
+    they run: a leaked setting once halved the speed of every later product."""
+    from numbaconv.cpu import _gemm
+    _force_tile_workers(monkeypatch, 2)
+    monkeypatch.setattr(_gemm, "TILE_BYTES", 1)                  # one output row per tile
+    blas = _gemm._blas()
+    before = blas.get_num_threads()
+    x = np.ones((2, 3, 6, 6))
+    with nc.use_backend("cpu"):
+        for threads in (2, 1):
+            blas.set_num_threads(threads)
+            nc.conv_backward_weight(x, nc.conv(x, np.ones((4, 3, 3, 3))), (4, 3, 3, 3))
+            assert blas.get_num_threads() == threads
+    blas.set_num_threads(before)
 
 
 def _geom_of(c):

@@ -1260,8 +1260,8 @@ def forward(g, x, w, y) -> None:
     """y = conv(x, w) over the problem's groups."""
     if not _finite(w):
         # Padding times a non-finite weight is NaN in the reference: let im2col multiply it.
-        from .conv import _im2col_forward
-        _im2col_forward(g, x, w, y)
+        from .conv import im2col_forward
+        im2col_forward(g, x, w, y)
         return
     form = _forward_form(g)
     if g.channels_last:

@@ -33,7 +33,51 @@ def _valid(size, stride, dilation, before, tap, positions):
     # p*stride + offset >= 0  <=>  p >= ceil(-offset / stride)
     lo = -(offset // stride) if offset <= 0 else 0
     hi = (size - 1 - offset) // stride + 1 if size - 1 - offset >= 0 else 0
-    return max(lo, 0), min(max(hi, 0), positions)
+    # 0 <= lo <= hi <= positions even when no position is valid: callers slice and loop
+    # with these bounds (lo > hi once made a slice of x wrap around to the row's end).
+    lo = min(max(lo, 0), positions)
+    return lo, min(max(hi, lo), positions)
+
+
+@_inline
+def _copy_row_runs(plane, dst, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil, before, stride0):
+    """dst[(q - q0) * P2 + p2] = plane[i0, p1 + off1, p2 + off2] (zero outside), for
+    stride 1 in dimensions 1 and 2 and P2 == S2: per run of rows q sharing p0 (one input
+    plane i0), one contiguous copy, then the fringe columns zeroed."""
+    off1 = t1 * dil[1] - before[1]
+    off2 = t2 * dil[2] - before[2]
+    width = p[2]
+    q = q0
+    while q < q1:
+        p0 = q // p[1]
+        pa = q - p0 * p[1]
+        pb = min(p[1], pa + q1 - q)            # rows [pa, pb) of output plane p0
+        base = (q - q0) * width
+        i0 = p0 * stride0 - before[0] + t0 * dil[0]
+        va = max(pa, -off1)
+        vb = max(va, min(pb, s[1] - off1))     # rows whose input row exists
+        if i0 < 0 or i0 >= s[0] or va >= vb:
+            for k in range(base, base + (pb - pa) * width):
+                dst[k] = 0
+        else:
+            for k in range(base, base + (va - pa) * width):
+                dst[k] = 0
+            for k in range(base + (vb - pa) * width, base + (pb - pa) * width):
+                dst[k] = 0
+            src = plane[i0].reshape(s[1] * s[2])
+            start = (va + off1) * width + off2  # flat source of the first copied element
+            d0 = base + (va - pa) * width
+            count = (vb - va) * width
+            lo = max(0, -start)                 # clipped ends are fringe columns
+            hi = max(lo, min(count, s[1] * s[2] - start))
+            dst[d0 + lo:d0 + hi] = src[start + lo:start + hi]
+            for v in range(va, vb):
+                row0 = d0 + (v - va) * width
+                for k in range(row0, row0 + lo2):
+                    dst[k] = 0
+                for k in range(row0 + hi2, row0 + width):
+                    dst[k] = 0
+        q += pb - pa
 
 
 @_njit
@@ -42,6 +86,10 @@ def im2col_cf(x, col, n0, q0, q1, s, r, p, stride, dil, before):
     c_total = x.shape[1]
     taps = r[0] * r[1] * r[2]
     rows = c_total * taps
+    # Stride 1 in the last two dimensions and output rows as long as input rows: a run of
+    # output rows reads a run of input rows, one contiguous copy (then the fringe columns,
+    # which that copy fills from the neighbouring rows, are zeroed).
+    runs = stride[1] == 1 and stride[2] == 1 and p[2] == s[2]
     for job in prange(nb * rows):
         b = job // rows
         row = job - b * rows
@@ -52,24 +100,66 @@ def im2col_cf(x, col, n0, q0, q1, s, r, p, stride, dil, before):
         t2 = t % r[2]
         lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
         n = n0 + b
+        if runs:
+            _copy_row_runs(x[n, c], col[b, row], q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
+                           before, stride[0])
+            continue
+        # Loops over zero-based views (see _copy_window_runs), scalars not array reads.
+        width = p[2]
+        step = stride[2]
+        first = lo2 * step + t2 * dil[2] - before[2]   # input index of output lo2
         for q in range(q0, q1):
             p0 = q // p[1]
             p1 = q - p0 * p[1]
-            base = (q - q0) * p[2]
             i0 = p0 * stride[0] - before[0] + t0 * dil[0]
             i1 = p1 * stride[1] - before[1] + t1 * dil[1]
+            dst = col[b, row, (q - q0) * width:(q - q0 + 1) * width]
             if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1]:
-                for p2 in range(p[2]):
-                    col[b, row, base + p2] = 0
+                for k in range(width):
+                    dst[k] = 0
                 continue
-            col[b, row, base:base + lo2] = 0
-            offset = t2 * dil[2] - before[2]
-            if stride[2] == 1:  # a contiguous run: a slice copy vectorises
-                col[b, row, base + lo2:base + hi2] = x[n, c, i0, i1, lo2 + offset:hi2 + offset]
-            else:
-                for p2 in range(lo2, hi2):
-                    col[b, row, base + p2] = x[n, c, i0, i1, p2 * stride[2] + offset]
-            col[b, row, base + hi2:base + p[2]] = 0
+            for k in range(lo2):
+                dst[k] = 0
+            inner = dst[lo2:hi2]
+            values = x[n, c, i0, i1, first:]
+            for k in range(hi2 - lo2):
+                inner[k] = values[k * step]
+            for k in range(hi2, width):
+                dst[k] = 0
+
+
+@_inline
+def _copy_window_runs(xflat, cflat, n, p0, p1, m0, row_length, c_total, s0, s1, s2, r0, r1,
+                      r2, width, st0, st1, st2, d0, d1, b0, b1, b2):
+    """im2col_cl's undilated single-group case for one output row (p0, p1): each (t0, t1)
+    copies one run of r2 * C values. Scalars, not the geometry arrays, and loops over
+    zero-based views: with slice assignment, or loops indexing the flat arrays at offsets,
+    the stem's runs of 21 values took 5 times as long."""
+    run = r2 * c_total
+    for p2 in range(width):
+        m = m0 + p2
+        first = p2 * st2 - b2                   # i2 of tap t2 = 0
+        lo = max(0, -first)
+        hi = max(lo, min(r2, s2 - first))
+        for t0 in range(r0):
+            i0 = p0 * st0 - b0 + t0 * d0
+            for t1 in range(r1):
+                i1 = p1 * st1 - b1 + t1 * d1
+                d = m * row_length + (t0 * r1 + t1) * run
+                dst = cflat[d:d + run]
+                if i0 < 0 or i0 >= s0 or i1 < 0 or i1 >= s1 or lo >= hi:
+                    for k in range(run):
+                        dst[k] = 0
+                    continue
+                src = (((n * s0 + i0) * s1 + i1) * s2 + first) * c_total
+                for k in range(lo * c_total):
+                    dst[k] = 0
+                inner = dst[lo * c_total:hi * c_total]
+                values = xflat[src + lo * c_total:src + hi * c_total]
+                for k in range(inner.shape[0]):
+                    inner[k] = values[k]
+                for k in range(hi * c_total, run):
+                    dst[k] = 0
 
 
 @_njit
@@ -79,12 +169,26 @@ def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
     cg = c_total // groups
     nrows = q1 - q0
     nb = col.shape[0] // (nrows * p[2])
+    # One group, undilated last dimension: the taps t2 of one (t0, t1) read a contiguous
+    # run of r2 * C values of x and fill a contiguous run of col (ResNet's 3x3: 192 values
+    # per copy for 64 channels, the stem's 7x7 on 3 channels: 21 instead of 7 copies of 3).
+    runs = groups == 1 and dil[2] == 1
+    run = r[2] * c_total
+    row_length = groups * r[0] * r[1] * r[2] * cg
+    cflat = col.reshape(-1)
+    xflat = x.reshape(-1)
     for job in prange(nb * nrows):
         b = job // nrows
         q = q0 + job - b * nrows
         p0 = q // p[1]
         p1 = q - p0 * p[1]
         n = n0 + b
+        if runs:
+            _copy_window_runs(xflat, cflat, n, p0, p1, job * p[2], row_length, c_total,
+                              s[0], s[1], s[2], r[0], r[1], r[2], p[2], stride[0],
+                              stride[1], stride[2], dil[0], dil[1], before[0], before[1],
+                              before[2])
+            continue
         for p2 in range(p[2]):
             m = job * p[2] + p2
             t = 0

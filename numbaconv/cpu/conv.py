@@ -22,8 +22,7 @@ def run(problem, operands, out, algorithm):
     if algorithm == "gemm":
         _gemm_forward(g, x, w, y)
     elif algorithm == "im2col":
-        with _gemm.packing_threads():
-            _im2col_forward(g, x, w, y)
+        im2col_forward(g, x, w, y)
     elif algorithm == "direct":
         _direct.forward(g, x, w, y)
     else:
@@ -61,23 +60,42 @@ def _gemm_forward(g: Geom, x, w, y) -> None:
         raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
 
 
-def _im2col_forward(g: Geom, x, w, y) -> None:
+def im2col_forward(g: Geom, x, w, y, wmat=None) -> None:
+    """y = conv(x, w) by packed tiles; ``wmat``, when given, is w already in the layout of
+    the product (see below), and w is not read."""
     args = g.geometry_args()
     x5 = g.x5(x)
     per_position = _gemm.packed_bytes_per_position(g, x.itemsize)
+    tiles = list(_gemm.tiles(g, per_position, _gemm.largest_operand(x, y)))
     if not g.channels_last:
-        wmat = _gemm.weight_cf(g, w)
-        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, y)):
-            col = _gemm.workspace((nb, g.c * g.taps, _gemm.positions_in(q0, q1, g)),
-                                  x.dtype)
-            im2col_cf(x5, col, n0, q0, q1, *args)
+        if wmat is None:
+            wmat = _gemm.weight_cf(g, w)                  # (G, Kg, Cg * taps)
+
+        def tile(job, pick):
+            n0, nb, q0, q1 = job
+            columns = _gemm.positions_in(q0, q1, g)
+            if _gemm.batch_columns(g, nb):
+                # col[(g, c, t), b, l]: one product for the tile, then y's tile copied out.
+                col = _gemm.workspace((g.c * g.taps, nb, columns), x.dtype)
+                pick(im2col_cf)(x5, col.transpose(1, 0, 2), n0, q0, q1, *args)
+                prod = _gemm.workspace((g.g, g.kg, nb * columns), x.dtype, "rows")
+                np.matmul(wmat, col.reshape(g.g, g.cg * g.taps, -1), out=prod)
+                y.reshape(g.n, g.k, -1)[n0:n0 + nb] = \
+                    prod.reshape(g.k, nb, columns).transpose(1, 0, 2)
+                return
+            col = _gemm.workspace((nb, g.c * g.taps, columns), x.dtype)
+            pick(im2col_cf)(x5, col, n0, q0, q1, *args)
             np.matmul(wmat, col.reshape(nb, g.g, g.cg * g.taps, -1),
                       out=_gemm.output_columns(g, y, n0, nb, q0, q1))
     else:
-        wmat = _gemm.weight_cl(g, w).transpose(0, 2, 1)      # (G, taps * Cg, Kg)
-        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, y)):
+        if wmat is None:
+            wmat = _gemm.weight_cl(g, w).transpose(0, 2, 1)  # (G, taps * Cg, Kg)
+
+        def tile(job, pick):
+            n0, nb, q0, q1 = job
             m = nb * _gemm.positions_in(q0, q1, g)
             col = _gemm.workspace((m, g.g, g.taps, g.cg), x.dtype)
-            im2col_cl(x5, col, n0, q0, q1, g.g, *args)
+            pick(im2col_cl)(x5, col, n0, q0, q1, g.g, *args)
             _gemm.grouped_matmul(col.reshape(m, g.g, -1), wmat,
                                  _gemm.output_rows(g, y, n0, nb, q0, q1))
+    _gemm.run_tiles(tile, tiles)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._geometry import dgrad_as_conv
 from . import _direct, _gemm
 from ._im2col import col2im_cf, col2im_cl, zero_rows
 from ._layout import Geom, geom
-from .conv import add_channel_vector
+from .conv import im2col_forward, add_channel_vector
 
 
 def run(problem, operands, out, algorithm):
@@ -39,16 +40,38 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
         _gemm_dgrad(g, dy, w, dx, accumulate)
         return
     if algorithm == "im2col":
-        with _gemm.packing_threads():
-            if not accumulate:
-                zero_rows(dx.reshape(dx.shape[0], -1))
-            _im2col_dgrad(g, dy, w, dx)
+        if g.stride == (1, 1, 1) and not accumulate:
+            # A forward convolution of dy with the flipped, transposed kernel: dx is written
+            # once, with no zeroing and no col2im read-modify-write of every window.
+            im2col_forward(_stride1_as_forward(g), dy, None, dx, _flipped_matrix(g, w))
+            return
+        if not accumulate:
+            zero_rows(dx.reshape(dx.shape[0], -1))
+        _im2col_dgrad(g, dy, w, dx)
     elif algorithm == "direct":
         if not accumulate:
             zero_rows(dx.reshape(dx.shape[0], -1))
         _direct.data_gradient(g, dy, w, dx)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")
+
+
+def _stride1_as_forward(g: Geom) -> Geom:
+    """The stride-1 data gradient as the geometry of a forward convolution over dy."""
+    pads = [dgrad_as_conv(*dims, 1, d, b).padding
+            for dims, d, b in zip(zip(g.s, g.p, g.r), g.dilation, g.before)]
+    return g._replace(c=g.k, k=g.c, s=g.p, p=g.s, before=tuple(b for b, _ in pads),
+                      trailing=tuple(a for _, a in pads))
+
+
+def _flipped_matrix(g: Geom, w: np.ndarray) -> np.ndarray:
+    """The weight matrix of that convolution, whose kernel is w with each group's (Kg, Cg)
+    block transposed and every tap flipped, in one copy: channels-first (G, Cg, Kg * taps),
+    channels-last (G, taps * Kg, Cg), as :func:`.conv.im2col_forward` multiplies them."""
+    flipped = w.reshape((g.g, g.kg, g.cg, g.taps))[..., ::-1]
+    if g.channels_last:
+        return np.ascontiguousarray(flipped.transpose(0, 3, 1, 2)).reshape(g.g, -1, g.cg)
+    return np.ascontiguousarray(flipped.transpose(0, 2, 1, 3)).reshape(g.g, g.cg, -1)
 
 
 def _gemm_dgrad(g: Geom, dy, w, dx, accumulate: bool) -> None:
@@ -73,17 +96,31 @@ def _im2col_dgrad(g: Geom, dy, w, dx) -> None:
     args = g.geometry_args()
     dx5 = g.x5(dx)
     per_position = _gemm.packed_bytes_per_position(g, dx.itemsize)
+    # col2im adds each tile into the input rows its windows read, which neighbouring row
+    # tiles of one image share: a job is one run of whole images, or all tiles of one image.
+    jobs = []
+    for tile in _gemm.tiles(g, per_position, _gemm.largest_operand(dx, dy)):
+        if jobs and jobs[-1][-1][0] == tile[0]:
+            jobs[-1].append(tile)
+        else:
+            jobs.append([tile])
     if not g.channels_last:
         wmat = _gemm.weight_cf(g, w).transpose(0, 2, 1)       # (G, Cg * taps, Kg)
-        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(dx, dy)):
-            dcol = _gemm.workspace((nb, g.g, g.cg * g.taps, _gemm.positions_in(q0, q1, g)),
-                                   dx.dtype)
-            np.matmul(wmat, _gemm.output_columns(g, dy, n0, nb, q0, q1), out=dcol)
-            col2im_cf(dcol.reshape(nb, g.c * g.taps, -1), dx5, n0, q0, q1, *args)
+
+        def image_tiles(job, pick):
+            for n0, nb, q0, q1 in job:
+                dcol = _gemm.workspace((nb, g.g, g.cg * g.taps, _gemm.positions_in(q0, q1, g)),
+                                       dx.dtype)
+                np.matmul(wmat, _gemm.output_columns(g, dy, n0, nb, q0, q1), out=dcol)
+                pick(col2im_cf)(dcol.reshape(nb, g.c * g.taps, -1), dx5, n0, q0, q1, *args)
     else:
         wmat = _gemm.weight_cl(g, w)                          # (G, Kg, taps * Cg)
-        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(dx, dy)):
-            m = nb * _gemm.positions_in(q0, q1, g)
-            dcol = _gemm.workspace((m, g.g, g.taps * g.cg), dx.dtype)
-            _gemm.grouped_matmul(_gemm.output_rows(g, dy, n0, nb, q0, q1), wmat, dcol)
-            col2im_cl(dcol.reshape(m, g.g, g.taps, g.cg), dx5, n0, q0, q1, g.g, *args)
+
+        def image_tiles(job, pick):
+            for n0, nb, q0, q1 in job:
+                m = nb * _gemm.positions_in(q0, q1, g)
+                dcol = _gemm.workspace((m, g.g, g.taps * g.cg), dx.dtype)
+                _gemm.grouped_matmul(_gemm.output_rows(g, dy, n0, nb, q0, q1), wmat, dcol)
+                pick(col2im_cl)(dcol.reshape(m, g.g, g.taps, g.cg), dx5, n0, q0, q1, g.g,
+                                *args)
+    _gemm.run_tiles(image_tiles, jobs)

@@ -21,8 +21,7 @@ def run(problem, operands, out, algorithm):
     if algorithm == "gemm":
         dw = _gemm_wgrad(g, x, dy)
     elif algorithm == "im2col":
-        with _gemm.packing_threads():
-            dw = _im2col_wgrad(g, x, dy)
+        dw = _im2col_wgrad(g, x, dy)
     elif algorithm == "direct":
         dw = _direct.weight_gradient(g, x, dy)
     else:
@@ -45,34 +44,74 @@ def _gemm_wgrad(g: Geom, x, dy) -> np.ndarray:
     raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
 
 
+#: The weight gradient's tiles are dealt round-robin into this many partial sums (fewer
+#: when there are fewer tiles), each summed in tile order, then added in slot order: a fixed
+#: order that depends on the shape alone, not on how many threads run the slots.
+SLOTS = 8
+
+
+#: dw (G, Kg, features) is computed transposed, (G, features, Kg), below this many output
+#: channels per group: OpenBLAS runs that product faster for small Kg (64: 191 against 136
+#: GFLOP/s on one thread, 512: 217 against 211), and wide layers would pay for transposing
+#: the dw-sized result back (ResNet's 512-channel 7x7 layer: 9.4 MB).
+TRANSPOSED_BELOW = 256
+
+
 def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
     args = g.geometry_args()
     x5 = g.x5(x)
     per_position = _gemm.packed_bytes_per_position(g, x.itemsize)
-    total = None
+    tiles = list(_gemm.tiles(g, per_position, _gemm.largest_operand(x, dy)))
+    slots = min(SLOTS, len(tiles))
+    transposed = g.kg < TRANSPOSED_BELOW
+
+    def dot(features, grads):
+        """Over the last axis: features (..., F, L) and grads (..., Kg, L) give dw's part,
+        (..., Kg, F), or its transpose."""
+        if transposed:
+            return np.matmul(features, np.swapaxes(grads, -1, -2))
+        return np.matmul(grads, np.swapaxes(features, -1, -2))
+
     if not g.channels_last:
-        for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, dy)):
-            col = _gemm.workspace((nb, g.c * g.taps, _gemm.positions_in(q0, q1, g)),
-                                  x.dtype)
-            im2col_cf(x5, col, n0, q0, q1, *args)
-            part = _sum_in_order(np.matmul(
-                _gemm.output_columns(g, dy, n0, nb, q0, q1),
-                col.reshape(nb, g.g, g.cg * g.taps, -1).transpose(0, 1, 3, 2)))
-            total = part if total is None else total + part
+        def product(tile, pick):
+            n0, nb, q0, q1 = tile
+            columns = _gemm.positions_in(q0, q1, g)
+            if _gemm.batch_columns(g, nb):
+                # col[(g, c, t), b, l] and dy's tile copied to (G, Kg, b, l): one product.
+                col = _gemm.workspace((g.c * g.taps, nb, columns), x.dtype)
+                pick(im2col_cf)(x5, col.transpose(1, 0, 2), n0, q0, q1, *args)
+                rows = _gemm.workspace((g.k, nb, columns), x.dtype, "rows")
+                rows[...] = dy.reshape(g.n, g.k, -1)[n0:n0 + nb].transpose(1, 0, 2)
+                return dot(col.reshape(g.g, g.cg * g.taps, -1), rows.reshape(g.g, g.kg, -1))
+            col = _gemm.workspace((nb, g.c * g.taps, columns), x.dtype)
+            pick(im2col_cf)(x5, col, n0, q0, q1, *args)
+            return _sum_in_order(dot(col.reshape(nb, g.g, g.cg * g.taps, -1),
+                                     _gemm.output_columns(g, dy, n0, nb, q0, q1)))
+    else:
+        def product(tile, pick):
+            n0, nb, q0, q1 = tile
+            m = nb * _gemm.positions_in(q0, q1, g)
+            col = _gemm.workspace((m, g.g, g.taps, g.cg), x.dtype)
+            pick(im2col_cl)(x5, col, n0, q0, q1, g.g, *args)
+            return dot(col.reshape(m, g.g, -1).transpose(1, 2, 0),
+                       _gemm.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0))
+
+    def slot(first, pick):
+        total = product(tiles[first], pick)
+        for tile in tiles[first + slots::slots]:
+            total += product(tile, pick)
         return total
-    for n0, nb, q0, q1 in _gemm.tiles(g, per_position, _gemm.largest_operand(x, dy)):
-        m = nb * _gemm.positions_in(q0, q1, g)
-        col = _gemm.workspace((m, g.g, g.taps, g.cg), x.dtype)
-        im2col_cl(x5, col, n0, q0, q1, g.g, *args)
-        part = np.matmul(_gemm.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0),
-                         col.reshape(m, g.g, -1).transpose(1, 0, 2))
-        total = part if total is None else total + part
-    return _gemm.weight_from_cl(g, total)
+
+    total = _sum_in_order(_gemm.run_tiles(slot, list(range(slots))))
+    if transposed:
+        total = total.transpose(0, 2, 1)
+    return _gemm.weight_from_cl(g, total) if g.channels_last else \
+        np.ascontiguousarray(total)
 
 
-def _sum_in_order(parts: np.ndarray) -> np.ndarray:
-    """Sum over the first axis, one slice after another (a fixed order)."""
+def _sum_in_order(parts) -> np.ndarray:
+    """Sum over the first axis (or a list), one slice after another (a fixed order)."""
     total = parts[0].copy()
-    for i in range(1, parts.shape[0]):
+    for i in range(1, len(parts)):
         total += parts[i]
     return total
