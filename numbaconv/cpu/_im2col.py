@@ -56,33 +56,38 @@ def _copy_row_runs(plane, dst, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil, before, 
         i0 = p0 * stride0 - before[0] + t0 * dil[0]
         va = max(pa, -off1)
         vb = max(va, min(pb, s[1] - off1))     # rows whose input row exists
+        # Loops over zero-based views, not slice assignment (see _copy_window_runs).
+        out = dst[base:base + (pb - pa) * width]
         if i0 < 0 or i0 >= s[0] or va >= vb:
-            for k in range(base, base + (pb - pa) * width):
-                dst[k] = 0
+            for k in range(out.shape[0]):
+                out[k] = 0
         else:
-            for k in range(base, base + (va - pa) * width):
-                dst[k] = 0
-            for k in range(base + (vb - pa) * width, base + (pb - pa) * width):
-                dst[k] = 0
+            for k in range((va - pa) * width):
+                out[k] = 0
+            for k in range((vb - pa) * width, out.shape[0]):
+                out[k] = 0
             src = plane[i0].reshape(s[1] * s[2])
             start = (va + off1) * width + off2  # flat source of the first copied element
-            d0 = base + (va - pa) * width
-            count = (vb - va) * width
+            rows = out[(va - pa) * width:(vb - pa) * width]
             lo = max(0, -start)                 # clipped ends are fringe columns
-            hi = max(lo, min(count, s[1] * s[2] - start))
-            dst[d0 + lo:d0 + hi] = src[start + lo:start + hi]
-            for v in range(va, vb):
-                row0 = d0 + (v - va) * width
-                for k in range(row0, row0 + lo2):
-                    dst[k] = 0
-                for k in range(row0 + hi2, row0 + width):
-                    dst[k] = 0
+            hi = max(lo, min(rows.shape[0], s[1] * s[2] - start))
+            inner = rows[lo:hi]
+            values = src[start + lo:start + hi]
+            for k in range(inner.shape[0]):
+                inner[k] = values[k]
+            for v in range(vb - va):
+                row = rows[v * width:(v + 1) * width]
+                for k in range(lo2):
+                    row[k] = 0
+                for k in range(hi2, width):
+                    row[k] = 0
         q += pb - pa
 
 
 @_njit
-def im2col_cf(x, col, n0, q0, q1, s, r, p, stride, dil, before):
-    nb = col.shape[0]
+def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
+    """col: (nb, C * taps, positions), or (C * taps, nb, positions) when ``rows_first``."""
+    nb = col.shape[1] if rows_first else col.shape[0]
     c_total = x.shape[1]
     taps = r[0] * r[1] * r[2]
     rows = c_total * taps
@@ -100,8 +105,9 @@ def im2col_cf(x, col, n0, q0, q1, s, r, p, stride, dil, before):
         t2 = t % r[2]
         lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
         n = n0 + b
+        line = col[row, b] if rows_first else col[b, row]
         if runs:
-            _copy_row_runs(x[n, c], col[b, row], q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
+            _copy_row_runs(x[n, c], line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
                            before, stride[0])
             continue
         # Loops over zero-based views (see _copy_window_runs), scalars not array reads.
@@ -113,7 +119,7 @@ def im2col_cf(x, col, n0, q0, q1, s, r, p, stride, dil, before):
             p1 = q - p0 * p[1]
             i0 = p0 * stride[0] - before[0] + t0 * dil[0]
             i1 = p1 * stride[1] - before[1] + t1 * dil[1]
-            dst = col[b, row, (q - q0) * width:(q - q0 + 1) * width]
+            dst = line[(q - q0) * width:(q - q0 + 1) * width]
             if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1]:
                 for k in range(width):
                     dst[k] = 0

@@ -77,14 +77,14 @@ def im2col_forward(g: Geom, x, w, y, wmat=None) -> None:
             if _gemm.batch_columns(g, nb):
                 # col[(g, c, t), b, l]: one product for the tile, then y's tile copied out.
                 col = _gemm.workspace((g.c * g.taps, nb, columns), x.dtype)
-                pick(im2col_cf)(x5, col.transpose(1, 0, 2), n0, q0, q1, *args)
+                pick(im2col_cf)(x5, col, True, n0, q0, q1, *args)
                 prod = _gemm.workspace((g.g, g.kg, nb * columns), x.dtype, "rows")
                 np.matmul(wmat, col.reshape(g.g, g.cg * g.taps, -1), out=prod)
                 y.reshape(g.n, g.k, -1)[n0:n0 + nb] = \
                     prod.reshape(g.k, nb, columns).transpose(1, 0, 2)
                 return
             col = _gemm.workspace((nb, g.c * g.taps, columns), x.dtype)
-            pick(im2col_cf)(x5, col, n0, q0, q1, *args)
+            pick(im2col_cf)(x5, col, False, n0, q0, q1, *args)
             np.matmul(wmat, col.reshape(nb, g.g, g.cg * g.taps, -1),
                       out=_gemm.output_columns(g, y, n0, nb, q0, q1))
     else:

@@ -79,12 +79,12 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
             if _gemm.batch_columns(g, nb):
                 # col[(g, c, t), b, l] and dy's tile copied to (G, Kg, b, l): one product.
                 col = _gemm.workspace((g.c * g.taps, nb, columns), x.dtype)
-                pick(im2col_cf)(x5, col.transpose(1, 0, 2), n0, q0, q1, *args)
+                pick(im2col_cf)(x5, col, True, n0, q0, q1, *args)
                 rows = _gemm.workspace((g.k, nb, columns), x.dtype, "rows")
                 rows[...] = dy.reshape(g.n, g.k, -1)[n0:n0 + nb].transpose(1, 0, 2)
                 return dot(col.reshape(g.g, g.cg * g.taps, -1), rows.reshape(g.g, g.kg, -1))
             col = _gemm.workspace((nb, g.c * g.taps, columns), x.dtype)
-            pick(im2col_cf)(x5, col, n0, q0, q1, *args)
+            pick(im2col_cf)(x5, col, False, n0, q0, q1, *args)
             return _sum_in_order(dot(col.reshape(nb, g.g, g.cg * g.taps, -1),
                                      _gemm.output_columns(g, dy, n0, nb, q0, q1)))
     else:
