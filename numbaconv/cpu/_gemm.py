@@ -232,6 +232,31 @@ def batch_columns(g: Geom, nb: int) -> bool:
     return nb > 1 and g.positions < BATCH_COLUMNS_BELOW
 
 
+def packed_cf(g: Geom, x5, args, job, pick, one_product: bool) -> np.ndarray:
+    """A channels-first tile's windows, packed into the workspace: (G, Cg * taps, nb * L),
+    columns ordered (image, position), with ``one_product`` (see :func:`batch_columns`);
+    else (nb, G, Cg * taps, L)."""
+    from ._im2col import im2col_cf
+    n0, nb, q0, q1 = job
+    columns = positions_in(q0, q1, g)
+    shape = (g.c * g.taps, nb, columns) if one_product else (nb, g.c * g.taps, columns)
+    col = workspace(shape, x5.dtype)
+    pick(im2col_cf)(x5, col, one_product, n0, q0, q1, *args)
+    if one_product:
+        return col.reshape(g.g, g.cg * g.taps, nb * columns)
+    return col.reshape(nb, g.g, g.cg * g.taps, columns)
+
+
+def packed_cl(g: Geom, x5, args, job, pick) -> np.ndarray:
+    """A channels-last tile's windows, packed into the workspace: (M, G, taps * Cg)."""
+    from ._im2col import im2col_cl
+    n0, nb, q0, q1 = job
+    m = nb * positions_in(q0, q1, g)
+    col = workspace((m, g.g, g.taps, g.cg), x5.dtype)
+    pick(im2col_cl)(x5, col, n0, q0, q1, g.g, *args)
+    return col.reshape(m, g.g, g.taps * g.cg)
+
+
 def largest_operand(*arrays) -> int:
     return max(a.nbytes for a in arrays if a is not None)
 

@@ -16,7 +16,6 @@ padding before. Index arithmetic is int64 throughout.
 from __future__ import annotations
 
 import numba
-import numpy as np
 from numba import prange
 
 from ..config import jit_options
@@ -179,7 +178,6 @@ def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
     # run of r2 * C values of x and fill a contiguous run of col (ResNet's 3x3: 192 values
     # per copy for 64 channels, the stem's 7x7 on 3 channels: 21 instead of 7 copies of 3).
     runs = groups == 1 and dil[2] == 1
-    run = r[2] * c_total
     row_length = groups * r[0] * r[1] * r[2] * cg
     cflat = col.reshape(-1)
     xflat = x.reshape(-1)

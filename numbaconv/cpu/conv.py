@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from . import _direct, _gemm
-from ._im2col import im2col_cf, im2col_cl
 from ._layout import Geom, geom
 
 
@@ -73,29 +72,22 @@ def im2col_forward(g: Geom, x, w, y, wmat=None) -> None:
 
         def tile(job, pick):
             n0, nb, q0, q1 = job
-            columns = _gemm.positions_in(q0, q1, g)
-            if _gemm.batch_columns(g, nb):
-                # col[(g, c, t), b, l]: one product for the tile, then y's tile copied out.
-                col = _gemm.workspace((g.c * g.taps, nb, columns), x.dtype)
-                pick(im2col_cf)(x5, col, True, n0, q0, q1, *args)
-                prod = _gemm.workspace((g.g, g.kg, nb * columns), x.dtype, "rows")
-                np.matmul(wmat, col.reshape(g.g, g.cg * g.taps, -1), out=prod)
+            one_product = _gemm.batch_columns(g, nb)
+            col = _gemm.packed_cf(g, x5, args, job, pick, one_product)
+            if one_product:
+                # One product for the tile, then y's tile copied out image by image.
+                prod = _gemm.workspace((g.g, g.kg, col.shape[-1]), x.dtype, "rows")
+                np.matmul(wmat, col, out=prod)
                 y.reshape(g.n, g.k, -1)[n0:n0 + nb] = \
-                    prod.reshape(g.k, nb, columns).transpose(1, 0, 2)
-                return
-            col = _gemm.workspace((nb, g.c * g.taps, columns), x.dtype)
-            pick(im2col_cf)(x5, col, False, n0, q0, q1, *args)
-            np.matmul(wmat, col.reshape(nb, g.g, g.cg * g.taps, -1),
-                      out=_gemm.output_columns(g, y, n0, nb, q0, q1))
+                    prod.reshape(g.k, nb, -1).transpose(1, 0, 2)
+            else:
+                np.matmul(wmat, col, out=_gemm.output_columns(g, y, n0, nb, q0, q1))
     else:
         if wmat is None:
             wmat = _gemm.weight_cl(g, w).transpose(0, 2, 1)  # (G, taps * Cg, Kg)
 
         def tile(job, pick):
             n0, nb, q0, q1 = job
-            m = nb * _gemm.positions_in(q0, q1, g)
-            col = _gemm.workspace((m, g.g, g.taps, g.cg), x.dtype)
-            pick(im2col_cl)(x5, col, n0, q0, q1, g.g, *args)
-            _gemm.grouped_matmul(col.reshape(m, g.g, -1), wmat,
+            _gemm.grouped_matmul(_gemm.packed_cl(g, x5, args, job, pick), wmat,
                                  _gemm.output_rows(g, y, n0, nb, q0, q1))
     _gemm.run_tiles(tile, tiles)

@@ -11,7 +11,6 @@ import numpy as np
 from numbaconv.backend import store
 
 from . import _direct, _gemm
-from ._im2col import im2col_cf, im2col_cl
 from ._layout import Geom, geom
 
 
@@ -75,25 +74,18 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
     if not g.channels_last:
         def product(tile, pick):
             n0, nb, q0, q1 = tile
-            columns = _gemm.positions_in(q0, q1, g)
-            if _gemm.batch_columns(g, nb):
-                # col[(g, c, t), b, l] and dy's tile copied to (G, Kg, b, l): one product.
-                col = _gemm.workspace((g.c * g.taps, nb, columns), x.dtype)
-                pick(im2col_cf)(x5, col, True, n0, q0, q1, *args)
-                rows = _gemm.workspace((g.k, nb, columns), x.dtype, "rows")
+            one_product = _gemm.batch_columns(g, nb)
+            col = _gemm.packed_cf(g, x5, args, tile, pick, one_product)
+            if one_product:
+                # dy's tile copied to (G, Kg, image, position), the columns' order.
+                rows = _gemm.workspace((g.k, nb, col.shape[-1] // nb), x.dtype, "rows")
                 rows[...] = dy.reshape(g.n, g.k, -1)[n0:n0 + nb].transpose(1, 0, 2)
-                return dot(col.reshape(g.g, g.cg * g.taps, -1), rows.reshape(g.g, g.kg, -1))
-            col = _gemm.workspace((nb, g.c * g.taps, columns), x.dtype)
-            pick(im2col_cf)(x5, col, False, n0, q0, q1, *args)
-            return _sum_in_order(dot(col.reshape(nb, g.g, g.cg * g.taps, -1),
-                                     _gemm.output_columns(g, dy, n0, nb, q0, q1)))
+                return dot(col, rows.reshape(g.g, g.kg, -1))
+            return _sum_in_order(dot(col, _gemm.output_columns(g, dy, n0, nb, q0, q1)))
     else:
         def product(tile, pick):
             n0, nb, q0, q1 = tile
-            m = nb * _gemm.positions_in(q0, q1, g)
-            col = _gemm.workspace((m, g.g, g.taps, g.cg), x.dtype)
-            pick(im2col_cl)(x5, col, n0, q0, q1, g.g, *args)
-            return dot(col.reshape(m, g.g, -1).transpose(1, 2, 0),
+            return dot(_gemm.packed_cl(g, x5, args, tile, pick).transpose(1, 2, 0),
                        _gemm.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0))
 
     def slot(first, pick):
