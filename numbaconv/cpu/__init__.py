@@ -10,9 +10,12 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     The convolution is a plain matrix product over x: 1x1 kernels with stride 1 and no
     padding, or kernels exactly as large as the unpadded input. No packing at all.
 ``im2col``
-    Any problem: windows packed by a Numba kernel into a matrix (col2im for the data
-    gradient), one BLAS product per tile of images. The packed workspace is at most
+    Any problem: windows packed by a Numba kernel into a matrix (col2im for the strided data
+    gradient; a stride-1 data gradient is the forward convolution of dy with the flipped
+    kernel), one BLAS product per tile of images. The packed workspace is at most
     max(64 MiB, the largest operand); a single image too large for that is split by rows.
+    Tiles are shared among threads, each packing and multiplying on one core
+    (:func:`._gemm.run_tiles`).
 ``direct``
     Numba loops without packing, for grouped convolutions with few channels per group
     (depthwise above all), where a GEMM would multiply one-column matrices.
