@@ -272,3 +272,21 @@ def test_importing_the_backend_compiles_nothing():
             "nc.backends()\n"
             "assert 'numba' not in sys.modules, 'numba imported by backend discovery'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_bias_gradient_of_many_rows(layout):
+    """Enough rows that each channels-last chunk runs its four-rows-at-a-time loop and its
+    remainder; a NaN in one row reaches only its channel."""
+    rng = np.random.default_rng(11)
+    dy = rng.standard_normal((3, 11, 13, 5)).astype(np.float32)   # 429 rows of 5
+    dy[1, 4, 7, 2] = np.nan
+    if layout == "channels_first":
+        dy = np.ascontiguousarray(np.moveaxis(dy, -1, 1))
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_bias(dy, layout=layout)
+    with nc.use_backend("cpu"):
+        got = nc.conv_backward_bias(dy, layout=layout)
+    assert np.isnan(got[2]) and np.isnan(expected[2])
+    keep = np.arange(5) != 2
+    assert relative_error(got[keep], expected[keep]) < TOL["float32"]

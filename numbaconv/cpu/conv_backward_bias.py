@@ -36,10 +36,28 @@ def _bias_cf(dy, db):
 def _bias_cl_partials(dy, partial):
     rows = dy.shape[0]
     chunks = partial.shape[0]
+    # Loops over zero-based row views: slice updates (a view made per row) were 3 times
+    # slower than PyTorch's sum.
     for chunk in prange(chunks):
-        partial[chunk, :] = 0
-        for row in range(chunk * rows // chunks, (chunk + 1) * rows // chunks):
-            partial[chunk, :] += dy[row, :]
+        acc = partial[chunk]
+        for k in range(acc.shape[0]):
+            acc[k] = 0
+        lo = chunk * rows // chunks
+        hi = (chunk + 1) * rows // chunks
+        row = lo
+        while row + 4 <= hi:        # four rows per pass over acc
+            v0 = dy[row]
+            v1 = dy[row + 1]
+            v2 = dy[row + 2]
+            v3 = dy[row + 3]
+            for k in range(acc.shape[0]):
+                acc[k] += (np.float64(v0[k]) + np.float64(v1[k])) + \
+                    (np.float64(v2[k]) + np.float64(v3[k]))
+            row += 4
+        for r in range(row, hi):
+            values = dy[r]
+            for k in range(acc.shape[0]):
+                acc[k] += values[k]
 
 
 def run(problem, operands, out, algorithm):
