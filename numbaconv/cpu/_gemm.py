@@ -236,12 +236,16 @@ def packed_cf(g: Geom, x5, args, job, pick, one_product: bool) -> np.ndarray:
     """A channels-first tile's windows, packed into the workspace: (G, Cg * taps, nb * L),
     columns ordered (image, position), with ``one_product`` (see :func:`batch_columns`);
     else (nb, G, Cg * taps, L)."""
-    from ._im2col import im2col_cf
+    from ._im2col import im2col_cf, im2col_cf_phased
     n0, nb, q0, q1 = job
     columns = positions_in(q0, q1, g)
     shape = (g.c * g.taps, nb, columns) if one_product else (nb, g.c * g.taps, columns)
     col = workspace(shape, x5.dtype)
-    pick(im2col_cf)(x5, col, one_product, n0, q0, q1, *args)
+    # Phases when the tile holds whole images: each job splits a whole input plane, which
+    # row tiles of one image would each split again (64 channels at 224x224: twice as slow).
+    whole = q0 == 0 and q1 == g.p[0] * g.p[1]
+    kernel = im2col_cf_phased if g.stride[2] > 1 and whole else im2col_cf
+    pick(kernel)(x5, col, one_product, n0, q0, q1, *args)
     if one_product:
         return col.reshape(g.g, g.cg * g.taps, nb * columns)
     return col.reshape(nb, g.g, g.cg * g.taps, columns)

@@ -16,6 +16,7 @@ padding before. Index arithmetic is int64 throughout.
 from __future__ import annotations
 
 import numba
+import numpy as np
 from numba import prange
 
 from ..config import jit_options
@@ -131,6 +132,61 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
                 inner[k] = values[k * step]
             for k in range(hi2, width):
                 dst[k] = 0
+
+
+@_njit
+def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
+    """im2col_cf for a stride above 1 in the last dimension: each job, one (image, channel),
+    first splits its input plane by stride phase along that dimension (ph[a, i0 * S1 + i1, j]
+    = x[..., i0, i1, a + stride * j]), so that every tap's output row is one contiguous run
+    of a phase row instead of a strided gather (ResNet's stride-2 128-channel 56x56 layer,
+    channels-first, one thread: packing 5.4 ms before)."""
+    nb = col.shape[1] if rows_first else col.shape[0]
+    c_total = x.shape[1]
+    taps = r[0] * r[1] * r[2]
+    step = stride[2]
+    width = p[2]
+    w2 = (s[2] + step - 1) // step
+    for job in prange(nb * c_total):
+        b = job // c_total
+        c = job - b * c_total
+        n = n0 + b
+        plane = x[n, c].reshape(s[0] * s[1], s[2])
+        ph = np.empty((step, s[0] * s[1], w2), x.dtype)
+        for i01 in range(s[0] * s[1]):
+            src = plane[i01]
+            for a in range(step):
+                dst = ph[a, i01]
+                for j in range((s[2] - a + step - 1) // step):
+                    dst[j] = src[a + step * j]
+        for t in range(taps):
+            t0 = t // (r[1] * r[2])
+            t1 = (t // r[2]) % r[1]
+            t2 = t % r[2]
+            lo2, hi2 = _valid(s[2], step, dil[2], before[2], t2, width)
+            off2 = t2 * dil[2] - before[2]
+            a2 = off2 % step
+            first = lo2 + (off2 - a2) // step       # phase index of output lo2
+            row = c * taps + t
+            line = col[row, b] if rows_first else col[b, row]
+            for q in range(q0, q1):
+                p0 = q // p[1]
+                p1 = q - p0 * p[1]
+                i0 = p0 * stride[0] - before[0] + t0 * dil[0]
+                i1 = p1 * stride[1] - before[1] + t1 * dil[1]
+                dst = line[(q - q0) * width:(q - q0 + 1) * width]
+                if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1] or lo2 >= hi2:
+                    for k in range(width):
+                        dst[k] = 0
+                    continue
+                for k in range(lo2):
+                    dst[k] = 0
+                inner = dst[lo2:hi2]
+                values = ph[a2, i0 * s[1] + i1, first:]
+                for k in range(hi2 - lo2):
+                    inner[k] = values[k]
+                for k in range(hi2, width):
+                    dst[k] = 0
 
 
 @_inline
