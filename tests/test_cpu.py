@@ -290,3 +290,26 @@ def test_bias_gradient_of_many_rows(layout):
     assert np.isnan(got[2]) and np.isnan(expected[2])
     keep = np.arange(5) != 2
     assert relative_error(got[keep], expected[keep]) < TOL["float32"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_tile_workers_in_a_forked_child(monkeypatch):
+    """A child forked after the tile workers started gets its own pool (the parent's
+    threads do not exist in it) and the same result."""
+    import multiprocessing
+    from numbaconv.cpu import _gemm
+    _force_tile_workers(monkeypatch, 2)
+    monkeypatch.setattr(_gemm, "TILE_BYTES", 1)
+    x = np.arange(2 * 3 * 6 * 6, dtype=np.float64).reshape(2, 3, 6, 6) % 7
+    w = np.ones((4, 3, 3, 3))
+    with nc.use_backend("cpu"):
+        expected = nc.conv(x, w, padding=1)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_conv_in_child, (x, w))
+    np.testing.assert_array_equal(got, expected)
+
+
+def _conv_in_child(x, w):
+    with nc.use_backend("cpu"):
+        return nc.conv(x, w, padding=1)

@@ -148,15 +148,28 @@ _pools: dict = {}
 _pools_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child starts with none of the parent's threads: fresh locks (one held by a
+    parent thread at the fork would never be released), no BLAS users, no pools."""
+    global _blas_lock, _blas_users, _pools_lock
+    _blas_lock = threading.Lock()
+    _pools_lock = threading.Lock()
+    _blas_users = 0
+    _pools.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _pool(workers: int):
     """A thread pool of ``workers`` threads, made once per process (a forked child makes
     its own: the parent's threads do not exist there)."""
-    key = (os.getpid(), workers)
     with _pools_lock:
-        pool = _pools.get(key)
+        pool = _pools.get(workers)
         if pool is None:
-            pool = _pools[key] = ThreadPoolExecutor(workers,
-                                                    thread_name_prefix="numbaconv-tile")
+            pool = _pools[workers] = ThreadPoolExecutor(workers,
+                                                        thread_name_prefix="numbaconv-tile")
         return pool
 
 
