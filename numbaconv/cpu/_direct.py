@@ -41,6 +41,7 @@ import numpy as np
 from numba import prange, uint64
 
 from ..config import jit_options
+from ._im2col import zero_rows
 
 _njit = numba.njit(**jit_options())
 _inline = numba.njit(**jit_options(parallel=False), inline="always")
@@ -336,14 +337,15 @@ def _cl_rows(rowslot, tag, buf, src, n, o0, p1, out, size, stuff, before, stride
 
 @_njit
 def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size, stuff, before,
-             stride, dil, r, rows):
+             stride, dil, r, rows, overwrite):
     """Channels-last forward-form convolution, K channels wide.
 
     src (N, A0, A1, A2, Cs); wk (passes, taps, K): the weights of each pass, K-space;
     dst3 (N * O0 * O1, O2, Cd), and dst2 the same array as (N * O0 * O1, O2 * Cd). Forward
     (``transposed`` False): y channel k gathers source channel cmap[pass, k]; passes add up.
     Data gradient: the source is dy (K channels) and pass c adds, for every group, the sum
-    over its kg outputs into dx channel g*cg + c.
+    over its kg outputs into dx channel g*cg + c; ``overwrite`` (depthwise, one fused 3x3
+    body per row) writes dx instead, like the forward.
     """
     n_total = src.shape[0]
     passes, taps, kk = wk.shape[0], wk.shape[1], wk.shape[2]
@@ -359,9 +361,9 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
     step = stride[2] if dil[2] == 1 and stride[2] <= 2 else 0
     fused = r[1] == 3 and r[2] == 3 and step != 0
     plain = cg == 1 and kg == 1
-    # Forward output rows go straight into y when one fused 3x3 body makes them (exactly
-    # O2 pixels wide); the data gradient always adds a finished row into dx.
-    direct = fused and r[0] == 1 and passes == 1 and not transposed
+    # Output rows go straight into y (or an overwritten dx) when one fused 3x3 body makes
+    # them (exactly O2 pixels wide); otherwise the data gradient adds a finished row into dx.
+    direct = fused and r[0] == 1 and passes == 1 and (overwrite or not transposed)
     groups = kk // kg
     for job in prange(n_total * o0n * blocks):
         blk = job % blocks
@@ -741,13 +743,13 @@ def _cf_taps(r, dil, s1, s2, m2, plane, offset):
 
 
 @_njit
-def _cf_conv(src, wsrc, dst, per_group, transposed, out, size, stuff, before, stride, dil, r,
+def _cf_conv(src, wsrc, dst, per_group, add, out, size, stuff, before, stride, dil, r,
              rows, chunks, zero):
     """Channels-first forward-form convolution, plane by plane.
 
     src (N, Cs, A0, A1, A2); wsrc (O, J, taps); dst (N, O, O0, O1, O2). Output plane o sums
-    its J source planes (o // per_group) * J + j, each with kernel wsrc[o, j]. ``transposed``
-    adds into dst (the data gradient); otherwise dst is overwritten.
+    its J source planes (o // per_group) * J + j, each with kernel wsrc[o, j]. ``add``
+    adds into dst (the data gradient with accumulation); otherwise dst is overwritten.
     """
     n_total, o_total = dst.shape[0], dst.shape[1]
     jn = wsrc.shape[1]
@@ -806,11 +808,11 @@ def _cf_conv(src, wsrc, dst, per_group, transposed, out, size, stuff, before, st
                             i += 1
                         first = False
             if first:
-                if not transposed:
+                if not add:
                     for i in range(nr):
                         for m in range(o2n):
                             dst[n, o, o0, pa + i, m] = 0
-            elif transposed:
+            elif add:
                 for i in range(nr):
                     for m in range(o2n):
                         dst[n, o, o0, pa + i, m] += yb[i, m]
@@ -1079,7 +1081,7 @@ def _flat_fill(xg, src, n, ch, a0, lo, hi, guard, width):
 
 
 @_njit
-def _cf_flat_conv(src4, wsrc, dst4, per_group, transposed, mask, out, size, stuff, before,
+def _cf_flat_conv(src4, wsrc, dst4, per_group, add, mask, out, size, stuff, before,
                   stride, dil, r, rows, chunks, zero):
     """Channels-first convolution, stride 1, output rows as wide as the source rows.
 
@@ -1134,7 +1136,7 @@ def _cf_flat_conv(src4, wsrc, dst4, per_group, transposed, mask, out, size, stuf
                         w[i] = wsrc[o, j, t0 * t12 + i]
                     i = 0
                     while i < t12:
-                        write = first and not transposed
+                        write = first and not add
                         if size9[i] == 9:
                             _flat9(dst4, n, o, o0, q0, q, xg, fo, mask, mo, w, i, write, zero)
                         elif size9[i] == 3:
@@ -1143,7 +1145,7 @@ def _cf_flat_conv(src4, wsrc, dst4, per_group, transposed, mask, out, size, stuf
                             _flat1(dst4, n, o, o0, q0, q, xg, fo, mask, mo, w, i, write, zero)
                         i += size9[i]
                         first = False
-            if first and not transposed:
+            if first and not add:
                 u0 = uint64(q0)
                 for m in range(uint64(q)):
                     dst4[n, o, o0, u0 + m] = zero
@@ -1270,33 +1272,41 @@ def forward(g, x, w, y) -> None:
         rows = _row_split(g.p[1], g.n * g.p[0])
         y3 = y.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
         _cl_conv(g.x5(x), wk, y3, _rows2d(y3), cmap, identity, False, g.cg, g.kg,
-                 *form.args(), rows)
+                 *form.args(), rows, False)
     else:
         _cf_convolve(form, g.x5(x), w.reshape(g.k, g.cg, g.taps), g.y5(y), g.kg, False)
 
 
-def data_gradient(g, dy, w, dx) -> None:
-    """dx += the data gradient (the caller zeroes dx unless accumulating)."""
+def data_gradient(g, dy, w, dx, accumulate: bool = True) -> None:
+    """dx += the data gradient, or dx = it when not ``accumulate``."""
     if not _finite(w):
         # The reference never multiplies a weight by padding here; im2col does not either.
         from .conv_backward_data import _im2col_dgrad
+        if not accumulate:
+            _zero_rows(dx)
         _im2col_dgrad(g, dy, w, dx)
         return
     form = _transposed_form(g)
     flipped = w.reshape(g.k, g.cg, g.taps)[:, :, ::-1]
     if g.channels_last:
+        # Depthwise 3x3 windows write dx rows straight from the fused body, as forward does.
+        overwrite = (not accumulate and g.cg == 1 and g.kg == 1 and form.kernel[0] == 1
+                     and form.kernel[1:] == (3, 3) and form.dilation[2] == 1)
+        if not accumulate and not overwrite:
+            _zero_rows(dx)
         wk = np.ascontiguousarray(flipped.transpose(1, 2, 0))        # (Cg, taps, K)
         cmap = np.zeros((g.cg, 1), np.int64)                         # dy is read as is
         rows = _row_split(g.s[1], g.n * g.s[0])
         dx3 = dx.reshape(g.n * g.s[0] * g.s[1], g.s[2], g.c)
         _cl_conv(g.y5(dy), wk, dx3, _rows2d(dx3), cmap, True, True, g.cg, g.kg, *form.args(),
-                 rows)
+                 rows, overwrite)
     else:
         # dx plane g*Cg + c sums dy planes g*Kg + j, each with flip(w[g*Kg + j, c]).
         wsrc = np.ascontiguousarray(
             flipped.reshape(g.g, g.kg, g.cg, g.taps).transpose(0, 2, 1, 3)
             .reshape(g.c, g.kg, g.taps))
-        _cf_convolve(form, g.y5(dy), wsrc, g.x5(dx), g.cg, True)
+        # Added into dx, or written (zeros where no dy reaches) when not accumulating.
+        _cf_convolve(form, g.y5(dy), wsrc, g.x5(dx), g.cg, accumulate)
 
 
 def weight_gradient(g, x, dy) -> np.ndarray:
@@ -1332,16 +1342,20 @@ def weight_gradient(g, x, dy) -> np.ndarray:
     return total.reshape((g.k, g.cg) + g.r)
 
 
-def _cf_convolve(form, src5, wsrc, dst5, per_group, transposed) -> None:
+def _cf_convolve(form, src5, wsrc, dst5, per_group, add) -> None:
     n, o = dst5.shape[0], dst5.shape[1]
     rows = _row_split(form.out[1], n * o * form.out[0])
     chunks = _chunks(n * o * form.out[0] * -(-form.out[1] // rows))
     if _flat(form):
-        _cf_flat_conv(_planes(src5), wsrc, _planes(dst5), per_group, transposed,
+        _cf_flat_conv(_planes(src5), wsrc, _planes(dst5), per_group, add,
                       _column_mask(form), *form.args(), rows, chunks, _zero(dst5))
     else:
-        _cf_conv(src5, wsrc, dst5, per_group, transposed, *form.args(), rows, chunks,
+        _cf_conv(src5, wsrc, dst5, per_group, add, *form.args(), rows, chunks,
                  _zero(dst5))
+
+
+def _zero_rows(a) -> None:
+    zero_rows(a.reshape(a.shape[0], -1))
 
 
 def _flat(form) -> bool:

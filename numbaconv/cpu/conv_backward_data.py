@@ -49,9 +49,7 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
             zero_rows(dx.reshape(dx.shape[0], -1))
         _im2col_dgrad(g, dy, w, dx)
     elif algorithm == "direct":
-        if not accumulate:
-            zero_rows(dx.reshape(dx.shape[0], -1))
-        _direct.data_gradient(g, dy, w, dx)
+        _direct.data_gradient(g, dy, w, dx, accumulate)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")
 

@@ -1,0 +1,136 @@
+"""The cpu backend's direct kernels on depthwise problems, both layouts, where the data
+gradient writes dx instead of zeroing it and adding (the fused channels-last 3x3 rows, the
+channels-first plane kernels): forward, data gradient (written over garbage and
+accumulated), weight gradient, against the reference; NaN and infinity at the borders;
+bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import dispatch
+from numbaconv import problem as pb
+from numbaconv.testing import relative_error
+
+TOL = {"float32": 2e-5, "float64": 1e-11}
+
+# (name, x shape channels-first, kernel, padding, stride, dilation[, outputs per channel])
+CASES = [
+    ("2d", (2, 5, 6, 7), (3, 3), 1, 1, 1),
+    ("2d-two-columns", (1, 3, 4, 2), (3, 3), 1, 1, 1),
+    ("2d-one-row", (2, 4, 1, 5), (3, 3), 1, 1, 1),
+    ("2d-tall-kernel", (1, 6, 7, 5), (5, 3), (2, 1), 1, 1),
+    ("2d-row-dilation", (1, 4, 9, 6), (3, 3), (2, 1), 1, (2, 1)),
+    ("2d-wide-channels", (1, 130, 5, 4), (3, 3), 1, 1, 1),
+    ("2d-row-stride", (2, 3, 9, 5), (3, 3), 1, (2, 1), 1),
+    ("2d-stride-2", (2, 4, 9, 8), (3, 3), 1, 2, 1),
+    ("2d-no-padding", (1, 3, 6, 7), (3, 3), 0, 1, 1),
+    ("2d-5x5", (1, 3, 7, 6), (5, 5), 2, 1, 1),
+    ("2d-wide-rows", (2, 5, 4, 19), (3, 3), 1, 1, 1),
+    ("2d-column-dilation", (1, 3, 5, 12), (3, 3), (1, 2), 1, (1, 2)),
+    ("2d-depth-multiplier", (1, 3, 5, 6), (3, 3), 1, 1, 1, 2),
+    ("1d", (2, 6, 9), (3,), 1, 1, 1),
+    ("3d", (1, 3, 4, 5, 6), (3, 3, 3), 1, 1, 1),
+    ("3d-depth-stride", (1, 3, 5, 4, 6), (2, 3, 3), (0, 1, 1), (2, 1, 1), 1),
+]
+
+
+def _arrays(x_shape, kernel, dtype, layout, seed=0, multiplier=1, **kw):
+    rng = np.random.default_rng(seed)
+    c = x_shape[1]
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal((c * multiplier, 1) + kernel).astype(dtype)
+    kw.setdefault("groups", c)
+    y_shape = nc.conv_output_shape(x_shape, w.shape, **kw)
+    dy = rng.standard_normal(y_shape).astype(dtype)
+    if layout == "channels_last":
+        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+    return x, w, dy
+
+
+def _run(op, problem, operands, out=None):
+    return dispatch.get_backend("cpu").run(op, problem, operands, out, "direct")
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_depthwise_direct_matches_the_reference(case, dtype, layout):
+    _, x_shape, kernel, padding, stride, dilation = case[:6]
+    multiplier = case[6] if len(case) > 6 else 1
+    kw = dict(padding=padding, stride=stride, dilation=dilation, groups=x_shape[1])
+    x, w, dy = _arrays(x_shape, kernel, dtype, "channels_first", multiplier=multiplier, **kw)
+    if layout == "channels_last":
+        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+    kw["layout"] = layout
+    with nc.use_backend("reference"):
+        y_ref = nc.conv(x, w, **kw)
+        dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
+        dw_ref = nc.conv_backward_weight(x, dy, w.shape, **kw)
+    tol = TOL[dtype]
+    p = pb.conv_problem(x, w, None, **kw)
+    assert relative_error(_run("conv", p, (x, w, None)), y_ref) < tol
+    # Written (into garbage) and accumulated (onto ones).
+    out = np.full_like(x, np.nan)
+    p = pb.conv_backward_data_problem(dy, w, x.shape, **kw, out=out)
+    assert relative_error(_run("conv_backward_data", p, (dy, w), out), dx_ref) < tol
+    out = np.ones_like(x)
+    p = pb.conv_backward_data_problem(dy, w, x.shape, **kw, out=out, accumulate=True)
+    assert relative_error(_run("conv_backward_data", p, (dy, w), out), dx_ref + 1) < tol
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    assert relative_error(_run("conv_backward_weight", p, (x, dy)), dw_ref) < tol
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
+def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout):
+    x_shape = (1, 3, 5, 6)
+    x, w, dy = _arrays(x_shape, (3, 3), "float64", "channels_first", padding=1, groups=3)
+    for a, b, v in ((0, 0, np.nan), (0, 5, np.inf), (4, 0, -np.inf), (2, 5, np.nan),
+                    (4, 3, np.inf)):
+        x[0, 1, a, b] = v
+        dy[0, 2, 4 - a, 5 - b] = v
+    dy[0, 0, 0, 2] = np.inf
+    if layout == "channels_last":
+        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+    kw = dict(padding=1, groups=3, layout=layout)
+    calls = (lambda: nc.conv(x, w, **kw),
+             lambda: nc.conv_backward_data(dy, w, x.shape, **kw),
+             lambda: nc.conv_backward_weight(x, dy, w.shape, **kw))
+    for fn in calls:
+        with nc.use_backend("reference"):
+            expected = fn()
+        with nc.use_backend("cpu"):
+            got = fn()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+        finite = np.isfinite(expected)
+        np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-9, atol=1e-9)
+
+
+def test_depthwise_weight_gradient_is_bitwise_deterministic():
+    x, w, dy = _arrays((4, 24, 10, 9), (3, 3), "float32", "channels_last", padding=1,
+                       groups=24)
+    kw = dict(padding=1, groups=24, layout="channels_last")
+    with nc.use_backend("cpu"):
+        first = nc.conv_backward_weight(x, dy, w.shape, **kw)
+        for _ in range(3):
+            assert np.array_equal(first, nc.conv_backward_weight(x, dy, w.shape, **kw))
+
+
+def test_direct_kernels_stay_in_bounds_under_numba_boundscheck():
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBACONV_JIT_CACHE="0")
+    code = ("import sys; sys.path.insert(0, {tests!r})\n"
+            "from test_cpu_direct import CASES, test_depthwise_direct_matches_the_reference\n"
+            "for c in CASES:\n"
+            "    for layout in ('channels_last', 'channels_first'):\n"
+            "        test_depthwise_direct_matches_the_reference(c, 'float64', layout)\n"
+            "print('boundscheck ok')\n").format(tests=os.path.dirname(__file__))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "boundscheck ok" in result.stdout
