@@ -141,9 +141,12 @@ def test_taps_that_read_no_input_at_all(c, layout):
     check_every_algorithm(c, layout, "float64")
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, 2, "twins"])
 def test_workspace_tiling_splits_batches_and_rows(monkeypatch, workers):
     from numbaconv.cpu import _gemm
+    if workers == "twins":  # the packing kernels' serial twins (workqueue threading layer)
+        monkeypatch.setattr(_gemm, "_parallel_kernels_in_workers", lambda: False)
+        workers = 2
     _force_tile_workers(monkeypatch, workers)
     c = ConvCase("tiled", (3, 4, 9, 8), (6, 2, 3, 3), stride=(2, 1), padding=1, groups=2,
                  output_padding=(1, 0))
@@ -180,8 +183,11 @@ def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     dy = rng.standard_normal((6, 7, 9, 9)).astype(np.float32)
     monkeypatch.setattr(_gemm, "TILE_BYTES", 4 * 5 * 9 * 9 * 9)     # one image per tile
     results = []
-    for workers in (1, 2, 2):
+    for workers, twins in ((1, False), (2, False), (2, False), (2, True)):
         _force_tile_workers(monkeypatch, workers)
+        # The serial twins of the packing kernels, which workers use under the workqueue
+        # threading layer.
+        monkeypatch.setattr(_gemm, "_parallel_kernels_in_workers", lambda: not twins)
         with nc.use_backend("cpu"):
             results.append(nc.conv_backward_weight(x, dy, (7, 5, 3, 3), padding=1))
     with nc.use_backend("reference"):
@@ -189,6 +195,7 @@ def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     assert relative_error(results[0], expected) < TOL["float32"]
     assert np.array_equal(results[1], results[2])
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(results[3], results[1], rtol=1e-6, atol=1e-6)
 
 
 def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):

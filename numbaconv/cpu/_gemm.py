@@ -148,14 +148,20 @@ _pools: dict = {}
 _pools_lock = threading.Lock()
 
 
+_forked = False
+
+
 def _after_fork_in_child() -> None:
     """A forked child starts with none of the parent's threads: fresh locks (one held by a
-    parent thread at the fork would never be released), no BLAS users, no pools."""
-    global _blas_lock, _blas_users, _pools_lock
+    parent thread at the fork would never be released), no BLAS users, no pools; and its
+    tile workers use the serial twins, since GNU OpenMP's parallel regions hang in a child
+    forked after the parent used them."""
+    global _blas_lock, _blas_users, _pools_lock, _forked
     _blas_lock = threading.Lock()
     _pools_lock = threading.Lock()
     _blas_users = 0
     _pools.clear()
+    _forked = True
 
 
 if hasattr(os, "register_at_fork"):
@@ -163,14 +169,26 @@ if hasattr(os, "register_at_fork"):
 
 
 def _pool(workers: int):
-    """A thread pool of ``workers`` threads, made once per process (a forked child makes
-    its own: the parent's threads do not exist there)."""
+    """A thread pool of ``workers`` threads, each with one Numba thread, made once per
+    process (a forked child makes its own: the parent's threads do not exist there)."""
     with _pools_lock:
         pool = _pools.get(workers)
         if pool is None:
-            pool = _pools[workers] = ThreadPoolExecutor(workers,
-                                                        thread_name_prefix="numbaconv-tile")
+            pool = _pools[workers] = ThreadPoolExecutor(
+                workers, thread_name_prefix="numbaconv-tile",
+                initializer=numba.set_num_threads, initargs=(1,))
         return pool
+
+
+@functools.lru_cache(maxsize=1)
+def _parallel_kernels_in_workers() -> bool:
+    """Whether the tile workers may call the parallel packing kernels (on one Numba thread
+    each): Numba's omp and tbb threading layers take launches from several threads at
+    once, its workqueue layer does not. Those kernels ran 2.2 times as fast as their
+    serial twins on one thread (Numba's parfor lowering optimises the loop body better)."""
+    from ._im2col import zero_rows
+    zero_rows(np.zeros((1, 1)))         # a first parallel launch picks the threading layer
+    return numba.threading_layer() in ("omp", "tbb")
 
 
 def tile_workers(jobs: int) -> int:
@@ -184,9 +202,9 @@ def tile_workers(jobs: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def serial(kernel):
-    """The one-thread compilation of a packing kernel, for the tile workers (which run
-    side by side: Numba's workqueue threading layer cannot launch parallel regions from
-    two threads at once)."""
+    """The one-thread compilation of a packing kernel, for the tile workers under Numba's
+    workqueue threading layer (which cannot launch parallel regions from two threads at
+    once)."""
     return serial_twin(kernel.py_func)
 
 
@@ -210,8 +228,9 @@ def run_tiles(work, jobs: list) -> list:
     if workers == 1:
         with packing_threads():
             return [work(job, _same) for job in jobs]
+    pick = _same if not _forked and _parallel_kernels_in_workers() else serial
     with blas_single_threaded():
-        futures = [_pool(workers).submit(work, job, serial) for job in jobs]
+        futures = [_pool(workers).submit(work, job, pick) for job in jobs]
         wait(futures)
     return [future.result() for future in futures]
 
