@@ -110,28 +110,39 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
             _copy_row_runs(x[n, c], line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
                            before, stride[0])
             continue
-        # Loops over zero-based views (see _copy_window_runs), scalars not array reads.
-        width = p[2]
-        step = stride[2]
-        first = lo2 * step + t2 * dil[2] - before[2]   # input index of output lo2
-        for q in range(q0, q1):
-            p0 = q // p[1]
-            p1 = q - p0 * p[1]
-            i0 = p0 * stride[0] - before[0] + t0 * dil[0]
-            i1 = p1 * stride[1] - before[1] + t1 * dil[1]
-            dst = line[(q - q0) * width:(q - q0 + 1) * width]
-            if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1]:
-                for k in range(width):
-                    dst[k] = 0
-                continue
-            for k in range(lo2):
+        first = lo2 * stride[2] + t2 * dil[2] - before[2]   # input index of output lo2
+        _fill_rows(line, x[n, c].reshape(s[0] * s[1], s[2]), first, stride[2], q0, q1, t0,
+                   t1, lo2, hi2, s, p, stride, dil, before)
+
+
+@_inline
+def _fill_rows(line, rows, first, step, q0, q1, t0, t1, lo2, hi2, s, p, stride, dil, before):
+    """One packed row of im2col_cf, output rows q0..q1 of tap (t0, t1, t2): output p2 in
+    [lo2, hi2) reads rows[i0 * S1 + i1, first + (p2 - lo2) * step], zero elsewhere and where
+    (i0, i1) falls outside the input. Loops over zero-based views (see _copy_window_runs)."""
+    width = p[2]
+    for q in range(q0, q1):
+        p0 = q // p[1]
+        p1 = q - p0 * p[1]
+        i0 = p0 * stride[0] - before[0] + t0 * dil[0]
+        i1 = p1 * stride[1] - before[1] + t1 * dil[1]
+        dst = line[(q - q0) * width:(q - q0 + 1) * width]
+        if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1] or lo2 >= hi2:
+            for k in range(width):
                 dst[k] = 0
-            inner = dst[lo2:hi2]
-            values = x[n, c, i0, i1, first:]
+            continue
+        for k in range(lo2):
+            dst[k] = 0
+        inner = dst[lo2:hi2]
+        values = rows[i0 * s[1] + i1, first:]
+        if step == 1:       # a contiguous run (the phased kernel's rows): it vectorises
+            for k in range(hi2 - lo2):
+                inner[k] = values[k]
+        else:
             for k in range(hi2 - lo2):
                 inner[k] = values[k * step]
-            for k in range(hi2, width):
-                dst[k] = 0
+        for k in range(hi2, width):
+            dst[k] = 0
 
 
 @_njit
@@ -169,24 +180,8 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
             first = lo2 + (off2 - a2) // step       # phase index of output lo2
             row = c * taps + t
             line = col[row, b] if rows_first else col[b, row]
-            for q in range(q0, q1):
-                p0 = q // p[1]
-                p1 = q - p0 * p[1]
-                i0 = p0 * stride[0] - before[0] + t0 * dil[0]
-                i1 = p1 * stride[1] - before[1] + t1 * dil[1]
-                dst = line[(q - q0) * width:(q - q0 + 1) * width]
-                if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1] or lo2 >= hi2:
-                    for k in range(width):
-                        dst[k] = 0
-                    continue
-                for k in range(lo2):
-                    dst[k] = 0
-                inner = dst[lo2:hi2]
-                values = ph[a2, i0 * s[1] + i1, first:]
-                for k in range(hi2 - lo2):
-                    inner[k] = values[k]
-                for k in range(hi2, width):
-                    dst[k] = 0
+            _fill_rows(line, ph[a2], first, 1, q0, q1, t0, t1, lo2, hi2, s, p, stride, dil,
+                       before)
 
 
 @_inline
