@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 
 # Tests import helper modules (torch_oracle) from this folder.
@@ -39,3 +40,22 @@ def local_cluster():
                     f"here: {type(error).__name__}: {error}")
     with cluster:
         yield cluster
+
+
+@pytest.fixture
+def run_under_boundscheck():
+    """A function running test code in a fresh interpreter compiled with NUMBA_BOUNDSCHECK=1
+    (the cpu kernels' out-of-bounds check)."""
+    return _run_under_boundscheck
+
+
+def _run_under_boundscheck(code: str) -> None:
+    """Run ``code`` (with this folder importable) in a fresh interpreter whose kernels are
+    compiled with NUMBA_BOUNDSCHECK=1 (and no disk cache): it must finish without error."""
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBACONV_JIT_CACHE="0")
+    script = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n{code}"
+              "print('boundscheck ok')\n")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "boundscheck ok" in result.stdout

@@ -258,20 +258,13 @@ def test_nan_and_inf_propagate_like_the_reference():
         np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
 
 
-def test_kernels_stay_in_bounds_under_numba_boundscheck():
+def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
     """Every algorithm on every case once more, compiled with NUMBA_BOUNDSCHECK=1."""
-    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBACONV_JIT_CACHE="0")
-    code = ("import sys; sys.path.insert(0, {tests!r})\n"
-            "from test_cpu import check_every_algorithm\n"
-            "from numbaconv.testing import CASES\n"
-            "for c in CASES:\n"
-            "    for layout in ('channels_first', 'channels_last'):\n"
-            "        check_every_algorithm(c, layout, 'float64')\n"
-            "print('boundscheck ok')\n").format(tests=os.path.dirname(__file__))
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "boundscheck ok" in result.stdout
+    run_under_boundscheck("from test_cpu import check_every_algorithm\n"
+                          "from numbaconv.testing import CASES\n"
+                          "for c in CASES:\n"
+                          "    for layout in ('channels_first', 'channels_last'):\n"
+                          "        check_every_algorithm(c, layout, 'float64')\n")
 
 
 def test_importing_the_backend_compiles_nothing():

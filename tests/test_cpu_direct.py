@@ -4,10 +4,6 @@ channels-first plane kernels): forward, data gradient (written over garbage and
 accumulated), weight gradient, against the reference; NaN and infinity at the borders;
 bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass."""
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -122,15 +118,9 @@ def test_depthwise_weight_gradient_is_bitwise_deterministic():
             assert np.array_equal(first, nc.conv_backward_weight(x, dy, w.shape, **kw))
 
 
-def test_direct_kernels_stay_in_bounds_under_numba_boundscheck():
-    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBACONV_JIT_CACHE="0")
-    code = ("import sys; sys.path.insert(0, {tests!r})\n"
-            "from test_cpu_direct import CASES, test_depthwise_direct_matches_the_reference\n"
-            "for c in CASES:\n"
-            "    for layout in ('channels_last', 'channels_first'):\n"
-            "        test_depthwise_direct_matches_the_reference(c, 'float64', layout)\n"
-            "print('boundscheck ok')\n").format(tests=os.path.dirname(__file__))
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "boundscheck ok" in result.stdout
+def test_direct_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
+    run_under_boundscheck(
+        "from test_cpu_direct import CASES, test_depthwise_direct_matches_the_reference\n"
+        "for c in CASES:\n"
+        "    for layout in ('channels_last', 'channels_first'):\n"
+        "        test_depthwise_direct_matches_the_reference(c, 'float64', layout)\n")
