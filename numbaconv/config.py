@@ -15,7 +15,13 @@ Read once, at first use, from the environment:
     threads that run between two of our kernels; measured on 2 cores, the channels-last
     3x3 convolution of ResNet's 56x56 64-channel layer took 15.6 ms spinning and 11.3 ms
     passive. This sets a process-wide variable (read by any OpenMP runtime loaded later);
-    ``0`` leaves the environment alone.
+    ``0`` leaves the environment alone. It comes too late for a runtime that another
+    library loaded first: after ``import torch`` (whose GNU OpenMP then also served
+    Numba's parallel regions), a parallel kernel launched just before the tile workers left
+    a thread spinning beside them (ResNet's stride-2 128-channel 56x56 data gradient,
+    channels-last: 15.8 ms, against 10.9 ms without torch or with ``OMP_WAIT_POLICY=PASSIVE``
+    set before Python started). So the GEMM-based algorithms launch their kernels from the
+    tile workers only; set the variable yourself to keep such a runtime from spinning.
 ``NUMBACONV_CUDA_THREADS``, ``NUMBACONV_CUDA_TILE``
     Override :data:`CUDA_THREADS_PER_BLOCK` (a power of two) and :data:`CUDA_TILE`
     (``"rows,columns,step"``). The simulator tests set them small, so that last blocks are

@@ -198,6 +198,61 @@ def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     np.testing.assert_allclose(results[3], results[1], rtol=1e-6, atol=1e-6)
 
 
+def _channels_last(*arrays):
+    return tuple(np.moveaxis(a, 1, -1).copy() for a in arrays)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("tile_bytes", [1, 2 * 3 * 9 * 23 * 23 * 8])
+def test_weight_gradient_sums_several_tiles_per_slot(monkeypatch, layout, tile_bytes):
+    """More tiles than slots: later tiles' products go through the reused product buffer
+    (one output row per tile; two 23x23 images per tile, multiplied image by image)."""
+    from numbaconv.cpu import _gemm
+    _force_tile_workers(monkeypatch, 2)
+    monkeypatch.setattr(_gemm, "TILE_BYTES", tile_bytes)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((18, 3, 23, 23))
+    dy = rng.standard_normal((18, 4, 23, 23))
+    if layout == "channels_last":
+        x, dy = _channels_last(x, dy)
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_weight(x, dy, (4, 3, 3, 3), padding=1, layout=layout)
+    with nc.use_backend("cpu"):
+        got = nc.conv_backward_weight(x, dy, (4, 3, 3, 3), padding=1, layout=layout)
+        again = nc.conv_backward_weight(x, dy, (4, 3, 3, 3), padding=1, layout=layout)
+    assert relative_error(got, expected) < TOL["float64"]
+    assert np.array_equal(got, again)
+    assert got.base is None or got.base.nbytes == got.nbytes
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("tile_bytes", [1, 2**40])
+def test_strided_data_gradient_overwrites_every_element_of_out(monkeypatch, layout,
+                                                               tile_bytes):
+    """col2im adds into dx, which each tile job zeroes first (its own images): NaN in
+    ``out`` must not survive, with row tiles of one image or one tile of all images."""
+    from numbaconv.cpu import _gemm
+    _force_tile_workers(monkeypatch, 2)
+    monkeypatch.setattr(_gemm, "TILE_BYTES", tile_bytes)
+    rng = np.random.default_rng(12)
+    dy = rng.standard_normal((3, 5, 6, 6))
+    w = rng.standard_normal((5, 4, 3, 3))
+    shape = (3, 4, 11, 11)
+    if layout == "channels_last":
+        dy, = _channels_last(dy)
+        shape = (3, 11, 11, 4)
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_data(dy, w, shape, stride=2, padding=1, layout=layout)
+    out = np.full(shape, np.nan)
+    with nc.use_backend("cpu"):
+        assert nc.explain("conv_backward_data", dy, w, shape, stride=2, padding=1,
+                          layout=layout).algorithm == "im2col"
+        got = nc.conv_backward_data(dy, w, shape, stride=2, padding=1, layout=layout,
+                                    out=out)
+    assert got is out
+    assert relative_error(got, expected) < TOL["float64"]
+
+
 def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
     """The workers hold NumPy's OpenBLAS to one thread (a process-wide setting) only while
     they run: a leaked setting once halved the speed of every later product."""

@@ -237,12 +237,14 @@ def run_tiles(work, jobs: list) -> list:
 
 def workspace(shape: tuple, dtype, slot: str = "packed") -> np.ndarray:
     """A C-contiguous scratch array, reused across tiles and calls: ``slot`` "packed" for
-    packed windows, "rows" for a tile's copy of y or dy (a fraction of that size).
+    packed windows, "rows" for a tile's copy of y or dy (a fraction of that size),
+    "product" for a tile's part of the weight gradient (dw's size).
 
     One buffer per slot and thread (so concurrent calls from several threads never share
     one), grown on demand and kept: fresh multi-megabyte allocations cost a page fault per
     4 KiB on first touch, which measured as much as the packing itself. The buffers hold at
-    most one tile (about TILE_BYTES) per thread that has called a GEMM-based algorithm.
+    most one tile (about TILE_BYTES) and, once a weight gradient summed several tiles in one
+    slot, one dw per thread that has called a GEMM-based algorithm.
     """
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize

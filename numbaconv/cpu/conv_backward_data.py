@@ -45,9 +45,7 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
             # once, with no zeroing and no col2im read-modify-write of every window.
             im2col_forward(_stride1_as_forward(g), dy, None, dx, _flipped_matrix(g, w))
             return
-        if not accumulate:
-            zero_rows(dx.reshape(dx.shape[0], -1))
-        _im2col_dgrad(g, dy, w, dx)
+        _im2col_dgrad(g, dy, w, dx, accumulate)
     elif algorithm == "direct":
         _direct.data_gradient(g, dy, w, dx, accumulate)
     else:
@@ -90,9 +88,10 @@ def _gemm_dgrad(g: Geom, dy, w, dx, accumulate: bool) -> None:
         dx += target
 
 
-def _im2col_dgrad(g: Geom, dy, w, dx) -> None:
+def _im2col_dgrad(g: Geom, dy, w, dx, accumulate: bool) -> None:
     args = g.geometry_args()
     dx5 = g.x5(dx)
+    images = dx.reshape(g.n, -1)
     per_position = _gemm.packed_bytes_per_position(g, dx.itemsize)
     # col2im adds each tile into the input rows its windows read, which neighbouring row
     # tiles of one image share: a job is one run of whole images, or all tiles of one image.
@@ -102,10 +101,20 @@ def _im2col_dgrad(g: Geom, dy, w, dx) -> None:
             jobs[-1].append(tile)
         else:
             jobs.append([tile])
+
+    def clear(job, pick):
+        # Each job zeroes its own images, on its worker: a parallel kernel launched from
+        # this thread before the jobs would leave an OpenMP thread spinning while they run
+        # (see numbaconv.config on OMP_WAIT_POLICY and runtimes loaded before numbaconv).
+        if not accumulate:
+            n0 = job[0][0]
+            pick(zero_rows)(images[n0:n0 + job[0][1]])
+
     if not g.channels_last:
         wmat = _gemm.weight_cf(g, w).transpose(0, 2, 1)       # (G, Cg * taps, Kg)
 
         def image_tiles(job, pick):
+            clear(job, pick)
             for n0, nb, q0, q1 in job:
                 dcol = _gemm.workspace((nb, g.g, g.cg * g.taps, _gemm.positions_in(q0, q1, g)),
                                        dx.dtype)
@@ -115,6 +124,7 @@ def _im2col_dgrad(g: Geom, dy, w, dx) -> None:
         wmat = _gemm.weight_cl(g, w)                          # (G, Kg, taps * Cg)
 
         def image_tiles(job, pick):
+            clear(job, pick)
             for n0, nb, q0, q1 in job:
                 m = nb * _gemm.positions_in(q0, q1, g)
                 dcol = _gemm.workspace((m, g.g, g.taps * g.cg), dx.dtype)

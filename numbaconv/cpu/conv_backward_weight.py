@@ -64,15 +64,15 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
     slots = min(SLOTS, len(tiles))
     transposed = g.kg < TRANSPOSED_BELOW
 
-    def dot(features, grads):
+    def dot(features, grads, out=None):
         """Over the last axis: features (..., F, L) and grads (..., Kg, L) give dw's part,
-        (..., Kg, F), or its transpose."""
+        (..., Kg, F), or its transpose, in ``out`` when given."""
         if transposed:
-            return np.matmul(features, np.swapaxes(grads, -1, -2))
-        return np.matmul(grads, np.swapaxes(features, -1, -2))
+            return np.matmul(features, np.swapaxes(grads, -1, -2), out=out)
+        return np.matmul(grads, np.swapaxes(features, -1, -2), out=out)
 
     if not g.channels_last:
-        def product(tile, pick):
+        def product(tile, pick, out):
             n0, nb, q0, q1 = tile
             one_product = _gemm.batch_columns(g, nb)
             col = _gemm.packed_cf(g, x5, args, tile, pick, one_product)
@@ -80,18 +80,22 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
                 # dy's tile copied to (G, Kg, image, position), the columns' order.
                 rows = _gemm.workspace((g.k, nb, col.shape[-1] // nb), x.dtype, "rows")
                 rows[...] = dy.reshape(g.n, g.k, -1)[n0:n0 + nb].transpose(1, 0, 2)
-                return dot(col, rows.reshape(g.g, g.kg, -1))
+                return dot(col, rows.reshape(g.g, g.kg, -1), out)
+            if nb == 1:
+                return dot(col[0], _gemm.output_columns(g, dy, n0, nb, q0, q1)[0], out)
             return _sum_in_order(dot(col, _gemm.output_columns(g, dy, n0, nb, q0, q1)))
     else:
-        def product(tile, pick):
+        def product(tile, pick, out):
             n0, nb, q0, q1 = tile
             return dot(_gemm.packed_cl(g, x5, args, tile, pick).transpose(1, 2, 0),
-                       _gemm.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0))
+                       _gemm.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0), out)
 
     def slot(first, pick):
-        total = product(tiles[first], pick)
+        total = product(tiles[first], pick, None)
+        # Later tiles' products go to a reused buffer (a fresh dw-sized array per tile
+        # costs a page fault per 4 KiB), then into the slot's sum.
         for tile in tiles[first + slots::slots]:
-            total += product(tile, pick)
+            total += product(tile, pick, _gemm.workspace(total.shape, total.dtype, "product"))
         return total
 
     total = _sum_in_order(_gemm.run_tiles(slot, list(range(slots))))
@@ -102,8 +106,10 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
 
 
 def _sum_in_order(parts) -> np.ndarray:
-    """Sum over the first axis (or a list), one slice after another (a fixed order)."""
-    total = parts[0].copy()
+    """Sum over the first axis, or of a list, one part after another (a fixed order): a
+    list's parts are the caller's own fresh arrays, summed into the first; an array's
+    slices into a copy of the first (a view would keep the whole array alive)."""
+    total = parts[0] if isinstance(parts, list) else parts[0].copy()
     for i in range(1, len(parts)):
         total += parts[i]
     return total
