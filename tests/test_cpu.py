@@ -253,6 +253,45 @@ def test_strided_data_gradient_overwrites_every_element_of_out(monkeypatch, layo
     assert relative_error(got, expected) < TOL["float64"]
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_relayout_in_pieces_equals_a_contiguous_copy(monkeypatch, axis):
+    from numbaconv.cpu import _gemm
+    _force_tile_workers(monkeypatch, 2)
+    monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0)
+    view = np.arange(5 * 7 * 3 * 2, dtype=np.float32).reshape(5, 7, 3, 2)[..., ::-1]
+    view = view.transpose(2, 0, 3, 1)
+    got = _gemm.relayout(view, axis)
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, view)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_weight_relayouts_shared_out_give_the_same_gradients(monkeypatch, layout):
+    """Data gradient (flipped weight), channels-last forward and weight gradient with the
+    weight re-layouts copied in pieces by the workers."""
+    from numbaconv.cpu import _gemm
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 6, 7, 7))
+    w = rng.standard_normal((5, 6, 3, 3))
+    dy = rng.standard_normal((2, 5, 7, 7))
+    if layout == "channels_last":
+        x, dy = _channels_last(x, dy)
+    kw = dict(padding=1, layout=layout)
+    results = []
+    for shared in (False, True):
+        _force_tile_workers(monkeypatch, 2 if shared else 1)
+        monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0 if shared else 2**62)
+        with nc.use_backend("cpu"):
+            results.append((nc.conv_backward_data(dy, w, x.shape, **kw),
+                            nc.conv_backward_weight(x, dy, w.shape, **kw), nc.conv(x, w, **kw)))
+    with nc.use_backend("reference"):
+        expected = (nc.conv_backward_data(dy, w, x.shape, **kw),
+                    nc.conv_backward_weight(x, dy, w.shape, **kw), nc.conv(x, w, **kw))
+    for one, shared, reference in zip(*results, expected):
+        assert relative_error(shared, reference) < TOL["float64"]
+        np.testing.assert_allclose(shared, one, rtol=1e-12, atol=1e-12)
+
+
 def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
     """The workers hold NumPy's OpenBLAS to one thread (a process-wide setting) only while
     they run: a leaked setting once halved the speed of every later product."""

@@ -348,7 +348,7 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
     body per row) writes dx instead, like the forward.
     """
     n_total = src.shape[0]
-    passes, taps, kk = wk.shape[0], wk.shape[1], wk.shape[2]
+    passes, kk = wk.shape[0], wk.shape[2]
     o0n, o1n, o2n = out[0], out[1], out[2]
     blocks = (o1n + rows - 1) // rows
     p2r = (o2n + 3) // 4 * 4

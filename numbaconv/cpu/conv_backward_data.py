@@ -66,8 +66,8 @@ def _flipped_matrix(g: Geom, w: np.ndarray) -> np.ndarray:
     channels-last (G, taps * Kg, Cg), as :func:`.conv.im2col_forward` multiplies them."""
     flipped = w.reshape((g.g, g.kg, g.cg, g.taps))[..., ::-1]
     if g.channels_last:
-        return np.ascontiguousarray(flipped.transpose(0, 3, 1, 2)).reshape(g.g, -1, g.cg)
-    return np.ascontiguousarray(flipped.transpose(0, 2, 1, 3)).reshape(g.g, g.cg, -1)
+        return _gemm.relayout(flipped.transpose(0, 3, 1, 2), 2).reshape(g.g, -1, g.cg)
+    return _gemm.relayout(flipped.transpose(0, 2, 1, 3), 1).reshape(g.g, g.cg, -1)
 
 
 def _gemm_dgrad(g: Geom, dy, w, dx, accumulate: bool) -> None:
