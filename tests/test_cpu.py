@@ -169,9 +169,50 @@ def test_workspace_tiling_splits_batches_and_rows(monkeypatch, workers):
     monkeypatch.setattr(_gemm, "TILE_BYTES", 2**40)
     for same in (ConvCase("runs", (2, 3, 5, 7, 6), (4, 3, 3, 3, 3), padding=(1, 2, 2),
                           dilation=(1, 2, 2)),
-                 ConvCase("runs_uneven", (2, 3, 9, 5), (4, 3, 2, 3), padding=((1, 0), 1))):
+                 ConvCase("runs_uneven", (2, 3, 9, 5), (4, 3, 2, 3), padding=((1, 0), 1)),
+                 # Stride 2 along rows: phase-split input rows, per row tile.
+                 ConvCase("phased", (2, 3, 4, 9, 11), (4, 3, 2, 3, 3), stride=(2, 1, 2),
+                          padding=(1, 1, 2), dilation=(1, 2, 1)),
+                 ConvCase("phased_3", (2, 2, 12, 13), (3, 2, 3, 4), stride=(1, 3),
+                          padding=(2, (1, 2)))):
         for layout in ("channels_first", "channels_last"):
             check_every_algorithm(same, layout, "float64")
+
+
+def test_phased_packing_equals_the_strided_gather_on_any_row_tile():
+    """im2col_cf_phased splits only the input rows a row tile reads: the same packed
+    windows as im2col_cf for random 2D/3D geometries and tiles (NaN-filled, so an unwritten
+    element shows)."""
+    from numbaconv.cpu._im2col import im2col_cf, im2col_cf_phased
+    rng = np.random.default_rng(14)
+
+    def ints(*t):
+        return np.array(t, np.int64)
+
+    checked = 0
+    while checked < 60:
+        deep = bool(rng.integers(0, 2))
+        s = [int(rng.integers(1, 6)) if deep else 1, int(rng.integers(1, 9)),
+             int(rng.integers(1, 12))]
+        r = [int(rng.integers(1, 4)) if deep else 1, int(rng.integers(1, 4)),
+             int(rng.integers(1, 4))]
+        stride = [int(rng.integers(1, 3)), int(rng.integers(1, 3)), int(rng.integers(2, 4))]
+        dil = [int(v) for v in rng.integers(1, 3, 3)]
+        before = [int(v) for v in rng.integers(0, 3, 3)]
+        p = [(s[i] + 2 * before[i] - dil[i] * (r[i] - 1) - 1) // stride[i] + 1
+             for i in range(3)]
+        if min(p) <= 0:
+            continue
+        x = rng.standard_normal((2, 3, *s))
+        q0 = int(rng.integers(0, p[0] * p[1]))
+        q1 = int(rng.integers(q0 + 1, p[0] * p[1] + 1))
+        args = tuple(ints(*v) for v in (s, r, p, stride, dil, before))
+        shape = (2, 3 * r[0] * r[1] * r[2], (q1 - q0) * p[2])
+        plain, phased = np.full(shape, np.nan), np.full(shape, np.nan)
+        im2col_cf(x, plain, False, 0, q0, q1, *args)
+        im2col_cf_phased(x, phased, False, 0, q0, q1, *args)
+        np.testing.assert_array_equal(phased, plain)
+        checked += 1
 
 
 def test_tile_workers_give_the_same_weight_gradient(monkeypatch):

@@ -300,10 +300,9 @@ def packed_cf(g: Geom, x5, args, job, pick, one_product: bool) -> np.ndarray:
     columns = positions_in(q0, q1, g)
     shape = (g.c * g.taps, nb, columns) if one_product else (nb, g.c * g.taps, columns)
     col = workspace(shape, x5.dtype)
-    # Phases when the tile holds whole images: each job splits a whole input plane, which
-    # row tiles of one image would each split again (64 channels at 224x224: twice as slow).
-    whole = q0 == 0 and q1 == g.p[0] * g.p[1]
-    kernel = im2col_cf_phased if g.stride[2] > 1 and whole else im2col_cf
+    # A stride above 1 along rows: phase-split rows, then contiguous runs (each tile splits
+    # only the input rows its windows read).
+    kernel = im2col_cf_phased if g.stride[2] > 1 else im2col_cf
     pick(kernel)(x5, col, one_product, n0, q0, q1, *args)
     if one_product:
         return col.reshape(g.g, g.cg * g.taps, nb * columns)
