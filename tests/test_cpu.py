@@ -333,6 +333,29 @@ def test_weight_relayouts_shared_out_give_the_same_gradients(monkeypatch, layout
         np.testing.assert_allclose(shared, one, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("shapes", [
+    ((3, 4), (2, 4, 40), (2, 3, 40)),       # a broadcast, the columns split
+    ((50, 4), (4, 3), (50, 3)),             # the rows split
+    ((9, 2, 3, 4), (9, 2, 4, 5), (9, 2, 3, 5)),   # the batch split
+    ((2, 1, 3), (2, 3, 60), (2, 1, 60)),
+])
+def test_products_shared_out_among_the_workers(monkeypatch, shapes):
+    """_gemm.matmul slices out's longest axis among the workers: the same product as
+    np.matmul, and called from a worker it multiplies there (no job waits on the pool)."""
+    from numbaconv.cpu import _gemm
+    _force_tile_workers(monkeypatch, 2)
+    monkeypatch.setattr(_gemm, "SHARED_PRODUCT_ABOVE", 0)
+    rng = np.random.default_rng(15)
+    a, b = rng.standard_normal(shapes[0]), rng.standard_normal(shapes[1])
+    out = np.full(shapes[2], np.nan)
+    assert _gemm.matmul(a, b, out) is out
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-13, atol=1e-13)
+    outs = [np.full(shapes[2], np.nan) for _ in range(3)]
+    _gemm.run_tiles(lambda i, pick: _gemm.matmul(a, b, outs[i]), [0, 1, 2])
+    for got in outs:
+        np.testing.assert_array_equal(got, np.matmul(a, b))
+
+
 def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
     """The workers hold NumPy's OpenBLAS to one thread (a process-wide setting) only while
     they run: a leaked setting once halved the speed of every later product."""

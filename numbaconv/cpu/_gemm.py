@@ -70,8 +70,51 @@ def relayout(view: np.ndarray, axis: int) -> np.ndarray:
 
 
 def grouped_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out[m, g, :] = a[m, g, :] @ b[g] for a (M, G, F), b (G, F, J), out (M, G, J)."""
-    np.matmul(a.transpose(1, 0, 2), b, out=out.transpose(1, 0, 2))
+    """out[m, g, :] = a[m, g, :] @ b[g] for a (M, G, F), b (G, F, J), out (M, G, J), shared
+    out among the tile workers (see :func:`matmul`)."""
+    matmul(a.transpose(1, 0, 2), b, out.transpose(1, 0, 2))
+
+
+#: Products of fewer multiply-adds than this run as one np.matmul on the calling thread.
+SHARED_PRODUCT_ABOVE = 2**20
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b, out=out)``, shared out among the tile workers (one BLAS thread each)
+    in slices of out's longest axis, so that numbaconv never runs OpenBLAS's own thread
+    pool: its threads spin for about 0.1 s after each product, taking a core from the tile
+    workers of whatever runs next (measured on 2 cores: a channels-last 3x3 data gradient
+    right after a two-thread product took 24-26 ms instead of 14-19 ms). ``a`` may have
+    fewer batch axes than out (broadcast); each output element is one BLAS dot product
+    over the whole shared axis, whatever the slicing."""
+    flops = out.size * a.shape[-1]
+    workers = 1 if flops <= SHARED_PRODUCT_ABOVE or in_tile_worker() else \
+        tile_workers(max(out.shape))
+    if workers == 1:
+        return np.matmul(a, b, out=out)
+    a = a[(None,) * (out.ndim - a.ndim)]
+    b = b[(None,) * (out.ndim - b.ndim)]
+    axis = int(np.argmax(out.shape))
+    size = out.shape[axis]
+    step = -(-size // workers)
+
+    def piece(array, start, along):
+        if along is None or array.shape[along] == 1:      # not split, or broadcast
+            return array
+        index = [slice(None)] * array.ndim
+        index[along] = slice(start, start + step)
+        return array[tuple(index)]
+
+    rows, columns = out.ndim - 2, out.ndim - 1
+    a_axis = None if axis == columns else axis
+    b_axis = None if axis == rows else axis
+
+    def product(start, pick):
+        np.matmul(piece(a, start, a_axis), piece(b, start, b_axis),
+                  out=piece(out, start, axis))
+
+    run_tiles(product, list(range(0, size, step)))
+    return out
 
 
 def tiles(g: Geom, per_position_bytes: int, largest_operand_bytes: int):
@@ -200,9 +243,18 @@ def _pool(workers: int):
         pool = _pools.get(workers)
         if pool is None:
             pool = _pools[workers] = ThreadPoolExecutor(
-                workers, thread_name_prefix="numbaconv-tile",
-                initializer=numba.set_num_threads, initargs=(1,))
+                workers, thread_name_prefix="numbaconv-tile", initializer=_start_worker)
         return pool
+
+
+def _start_worker() -> None:
+    numba.set_num_threads(1)
+    _local.worker = True
+
+
+def in_tile_worker() -> bool:
+    """Whether this thread is a tile worker (whose products run on it, one BLAS thread)."""
+    return getattr(_local, "worker", False)
 
 
 @functools.lru_cache(maxsize=1)

@@ -42,8 +42,8 @@ def add_channel_vector(g: Geom, a: np.ndarray, v: np.ndarray, channels_last: boo
 def _gemm_forward(g: Geom, x, w, y) -> None:
     if g.pointwise and not g.channels_last:
         # y[n] (G, Kg, S) = W (G, Kg, Cg) @ x[n] (G, Cg, S), per image.
-        np.matmul(_gemm.weight_cf(g, w), x.reshape(g.n, g.g, g.cg, g.positions),
-                  out=y.reshape(g.n, g.g, g.kg, g.positions))
+        _gemm.matmul(_gemm.weight_cf(g, w), x.reshape(g.n, g.g, g.cg, g.positions),
+                     y.reshape(g.n, g.g, g.kg, g.positions))
     elif g.pointwise:
         # Every position of every image is a row: one product per group.
         _gemm.grouped_matmul(x.reshape(-1, g.g, g.cg),

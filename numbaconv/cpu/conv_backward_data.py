@@ -73,9 +73,9 @@ def _flipped_matrix(g: Geom, w: np.ndarray) -> np.ndarray:
 def _gemm_dgrad(g: Geom, dy, w, dx, accumulate: bool) -> None:
     target = np.empty_like(dx) if accumulate else dx
     if g.pointwise and not g.channels_last:
-        np.matmul(_gemm.weight_cf(g, w).transpose(0, 2, 1),
-                  dy.reshape(g.n, g.g, g.kg, g.positions),
-                  out=target.reshape(g.n, g.g, g.cg, g.positions))
+        _gemm.matmul(_gemm.weight_cf(g, w).transpose(0, 2, 1),
+                     dy.reshape(g.n, g.g, g.kg, g.positions),
+                     target.reshape(g.n, g.g, g.cg, g.positions))
     elif g.pointwise:
         _gemm.grouped_matmul(dy.reshape(-1, g.g, g.kg), _gemm.weight_cf(g, w),
                              target.reshape(-1, g.g, g.cg))

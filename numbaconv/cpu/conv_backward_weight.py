@@ -30,15 +30,19 @@ def run(problem, operands, out, algorithm):
 
 def _gemm_wgrad(g: Geom, x, dy) -> np.ndarray:
     if g.pointwise and not g.channels_last:
-        per_image = np.matmul(dy.reshape(g.n, g.g, g.kg, g.positions),
-                              x.reshape(g.n, g.g, g.cg, g.positions).transpose(0, 1, 3, 2))
+        per_image = _gemm.matmul(
+            dy.reshape(g.n, g.g, g.kg, g.positions),
+            x.reshape(g.n, g.g, g.cg, g.positions).transpose(0, 1, 3, 2),
+            np.empty((g.n, g.g, g.kg, g.cg), x.dtype))
         return _sum_in_order(per_image)
     if g.pointwise:
         rows = dy.reshape(-1, g.g, g.kg).transpose(1, 2, 0)      # (G, Kg, N * S)
-        return np.matmul(rows, x.reshape(-1, g.g, g.cg).transpose(1, 0, 2))
+        return _gemm.matmul(rows, x.reshape(-1, g.g, g.cg).transpose(1, 0, 2),
+                            np.empty((g.g, g.kg, g.cg), x.dtype))
     if g.whole_input:
-        dw = np.matmul(dy.reshape(g.n, g.g, g.kg).transpose(1, 2, 0),
-                       x.reshape(g.n, g.g, -1).transpose(1, 0, 2))
+        features = x.reshape(g.n, g.g, -1).transpose(1, 0, 2)     # (G, N, F)
+        dw = _gemm.matmul(dy.reshape(g.n, g.g, g.kg).transpose(1, 2, 0), features,
+                          np.empty((g.g, g.kg, features.shape[-1]), x.dtype))
         return _gemm.weight_from_cl(g, dw) if g.channels_last else dw
     raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
 
