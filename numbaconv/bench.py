@@ -694,7 +694,11 @@ def summarize(rows: Sequence[Row], *, targets: Optional[dict] = None,
         ``backend``, ``group``, ``op``, ``measured`` (rows timed), ``compared`` (rows with a
         ratio), ``vs_pytorch`` (geometric mean of the ratios, None without any),
         ``gflops`` and ``peak_fraction`` (geometric means; None when not measured),
-        ``target`` (None where none applies) and ``met`` (None without a target or a ratio).
+        ``at_peak`` (the geometric mean of the ratio each op would have at the machine's
+        GEMM peak, ``vs_pytorch / peak_fraction``: PyTorch's time over the op's FLOPs at
+        np.matmul's rate, the ceiling of an algorithm bound by that GEMM; None without
+        both), ``target`` (None where none applies) and ``met`` (None without a target or
+        a ratio).
     """
     targets = GROUP_TARGETS if targets is None else targets
     found: dict = {}
@@ -713,8 +717,10 @@ def summarize(rows: Sequence[Row], *, targets: Optional[dict] = None,
         summary.append(dict(
             backend=backend, group=group, op=op, measured=len(timed), compared=len(ratios),
             vs_pytorch=ratio, gflops=geometric_mean(r.gflops for r in timed),
-            peak_fraction=geometric_mean(r.peak_fraction for r in timed), target=target,
-            met=None if target is None or ratio is None else ratio >= target))
+            peak_fraction=geometric_mean(r.peak_fraction for r in timed),
+            at_peak=geometric_mean(r.vs_pytorch / r.peak_fraction for r in timed
+                                   if r.vs_pytorch is not None and r.peak_fraction),
+            target=target, met=None if target is None or ratio is None else ratio >= target))
     return summary
 
 

@@ -627,12 +627,15 @@ def _print_summary(summary: list, peak: dict, compared: bool) -> None:
                      "-" if s["gflops"] is None else f"{s['gflops']:.2f}",
                      _percent(s["peak_fraction"]),
                      "-" if s["vs_pytorch"] is None else f"{s['vs_pytorch']:.2f}",
+                     "-" if s.get("at_peak") is None else f"{s['at_peak']:.2f}",
                      target, verdict))
     for line in _table(("backend", "group", "op", "ratios", "GFLOP/s", "of peak",
-                        "vs pytorch", "target", "verdict"), rows, (3, 4, 5, 6)):
+                        "vs pytorch", "at peak", "target", "verdict"), rows, (3, 4, 5, 6, 7)):
         _print(f"  {line}")
     _print(f"  ratios: rows with a PyTorch ratio / rows timed; of peak: of the "
-           f"{peak['name']} peak, {peak['gflops']:.1f} GFLOP/s")
+           f"{peak['name']} peak, {peak['gflops']:.1f} GFLOP/s; at peak: the ratio at that "
+           f"peak (PyTorch's time over the FLOPs at np.matmul's rate), the ceiling of an "
+           f"algorithm bound by this BLAS")
     judged = [s for s in summary if s["met"] is not None]
     for backend in dict.fromkeys(s["backend"] for s in judged):
         mine = [s for s in judged if s["backend"] == backend]

@@ -223,6 +223,7 @@ def test_summarize_geometric_means_and_targets():
     assert (dgrad["measured"], dgrad["compared"], dgrad["target"], dgrad["met"]) == (
         2, 2, 0.8, True)
     assert dgrad["peak_fraction"] == pytest.approx(0.5)
+    assert dgrad["at_peak"] == pytest.approx(2.0)     # sqrt(0.5 / 0.5 * 2 / 0.5)
     assert summary["cpu", "pointwise", "conv_backward_weight"]["met"] is False  # 1.4 < 1.5
     assert summary["cpu", "pointwise", "conv"]["target"] is None
     assert summary["cpu", "pointwise", "conv"]["met"] is None
