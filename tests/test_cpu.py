@@ -354,6 +354,13 @@ def test_products_shared_out_among_the_workers(monkeypatch, shapes):
     _gemm.run_tiles(lambda i, pick: _gemm.matmul(a, b, outs[i]), [0, 1, 2])
     for got in outs:
         np.testing.assert_array_equal(got, np.matmul(a, b))
+    # Nested run_tiles (a re-layout inside a job) runs in the worker instead of waiting on
+    # the pool it occupies.
+    monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0)
+    copies = _gemm.run_tiles(lambda i, pick: _gemm.relayout(b.swapaxes(-1, -2), 0),
+                             [0, 1, 2, 3])
+    for got in copies:
+        np.testing.assert_array_equal(got, b.swapaxes(-1, -2))
 
 
 def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
