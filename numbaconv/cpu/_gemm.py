@@ -48,8 +48,8 @@ SHARED_RELAYOUT_ABOVE = 4 * 2**20
 
 def relayout(view: np.ndarray, axis: int) -> np.ndarray:
     """A C-contiguous copy of a strided view (a transposed weight), copied in pieces along
-    ``axis`` by the tile workers when it is large (NumPy's copy releases the GIL). From the
-    calling thread only, never from a tile worker. ResNet's 512-channel 3x3 weight (9.4 MB),
+    ``axis`` by the tile workers when it is large (NumPy's copy releases the GIL; in a tile
+    worker, by that worker alone). ResNet's 512-channel 3x3 weight (9.4 MB),
     flipped and transposed for the data gradient on 2 cores: 1.6 -> 1.0 ms; at 256
     channels (2.4 MB) two threads gained nothing."""
     out = np.empty(view.shape, view.dtype)
