@@ -125,7 +125,8 @@ def _force_tile_workers(monkeypatch, workers):
     from numbaconv.cpu import _gemm
     if workers > 1 and _gemm._blas() is None:
         pytest.skip("NumPy's BLAS is not an OpenBLAS numbaconv can set the threads of")
-    monkeypatch.setattr(_gemm, "tile_workers", lambda jobs: min(workers, jobs))
+    monkeypatch.setattr(_gemm, "tile_workers",
+                        lambda jobs: 1 if _gemm.in_tile_worker() else min(workers, jobs))
 
 
 @pytest.mark.parametrize("c", [
@@ -354,13 +355,17 @@ def test_products_shared_out_among_the_workers(monkeypatch, shapes):
     _gemm.run_tiles(lambda i, pick: _gemm.matmul(a, b, outs[i]), [0, 1, 2])
     for got in outs:
         np.testing.assert_array_equal(got, np.matmul(a, b))
-    # Nested run_tiles (a re-layout inside a job) runs in the worker instead of waiting on
-    # the pool it occupies.
+    # In a worker, a re-layout copies there, and a nested run_tiles runs its jobs there,
+    # instead of waiting on the pool the worker occupies.
     monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0)
     copies = _gemm.run_tiles(lambda i, pick: _gemm.relayout(b.swapaxes(-1, -2), 0),
                              [0, 1, 2, 3])
     for got in copies:
         np.testing.assert_array_equal(got, b.swapaxes(-1, -2))
+    nested = _gemm.run_tiles(
+        lambda i, pick: _gemm.run_tiles(lambda j, pick: (i, j, _gemm.in_tile_worker()),
+                                        [0, 1]), [0, 1, 2, 3])
+    assert nested == [[(i, j, True) for j in (0, 1)] for i in range(4)]
 
 
 def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
@@ -392,7 +397,7 @@ def test_reductions_are_deterministic(layout):
     x = rng.standard_normal((4, 8, 12, 12)).astype(np.float32)
     dy = rng.standard_normal((4, 8, 12, 12)).astype(np.float32)
     if layout == "channels_last":
-        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+        x, dy = _channels_last(x, dy)
     with nc.use_backend("cpu"):
         for shape, groups in (((8, 8, 3, 3), 1), ((8, 1, 3, 3), 8)):
             first = nc.conv_backward_weight(x, dy, shape, padding=1, groups=groups,

@@ -59,14 +59,22 @@ def relayout(view: np.ndarray, axis: int) -> np.ndarray:
         out[...] = view
         return out
     step = -(-size // workers)
-    head = (slice(None),) * axis
 
     def copy(start, pick):
-        piece = head + (slice(start, start + step),)
-        out[piece] = view[piece]
+        _along(out, axis, start, step)[...] = _along(view, axis, start, step)
 
     run_tiles(copy, list(range(0, size, step)))
     return out
+
+
+def _along(array: np.ndarray, axis, start: int, step: int) -> np.ndarray:
+    """``array[..., start:start + step, ...]`` on ``axis``; the whole array when ``axis`` is
+    None or the array has length 1 there (broadcast)."""
+    if axis is None or array.shape[axis] == 1:
+        return array
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(start, start + step)
+    return array[tuple(index)]
 
 
 def grouped_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -88,8 +96,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     fewer batch axes than out (broadcast); each output element is one BLAS dot product
     over the whole shared axis, whatever the slicing."""
     flops = out.size * a.shape[-1]
-    workers = 1 if flops <= SHARED_PRODUCT_ABOVE or in_tile_worker() else \
-        tile_workers(max(out.shape))
+    workers = tile_workers(max(out.shape)) if flops > SHARED_PRODUCT_ABOVE else 1
     if workers == 1:
         return np.matmul(a, b, out=out)
     a = a[(None,) * (out.ndim - a.ndim)]
@@ -97,21 +104,13 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     axis = int(np.argmax(out.shape))
     size = out.shape[axis]
     step = -(-size // workers)
-
-    def piece(array, start, along):
-        if along is None or array.shape[along] == 1:      # not split, or broadcast
-            return array
-        index = [slice(None)] * array.ndim
-        index[along] = slice(start, start + step)
-        return array[tuple(index)]
-
     rows, columns = out.ndim - 2, out.ndim - 1
     a_axis = None if axis == columns else axis
     b_axis = None if axis == rows else axis
 
     def product(start, pick):
-        np.matmul(piece(a, start, a_axis), piece(b, start, b_axis),
-                  out=piece(out, start, axis))
+        np.matmul(_along(a, a_axis, start, step), _along(b, b_axis, start, step),
+                  out=_along(out, axis, start, step))
 
     run_tiles(product, list(range(0, size, step)))
     return out
@@ -270,9 +269,10 @@ def _parallel_kernels_in_workers() -> bool:
 
 def tile_workers(jobs: int) -> int:
     """How many tile jobs run at once: Numba's thread count (``numba.set_num_threads``),
-    when NumPy's BLAS is an OpenBLAS whose thread count numbaconv can set; else 1."""
+    when NumPy's BLAS is an OpenBLAS whose thread count numbaconv can set; else 1, and 1 in
+    a tile worker (its jobs run there, see :func:`run_tiles`)."""
     workers = min(numba.get_num_threads(), jobs)
-    if workers < 2 or _blas() is None:
+    if workers < 2 or _blas() is None or in_tile_worker():
         return 1
     return workers
 
