@@ -108,6 +108,37 @@ def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout):
         np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
+def test_non_finite_weights_take_the_packed_path_like_the_reference(layout, stride):
+    # The direct kernels multiply no padding, so a non-finite weight goes to im2col there,
+    # for the forward and for the data gradient written (over garbage) or accumulated.
+    kw = dict(padding=1, stride=stride, groups=3)
+    x, w, dy = _arrays((2, 3, 5, 6), (3, 3), "float64", layout, **kw)
+    kw["layout"] = layout
+    w[0, 0, 0, 0], w[2, 0, 1, 2] = np.inf, np.nan
+    with nc.use_backend("reference"):
+        y_ref = nc.conv(x, w, **kw)
+        dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
+    p = pb.conv_problem(x, w, None, **kw)
+    got = {"y": _run("conv", p, (x, w, None))}
+    out = np.full_like(x, np.nan)
+    p = pb.conv_backward_data_problem(dy, w, x.shape, **kw, out=out)
+    got["dx"] = _run("conv_backward_data", p, (dy, w), out)
+    out = np.ones_like(x)
+    p = pb.conv_backward_data_problem(dy, w, x.shape, **kw, out=out, accumulate=True)
+    got["dx + 1"] = _run("conv_backward_data", p, (dy, w), out)
+    for name, expected in (("y", y_ref), ("dx", dx_ref), ("dx + 1", dx_ref + 1)):
+        assert np.isnan(expected).any() and np.isinf(expected).any(), name
+        np.testing.assert_array_equal(np.isnan(got[name]), np.isnan(expected), err_msg=name)
+        np.testing.assert_array_equal(got[name][np.isinf(expected)],
+                                      expected[np.isinf(expected)], err_msg=name)
+        finite = np.isfinite(expected)
+        np.testing.assert_allclose(got[name][finite], expected[finite], rtol=1e-9,
+                                   atol=1e-9, err_msg=name)
+
+
 def test_depthwise_weight_gradient_is_bitwise_deterministic():
     x, w, dy = _arrays((4, 24, 10, 9), (3, 3), "float32", "channels_last", padding=1,
                        groups=24)

@@ -1282,9 +1282,7 @@ def data_gradient(g, dy, w, dx, accumulate: bool = True) -> None:
     if not _finite(w):
         # The reference never multiplies a weight by padding here; im2col does not either.
         from .conv_backward_data import _im2col_dgrad
-        if not accumulate:
-            _zero_rows(dx)
-        _im2col_dgrad(g, dy, w, dx)
+        _im2col_dgrad(g, dy, w, dx, accumulate)     # zeroes dx itself unless accumulating
         return
     form = _transposed_form(g)
     flipped = w.reshape(g.k, g.cg, g.taps)[:, :, ::-1]
