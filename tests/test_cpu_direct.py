@@ -155,3 +155,18 @@ def test_direct_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundsc
         "for c in CASES:\n"
         "    for layout in ('channels_last', 'channels_first'):\n"
         "        test_depthwise_direct_matches_the_reference(c, 'float64', layout)\n")
+
+
+def test_partials_sum_in_the_same_order_on_one_thread_or_several():
+    from numbaconv.cpu import _direct
+    rng = np.random.default_rng(3)
+    # Magnitudes 1e-6..1e6: any other order of the additions rounds differently.
+    partial = (rng.standard_normal((7, 1000)) * 10.0 ** rng.integers(-6, 6, (7, 1000))
+               ).astype(np.float32)
+    expected = partial[0].copy()
+    for row in partial[1:]:
+        expected += row
+    for kernel in (_direct._sum_partials, _direct._sum_partials_serial):
+        total = np.full(1000, np.nan, np.float32)
+        kernel(partial, total)
+        assert np.array_equal(total, expected)
