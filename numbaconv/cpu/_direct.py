@@ -1323,7 +1323,7 @@ def weight_gradient(g, x, dy) -> np.ndarray:
         _cl_weight_partials(g.x5(x), dy3, partial, cmap, identity, out, size, before, stride,
                             dil, r, rows)
         total = np.empty(g.cg * g.taps * g.k, dy.dtype)
-        _sum_in_order(partial.reshape(jobs, -1), total)
+        _add_partials(partial.reshape(jobs, -1), total)
         return np.ascontiguousarray(total.reshape(g.cg, g.taps, g.k).transpose(2, 0, 1))
     rows = _row_split(g.p[1], g.n * g.k * g.p[0])
     split = g.p[0] * -(-g.p[1] // rows)                   # jobs per (image, output plane)
@@ -1339,19 +1339,20 @@ def weight_gradient(g, x, dy) -> np.ndarray:
     # Jobs run (image, plane, split): bring the images and splits of each plane together.
     ordered = partial.reshape(g.n, g.k, split, g.cg * g.taps).transpose(0, 2, 1, 3)
     total = np.empty(g.k * g.cg * g.taps, dy.dtype)
-    _sum_in_order(np.ascontiguousarray(ordered).reshape(g.n * split, -1), total)
+    _add_partials(np.ascontiguousarray(ordered).reshape(g.n * split, -1), total)
     return total.reshape((g.k, g.cg) + g.r)
 
 
 #: Partials of at most this many values are summed on the calling thread alone: a parallel
 #: launch wakes the sleeping OpenMP threads (passive, see numbaconv.config), which cost more
 #: than such a sum. Measured on 2 cores, depthwise 3x3 weight gradients of 512 channels at
-#: 14x14 (73,728 partial values): 8 images 620 -> 530 us channels-first, 680 -> 527 us
-#: channels-last; 1 image 250 -> 190 us (medians of six alternating runs).
+#: 14x14 (36,864 partial values channels-first, 73,728 channels-last): 8 images 620 -> 530
+#: us channels-first, 680 -> 527 us channels-last; 1 image 250 -> 190 us (medians of six
+#: alternating runs).
 PARALLEL_SUM_ABOVE = 2**18
 
 
-def _sum_in_order(partial, total) -> None:
+def _add_partials(partial, total) -> None:
     """total = partial[0] + partial[1] + ... (the same order on one thread or several)."""
     if partial.size > PARALLEL_SUM_ABOVE:
         _sum_partials(partial, total)
