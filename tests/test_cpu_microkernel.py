@@ -1,0 +1,90 @@
+"""numbaconv.cpu._microkernel.gemm (the product of our own, not yet used by an algorithm)
+against NumPy's: edge tiles in every direction, more than one block of the shared dimension,
+strided operands, an empty shared dimension, and nothing written outside ``out``."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numbaconv.cpu import _microkernel as mk
+
+TOL = {"float32": 2e-6, "float64": 1e-14}
+
+
+def _shapes(dtype):
+    mr, nv = mk.tile_shape(dtype)
+    nr = nv * mk.vector_lanes(dtype)
+    kc = mk.KC
+    return [(1, 1, 1), (mr, kc, nr), (mr - 1, 3, nr + 1), (2 * mr + 5, kc + 1, 3 * nr - 7),
+            (7, 2 * kc + 3, 1), (1, 9, 70 * nr + 3), (13 * mr + 1, 5, 2), (0, 4, 3), (3, 4, 0)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gemm_matches_numpy_inside_a_guarded_output(dtype):
+    rng = np.random.default_rng(0)
+    for m, k, n in _shapes(dtype):
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(dtype)
+        # out is a view into a NaN-filled frame: any write outside it shows.
+        frame = np.full((m + 2, n + 3), np.nan, dtype)
+        out = frame[1:m + 1, 1:n + 1]
+        assert mk.gemm(a, b, out) is out
+        expected = a.astype(np.float64) @ b.astype(np.float64)
+        scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64) + 1e-300
+        assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), (m, k, n)
+        inside = np.zeros(frame.shape, bool)
+        inside[1:m + 1, 1:n + 1] = True
+        assert np.isnan(frame[~inside]).all(), (m, k, n)
+
+
+def test_gemm_reads_strided_operands_and_overwrites_out():
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((70, 900)).astype(np.float32)
+    a = big[::2, ::3]                       # (35, 300), both strides above one element
+    b = rng.standard_normal((37, 300)).astype(np.float32).T      # (300, 37), transposed
+    out = np.full((35, 37), np.nan, np.float32)
+    mk.gemm(a, b, out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_gemm_with_an_empty_shared_dimension_writes_zeros():
+    out = np.full((5, 6), np.nan)
+    mk.gemm(np.empty((5, 0)), np.empty((0, 6)), out)
+    assert np.array_equal(out, np.zeros((5, 6)))
+
+
+def test_gemm_rejects_bad_operands():
+    a = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        mk.gemm(a, np.ones((3, 4)), np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="do not match"):
+        mk.gemm(a, np.ones((4, 4), np.float32), np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="unit stride"):
+        mk.gemm(a, np.ones((3, 4), np.float32), np.empty((2, 8), np.float32)[:, ::2])
+
+
+def test_gemm_built_for_narrower_vectors():
+    """The micro-kernel as a CPU with 256- or 128-bit vectors gets it (other tile shapes), in a
+    fresh process with the host's vector width overridden before the first compilation."""
+    script = (
+        "import numpy as np\n"
+        "from numbaconv.cpu import _microkernel as mk\n"
+        "mk.vector_lanes = lambda dtype: BITS // (8 * np.dtype(dtype).itemsize)\n"
+        "rng = np.random.default_rng(2)\n"
+        "for dtype in ('float32', 'float64'):\n"
+        "    assert mk.tile_shape(dtype) == (6, 2)\n"
+        "    for m, k, n in ((1, 1, 1), (13, 300, 37), (6, 256, 16)):\n"
+        "        a = rng.standard_normal((m, k)).astype(dtype)\n"
+        "        b = rng.standard_normal((k, n)).astype(dtype)\n"
+        "        out = np.full((m, n), np.nan, dtype)\n"
+        "        mk.gemm(a, b, out)\n"
+        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), (dtype, m, k, n)\n")
+    for bits in (256, 128):
+        done = subprocess.run([sys.executable, "-c", f"BITS = {bits}\n" + script],
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "NUMBACONV_JIT_CACHE": "0"})
+        assert done.returncode == 0, done.stderr[-2000:]
