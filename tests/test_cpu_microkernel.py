@@ -1,6 +1,7 @@
-"""numbaconv.cpu._microkernel.gemm (the product of our own, not yet used by an algorithm)
-against NumPy's: edge tiles in every direction, more than one block of the shared dimension,
-strided operands, an empty shared dimension, and nothing written outside ``out``."""
+"""numbaconv.cpu._microkernel: ``gemm`` (packed; not yet used by an algorithm) and ``gram``
+(in place; the channels-last weight gradient's product) against NumPy's: edge tiles in every
+direction, more than one block of the shared dimension, strided operands, an empty shared
+dimension, adding, bitwise repeatability, and nothing written outside ``out``."""
 
 import os
 import subprocess
@@ -67,9 +68,48 @@ def test_gemm_rejects_bad_operands():
         mk.gemm(a, np.ones((3, 4), np.float32), np.empty((2, 8), np.float32)[:, ::2])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("add", [False, True])
+def test_gram_matches_numpy_inside_a_guarded_output(dtype, add):
+    mr, nv = mk.tile_shape(dtype)
+    nr = nv * mk.vector_lanes(dtype)
+    rng = np.random.default_rng(4)
+    for m, f, k in ((1, 1, 1), (3, mr, nr), (700, 2 * mr + 3, nr - 1), (1100, mr - 1, 3 * nr),
+                    (5, 147, 64), (0, mr, nr), (513, 4 * mr, 2 * nr + 5)):
+        # Operands as row slices of wider arrays (row stride above the row length).
+        a = rng.standard_normal((m, f + 3)).astype(dtype)[:, 2:f + 2]
+        b = rng.standard_normal((m, k + 5)).astype(dtype)[:, 1:k + 1]
+        start = rng.standard_normal((f, k)).astype(dtype)
+        frame = np.full((f + 2, k + 3), np.nan, dtype)
+        out = frame[1:f + 1, 1:k + 1]
+        out[...] = start if add else np.nan
+        assert mk.gram(a, b, out, add=add) is out
+        expected = a.T.astype(np.float64) @ b.astype(np.float64) + (start if add else 0)
+        scale = np.abs(a.T).astype(np.float64) @ np.abs(b).astype(np.float64) + 1
+        assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), (m, f, k)
+        inside = np.zeros(frame.shape, bool)
+        inside[1:f + 1, 1:k + 1] = True
+        assert np.isnan(frame[~inside]).all(), (m, f, k)
+        again = np.empty_like(out)
+        again[...] = start if add else 0
+        assert np.array_equal(mk.gram(a, b, again, add=add), out)
+
+
+def test_gram_rejects_bad_operands():
+    a = np.ones((4, 3), np.float32)
+    with pytest.raises(ValueError, match="do not match"):
+        mk.gram(a, np.ones((5, 2), np.float32), np.empty((3, 2), np.float32))
+    with pytest.raises(ValueError, match="unit stride"):
+        mk.gram(np.ones((4, 6), np.float32)[:, ::2], np.ones((4, 2), np.float32),
+                np.empty((3, 2), np.float32))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        mk.gram(a, np.ones((4, 2)), np.empty((3, 2), np.float32))
+
+
 def test_gemm_built_for_narrower_vectors():
-    """The micro-kernel as a CPU with 256- or 128-bit vectors gets it (other tile shapes), in a
-    fresh process with the host's vector width overridden before the first compilation."""
+    """``gemm`` and ``gram`` as a CPU with 256- or 128-bit vectors gets them (other tile
+    shapes), in a fresh process with the host's vector width overridden before the first
+    compilation."""
     script = (
         "import numpy as np\n"
         "from numbaconv.cpu import _microkernel as mk\n"
@@ -82,7 +122,10 @@ def test_gemm_built_for_narrower_vectors():
         "        b = rng.standard_normal((k, n)).astype(dtype)\n"
         "        out = np.full((m, n), np.nan, dtype)\n"
         "        mk.gemm(a, b, out)\n"
-        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), (dtype, m, k, n)\n")
+        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gemm', dtype, m, k, n)\n"
+        "        out = np.full((m, n), np.nan, dtype)\n"
+        "        mk.gram(a.T.copy(), b, out)\n"
+        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gram', dtype, m, k, n)\n")
     for bits in (256, 128):
         done = subprocess.run([sys.executable, "-c", f"BITS = {bits}\n" + script],
                               capture_output=True, text=True, timeout=600,
