@@ -1,11 +1,12 @@
 """A matrix product of our own: a register-blocked micro-kernel in explicit LLVM vector IR,
 driven by BLIS-style packing and cache blocking in Numba.
 
-Groundwork for the speed targets of the GEMM-based algorithms; no algorithm calls it yet.
-The GEMM-bound targets (1x1 convolutions, the stem's weight gradient) need products faster
-than NumPy's OpenBLAS on skinny shapes, and a product of our own can also take its operands
-packed straight from the convolution's input (im2col into the micro-kernel's panels),
-saving the copy BLAS makes of every packed matrix. LLVM does not register-block a loop nest
+:func:`gram` (``a.T @ b`` reading both operands in place) is the channels-last weight
+gradient's product where dw is small (see ``conv_backward_weight``); :func:`gemm` (packed)
+is groundwork that no algorithm calls yet. The GEMM-bound speed targets (1x1 convolutions,
+the stem's weight gradient) need products faster than NumPy's OpenBLAS on skinny shapes,
+and a product of our own can take its operands where the convolution's packing leaves them
+(or pack windows straight into its panels), saving the copy BLAS makes of every operand. LLVM does not register-block a loop nest
 written in Numba (a 12x32 accumulator block in a local array compiled to gathers and
 scatters at 2.5 GFLOP/s), so the micro-kernel is written as IR: MR x NV vector accumulators
 carried through the k loop as phi nodes, one broadcast of A and NV loads of B per row and
