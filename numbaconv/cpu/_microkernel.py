@@ -248,15 +248,8 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     -------
     out
     """
-    dtype = out.dtype
-    if dtype not in (np.float32, np.float64) or a.dtype != dtype or b.dtype != dtype:
-        raise TypeError(f"gemm: expected float32 or float64 operands of one dtype, got "
-                        f"{a.dtype}, {b.dtype}, {out.dtype}")
-    if a.ndim != 2 or b.ndim != 2 or out.shape != (a.shape[0], b.shape[1]) \
-            or a.shape[1] != b.shape[0]:
-        raise ValueError(f"gemm: shapes {a.shape} @ {b.shape} -> {out.shape} do not match")
-    if out.shape[1] > 1 and out.strides[1] != out.itemsize:
-        raise ValueError("gemm: out needs unit stride along its rows")
+    dtype = _check("gemm", f"{a.shape} @ {b.shape}", a, b, out, (a.shape[0], b.shape[-1]),
+                   a.shape[-1] == b.shape[0], {"out": out})
     mr, nv = tile_shape(dtype)
     nr = nv * vector_lanes(dtype)
     _gemm(a, b, out, mr, nr, 12 * mr, 64 * nr)
@@ -278,6 +271,23 @@ def _gram_tiles(a, b, out, add, mr, nr, kc):
             for j in range(0, b.shape[1] - nr + 1, nr):
                 _micro_tile(_at(a, p0 * lda + i), _at(b, p0 * ldb + j), _at(out, i * ldc + j),
                             depth, ldc, adding, lda, ldb)
+
+
+def _check(name: str, product: str, a, b, out, out_shape: tuple, shared: bool,
+           rows: dict) -> np.dtype:
+    """Validate a product's operands: 2D, one float dtype, matching shapes (``shared``: the
+    shared dimension agrees), unit stride along the rows of the arrays in ``rows`` (by
+    name). Returns the dtype."""
+    dtype = out.dtype
+    if dtype not in (np.float32, np.float64) or a.dtype != dtype or b.dtype != dtype:
+        raise TypeError(f"{name}: expected float32 or float64 operands of one dtype, got "
+                        f"{a.dtype}, {b.dtype}, {out.dtype}")
+    if a.ndim != 2 or b.ndim != 2 or not shared or out.shape != out_shape:
+        raise ValueError(f"{name}: shapes {product} -> {out.shape} do not match")
+    for label, array in rows.items():
+        if not _unit_rows(array):
+            raise ValueError(f"{name}: {label} needs unit stride along its rows")
+    return dtype
 
 
 def _unit_rows(array) -> bool:
@@ -312,15 +322,8 @@ def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) -> np
     -------
     out
     """
-    dtype = out.dtype
-    if dtype not in (np.float32, np.float64) or a.dtype != dtype or b.dtype != dtype:
-        raise TypeError(f"gram: expected float32 or float64 operands of one dtype, got "
-                        f"{a.dtype}, {b.dtype}, {out.dtype}")
-    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0] \
-            or out.shape != (a.shape[1], b.shape[1]):
-        raise ValueError(f"gram: shapes {a.shape}.T @ {b.shape} -> {out.shape} do not match")
-    if not (_unit_rows(a) and _unit_rows(b) and _unit_rows(out)):
-        raise ValueError("gram: a, b and out need unit stride along their rows")
+    dtype = _check("gram", f"{a.shape}.T @ {b.shape}", a, b, out, (a.shape[-1], b.shape[-1]),
+                   a.shape[0] == b.shape[0], {"a": a, "b": b, "out": out})
     mr, nv = tile_shape(dtype)
     nr = nv * vector_lanes(dtype)
     rows, columns = a.shape[1] - a.shape[1] % mr, b.shape[1] - b.shape[1] % nr
