@@ -1,7 +1,8 @@
 """CPU weight gradient: entry -> driver per algorithm -> kernels.
 
-Deterministic: every tile's product lands in its own buffer and tiles are summed in a fixed
-order, so the same inputs give bitwise the same dw on every run.
+Deterministic: tiles are dealt to slots by the shape alone, each slot adds its tiles' products
+in tile order and the slots are summed in slot order, so the same inputs give bitwise the
+same dw on every run, whatever the thread count.
 """
 
 from __future__ import annotations
