@@ -166,7 +166,7 @@ def test_partials_sum_in_the_same_order_on_one_thread_or_several():
     expected = partial[0].copy()
     for row in partial[1:]:
         expected += row
-    for kernel in (_direct._sum_partials, _direct._sum_partials_serial):
+    for kernel in (_direct._sum_partials, _direct.serial(_direct._sum_partials)):
         total = np.full(1000, np.nan, np.float32)
         kernel(partial, total)
         assert np.array_equal(total, expected)

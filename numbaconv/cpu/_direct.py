@@ -40,7 +40,8 @@ import numba
 import numpy as np
 from numba import prange, uint64
 
-from ..config import jit_options, serial_twin
+from ..config import jit_options
+from ._gemm import serial
 from ._im2col import zero_rows
 
 _njit = numba.njit(**jit_options())
@@ -533,7 +534,8 @@ def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, st
                     partial[job, c, t, k] = acc[t, k]
 
 
-def _sum_partials_body(partial, total):
+@_njit
+def _sum_partials(partial, total):
     """total[e] = partial[0, e] + partial[1, e] + ..., in that order (2D arrays)."""
     rows, width = partial.shape[0], partial.shape[1]
     block = 256
@@ -547,10 +549,6 @@ def _sum_partials_body(partial, total):
             part = partial[i, lo:hi]
             for m in range(hi - lo):
                 dst[m] += part[m]
-
-
-_sum_partials = _njit(_sum_partials_body)
-_sum_partials_serial = serial_twin(_sum_partials_body)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1357,7 +1355,7 @@ def _add_partials(partial, total) -> None:
     if partial.size > PARALLEL_SUM_ABOVE:
         _sum_partials(partial, total)
     else:
-        _sum_partials_serial(partial, total)
+        serial(_sum_partials)(partial, total)
 
 
 def _cf_convolve(form, src5, wsrc, dst5, per_group, add) -> None:

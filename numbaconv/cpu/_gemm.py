@@ -279,9 +279,10 @@ def tile_workers(jobs: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def serial(kernel):
-    """The one-thread compilation of a packing kernel, for the tile workers under Numba's
-    workqueue threading layer (which cannot launch parallel regions from two threads at
-    once)."""
+    """The one-thread compilation of a parallel kernel (made once, on first use): for the
+    tile workers under Numba's workqueue threading layer (which cannot launch parallel
+    regions from two threads at once), and for work too small to be worth waking the
+    OpenMP threads (the direct weight gradient's partial sums)."""
     return serial_twin(kernel.py_func)
 
 
