@@ -78,7 +78,7 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
     tiles = list(_gemm.tiles(g, per_position, _gemm.largest_operand(x, dy)))
     slots = min(SLOTS, len(tiles))
     transposed = g.kg < TRANSPOSED_BELOW
-    in_place = g.g == 1 and g.cg * g.taps * g.kg <= IN_PLACE_DW_UP_TO
+    in_place = g.channels_last and g.g == 1 and g.cg * g.taps * g.kg <= IN_PLACE_DW_UP_TO
 
     def dot(features, grads, out=None):
         """Over the last axis: features (..., F, L) and grads (..., Kg, L) give dw's part,
@@ -102,28 +102,27 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
             return _sum_in_order(dot(col, _gemm.output_columns(g, dy, n0, nb, q0, q1)))
     elif in_place:
         # The windows (M, F) and dy's rows (M, K) are the operands of _microkernel.gram as
-        # they lie, and each tile adds straight into its slot's sum.
+        # they lie; later tiles add straight into their slot's sum (``out``).
         def product(tile, pick, out):
             n0, nb, q0, q1 = tile
             features = _gemm.packed_cl(g, x5, args, tile, pick)[:, 0]
             grads = _gemm.output_rows(g, dy, n0, nb, q0, q1)[:, 0]
             a, b = (features, grads) if transposed else (grads, features)
-            if out is None:
-                return gram(a, b, np.empty((1, a.shape[1], b.shape[1]), x.dtype)[0])[None]
-            gram(a, b, out[0], add=True)
-            return None
+            first = out is None
+            if first:
+                out = np.empty((1, a.shape[1], b.shape[1]), x.dtype)
+            gram(a, b, out[0], add=not first)
+            return out
     else:
         def product(tile, pick, out):
             n0, nb, q0, q1 = tile
             return dot(_gemm.packed_cl(g, x5, args, tile, pick).transpose(1, 2, 0),
                        _gemm.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0), out)
 
-    adds = g.channels_last and in_place          # product(tile, pick, total) adds into total
-
     def slot(first, pick):
         total = product(tiles[first], pick, None)
         for tile in tiles[first + slots::slots]:
-            if adds:
+            if in_place:
                 product(tile, pick, total)
             else:
                 # Later tiles' products go to a reused buffer (a fresh dw-sized array per
