@@ -191,19 +191,19 @@ def _pack_columns(b, p0, kc, j0, columns, nr, out):
 
 
 @_serial
-def _gemm(a, b, c, mr, nr, mc, nc):
+def _gemm(a, b, c, mr, nr, mc, nc, kc_block):
     m, depth = a.shape
     n = b.shape[1]
     ldc = c.strides[0] // c.itemsize
-    a_packed = np.empty(mc * KC, c.dtype)
-    b_packed = np.empty(((nc + nr - 1) // nr) * nr * KC, c.dtype)
+    a_packed = np.empty(mc * kc_block, c.dtype)
+    b_packed = np.empty(((nc + nr - 1) // nr) * nr * kc_block, c.dtype)
     tile = np.empty((mr, nr), c.dtype)
     if depth == 0:
         c[:, :] = 0
     for j0 in range(0, n, nc):
         columns = min(nc, n - j0)
-        for p0 in range(0, depth, KC):
-            kc = min(KC, depth - p0)
+        for p0 in range(0, depth, kc_block):
+            kc = min(kc_block, depth - p0)
             add = 1 if p0 > 0 else 0
             _pack_columns(b, p0, kc, j0, columns, nr, b_packed)
             for i0 in range(0, m, mc):
@@ -252,7 +252,7 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
                    a.shape[-1] == b.shape[0], {"out": out})
     mr, nv = tile_shape(dtype)
     nr = nv * vector_lanes(dtype)
-    _gemm(a, b, out, mr, nr, 12 * mr, 64 * nr)
+    _gemm(a, b, out, mr, nr, 12 * mr, 64 * nr, KC)
     return out
 
 
