@@ -1,13 +1,14 @@
 """A matrix product of our own: a register-blocked micro-kernel in explicit LLVM vector IR,
 driven by BLIS-style packing and cache blocking in Numba.
 
-:func:`gram` (``a.T @ b`` reading both operands in place) is the channels-last weight
-gradient's product where dw is small (see ``conv_backward_weight``); :func:`gemm` (packed)
-is groundwork that no algorithm calls yet. The GEMM-bound speed targets (1x1 convolutions,
+:func:`gram` (``a.T @ b`` reading both operands in place) is the channels-last im2col weight
+gradient's product where dw is small (see ``conv_backward_weight``); :mod:`._implicit`
+calls the micro-kernel on windows in the input itself; :func:`gemm` (packed) is groundwork
+that no algorithm calls yet. The GEMM-bound speed targets (1x1 convolutions,
 the stem's weight gradient) need products faster than NumPy's OpenBLAS on skinny shapes,
 and a product of our own can take its operands where the convolution's packing leaves them
-(or pack windows straight into its panels), saving the copy BLAS makes of every operand. LLVM does not register-block a loop nest
-written in Numba (a 12x32 accumulator block in a local array compiled to gathers and
+(or pack windows straight into its panels), saving the copy BLAS makes of every operand.
+LLVM does not register-block a loop nest written in Numba (a 12x32 accumulator block in a local array compiled to gathers and
 scatters at 2.5 GFLOP/s), so the micro-kernel is written as IR: MR x NV vector accumulators
 carried through the k loop as phi nodes, one broadcast of A and NV loads of B per row and
 step, ``llvm.fma`` on whole vectors.

@@ -11,7 +11,8 @@ import numpy as np
 
 from numbaconv.backend import store
 
-from . import _direct, _gemm
+from . import _direct, _gemm, _implicit
+from . import implicit_applies
 from ._layout import Geom, geom
 from ._microkernel import gram
 
@@ -25,6 +26,10 @@ def run(problem, operands, out, algorithm):
         dw = _im2col_wgrad(g, x, dy)
     elif algorithm == "direct":
         dw = _direct.weight_gradient(g, x, dy)
+    elif algorithm == "implicit":
+        if not implicit_applies(problem.op, problem):
+            raise ValueError("algorithm: 'implicit' needs channels-last and one group")
+        dw = _implicit.weight_gradient(g, x, dy)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a weight-gradient algorithm")
     return store(dw.reshape(problem.w_shape), out, problem.accumulate)

@@ -1,0 +1,140 @@
+"""The cpu backend's implicit weight gradient (channels-last, one group: the micro-kernel
+reading windows in a padded copy of the input rows): against the reference over strides,
+dilations, asymmetric padding, 1D/2D/3D, output channels that fill whole micro-kernel tiles
+(dy read in place) or not (dy copied), tiles split by rows; NaN and infinity at the
+borders; bitwise determinism across thread counts; the heuristic's choice; a
+NUMBA_BOUNDSCHECK=1 pass."""
+
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import dispatch
+from numbaconv import problem as pb
+from numbaconv.testing import relative_error
+
+TOL = {"float32": 2e-5, "float64": 1e-11}
+
+
+def _lanes(dtype):
+    from numbaconv.cpu._microkernel import tile_shape, vector_lanes
+    return tile_shape(dtype)[1] * vector_lanes(dtype)
+
+
+# (name, x shape channels-first, kernel, stride, padding, dilation, out channels; "nr":
+# one whole micro-kernel tile of columns, so dy is read in place)
+CASES = [
+    ("2d", (2, 3, 9, 8), (3, 3), 1, 1, 1, 5),
+    ("2d-whole-tiles", (2, 4, 7, 6), (3, 3), 1, 1, 1, "nr"),
+    ("2d-stem", (1, 3, 13, 12), (7, 7), 2, 3, 1, "nr"),
+    ("2d-strided-asymmetric", (1, 5, 11, 13), (3, 2), (2, 3), ((1, 2), (0, 1)), 1, 7),
+    ("2d-column-dilation", (2, 6, 6, 11), (3, 3), 1, (1, 2), (1, 2), "nr"),
+    ("2d-row-dilation", (1, 3, 9, 7), (3, 2), (1, 2), 1, (2, 1), 4),
+    ("2d-no-padding", (2, 13, 6, 6), (2, 2), 1, 0, 1, 3),
+    ("1d", (2, 6, 17), (4,), 2, 3, 3, "nr"),
+    ("3d", (3, 4, 6, 7, 8), (2, 3, 2), (1, 2, 1), 1, (2, 1, 1), 9),
+    ("3d-depth-stride", (1, 3, 5, 4, 6), (2, 3, 3), (2, 1, 1), (0, 1, 1), 1, "nr"),
+]
+
+
+def _arrays(case, dtype, seed=0):
+    _, x_shape, kernel, stride, padding, dilation, k = case
+    k = _lanes(dtype) if k == "nr" else k
+    rng = np.random.default_rng(seed)
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    w_shape = (k, x_shape[1]) + kernel
+    x = rng.standard_normal(x_shape).astype(dtype)
+    dy = rng.standard_normal(nc.conv_output_shape(x_shape, w_shape, **kw)).astype(dtype)
+    return np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy(), w_shape, kw
+
+
+def _implicit(x, dy, w_shape, out=None, accumulate=False, **kw):
+    problem = pb.conv_backward_weight_problem(x, dy, w_shape, layout="channels_last",
+                                              out=out, accumulate=accumulate, **kw)
+    backend = dispatch.get_backend("cpu")
+    assert "implicit" in backend.algorithms("conv_backward_weight", problem)
+    return backend.run("conv_backward_weight", problem, (x, dy), out, "implicit")
+
+
+def _reference(x, dy, w_shape, **kw):
+    with nc.use_backend("reference"):
+        return nc.conv_backward_weight(x, dy, w_shape, layout="channels_last", **kw)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_implicit_weight_gradient_matches_the_reference(case, dtype):
+    x, dy, w_shape, kw = _arrays(case, dtype)
+    expected = _reference(x, dy, w_shape, **kw)
+    assert relative_error(_implicit(x, dy, w_shape, **kw), expected) < TOL[dtype]
+    out = np.ones(w_shape, dtype)
+    _implicit(x, dy, w_shape, out=out, accumulate=True, **kw)
+    assert relative_error(out, expected + 1) < TOL[dtype]
+
+
+def test_tiles_split_by_rows_give_the_same_result(monkeypatch):
+    from numbaconv.cpu import _implicit as implicit
+    x, dy, w_shape, kw = _arrays(("split", (1, 5, 23, 9), (3, 3), 1, 1, 1, "nr"), "float64")
+    expected = _reference(x, dy, w_shape, **kw)
+    whole = _implicit(x, dy, w_shape, **kw)
+    # One image: 8 tiles of 3 rows; then a window budget of about one row per tile.
+    monkeypatch.setattr(implicit, "WINDOW_BYTES", 9 * 5 * 8)
+    split = _implicit(x, dy, w_shape, **kw)
+    for got in (whole, split):
+        assert relative_error(got, expected) < TOL["float64"]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_nan_and_inf_at_the_borders_propagate_like_the_reference():
+    # The padding is multiplied as the reference multiplies it: an infinite dy at the
+    # border times a padded zero gives NaN in dw.
+    x, dy, w_shape, kw = _arrays(("nan", (1, 3, 5, 6), (3, 3), 1, 1, 1, "nr"), "float64")
+    x[0, 0, 0, 1], x[0, 4, 5, 2], x[0, 2, 3, 0] = np.nan, np.inf, -np.inf
+    dy[0, 0, 0, 3], dy[0, 4, 2, 7] = np.inf, np.nan
+    expected = _reference(x, dy, w_shape, **kw)
+    got = _implicit(x, dy, w_shape, **kw)
+    assert np.isnan(expected).any() and np.isinf(expected).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(got[np.isinf(expected)], expected[np.isinf(expected)])
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-9, atol=1e-9)
+
+
+def test_the_same_dw_bit_for_bit_on_one_thread_or_two():
+    import numba
+    x, dy, w_shape, kw = _arrays(("det", (5, 7, 12, 10), (3, 3), 1, 1, 1, "nr"), "float32")
+    x *= 10.0 ** np.random.default_rng(1).integers(-4, 4, x.shape)   # rounding-sensitive
+    first = _implicit(x, dy, w_shape, **kw)
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = _implicit(x, dy, w_shape, **kw)
+    finally:
+        numba.set_num_threads(threads)
+    assert np.array_equal(first, one)
+    assert np.array_equal(first, _implicit(x, dy, w_shape, **kw))
+
+
+def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem():
+    backend = dispatch.get_backend("cpu")
+
+    def choice(x_shape, w_shape, **kw):
+        x = np.zeros(x_shape, np.float32)
+        y_shape = nc.conv_output_shape((x_shape[0], x_shape[-1]) + x_shape[1:-1], w_shape, **kw)
+        dy = np.zeros((y_shape[0],) + y_shape[2:] + (y_shape[1],), np.float32)
+        problem = pb.conv_backward_weight_problem(x, dy, w_shape, layout="channels_last", **kw)
+        return backend.choose("conv_backward_weight", problem)
+
+    algorithm, reason = choice((1, 40, 40, 3), (64, 3, 7, 7), stride=2, padding=3)
+    assert algorithm == "implicit" and "21 values" in reason
+    assert choice((1, 20, 20, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"
+    assert choice((1, 9, 9, 8), (32, 8, 3, 3), padding=1)[0] == "im2col"      # short rows
+    assert choice((1, 40, 40, 32), (32, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
+    assert choice((1, 20, 20, 64), (64, 32, 3, 3), padding=1, groups=2)[0] == "im2col"
+
+
+def test_implicit_stays_in_bounds_under_numba_boundscheck(run_under_boundscheck):
+    run_under_boundscheck(
+        "from test_cpu_implicit import CASES, test_implicit_weight_gradient_matches_the_reference\n"
+        "for c in CASES:\n"
+        "    test_implicit_weight_gradient_matches_the_reference(c, 'float64')\n")
