@@ -1,9 +1,10 @@
-"""The cpu backend's implicit weight gradient (channels-last, one group: the micro-kernel
-reading windows in a padded copy of the input rows): against the reference over strides,
-dilations, asymmetric padding, 1D/2D/3D, output channels that fill whole micro-kernel tiles
-(dy read in place) or not (dy copied), tiles split by rows; NaN and infinity at the
-borders; bitwise determinism across thread counts; the heuristic's choice; a
-NUMBA_BOUNDSCHECK=1 pass."""
+"""The cpu backend's implicit weight gradient (one group: the micro-kernel reading windows in
+a padded channels-last copy of the input rows): against the reference in both layouts over
+strides, dilations, asymmetric padding, 1D/2D/3D, output channels that fill whole
+micro-kernel tiles (dy read in place, channels-last) or not (dy copied), channels-first
+rows transposed in whole register blocks and edges, tiles split by rows; the register
+transpose itself; NaN and infinity at the borders; bitwise determinism across thread
+counts; the heuristic's choice; a NUMBA_BOUNDSCHECK=1 pass."""
 
 import numpy as np
 import pytest
@@ -31,13 +32,14 @@ CASES = [
     ("2d-column-dilation", (2, 6, 6, 11), (3, 3), 1, (1, 2), (1, 2), "nr"),
     ("2d-row-dilation", (1, 3, 9, 7), (3, 2), (1, 2), 1, (2, 1), 4),
     ("2d-no-padding", (2, 13, 6, 6), (2, 2), 1, 0, 1, 3),
+    ("2d-wide", (1, 20, 5, 37), (3, 3), 1, 1, 1, 35),
     ("1d", (2, 6, 17), (4,), 2, 3, 3, "nr"),
     ("3d", (3, 4, 6, 7, 8), (2, 3, 2), (1, 2, 1), 1, (2, 1, 1), 9),
     ("3d-depth-stride", (1, 3, 5, 4, 6), (2, 3, 3), (2, 1, 1), (0, 1, 1), 1, "nr"),
 ]
 
 
-def _arrays(case, dtype, seed=0):
+def _arrays(case, dtype, seed=0, layout="channels_last"):
     _, x_shape, kernel, stride, padding, dilation, k = case
     k = _lanes(dtype) if k == "nr" else k
     rng = np.random.default_rng(seed)
@@ -45,12 +47,15 @@ def _arrays(case, dtype, seed=0):
     w_shape = (k, x_shape[1]) + kernel
     x = rng.standard_normal(x_shape).astype(dtype)
     dy = rng.standard_normal(nc.conv_output_shape(x_shape, w_shape, **kw)).astype(dtype)
-    return np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy(), w_shape, kw
+    kw["layout"] = layout
+    if layout == "channels_last":
+        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+    return x, dy, w_shape, kw
 
 
 def _implicit(x, dy, w_shape, out=None, accumulate=False, **kw):
-    problem = pb.conv_backward_weight_problem(x, dy, w_shape, layout="channels_last",
-                                              out=out, accumulate=accumulate, **kw)
+    problem = pb.conv_backward_weight_problem(x, dy, w_shape, out=out, accumulate=accumulate,
+                                              **kw)
     backend = dispatch.get_backend("cpu")
     assert "implicit" in backend.algorithms("conv_backward_weight", problem)
     return backend.run("conv_backward_weight", problem, (x, dy), out, "implicit")
@@ -58,13 +63,14 @@ def _implicit(x, dy, w_shape, out=None, accumulate=False, **kw):
 
 def _reference(x, dy, w_shape, **kw):
     with nc.use_backend("reference"):
-        return nc.conv_backward_weight(x, dy, w_shape, layout="channels_last", **kw)
+        return nc.conv_backward_weight(x, dy, w_shape, **kw)
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_implicit_weight_gradient_matches_the_reference(case, dtype):
-    x, dy, w_shape, kw = _arrays(case, dtype)
+def test_implicit_weight_gradient_matches_the_reference(case, dtype, layout):
+    x, dy, w_shape, kw = _arrays(case, dtype, layout=layout)
     expected = _reference(x, dy, w_shape, **kw)
     assert relative_error(_implicit(x, dy, w_shape, **kw), expected) < TOL[dtype]
     out = np.ones(w_shape, dtype)
@@ -85,12 +91,17 @@ def test_tiles_split_by_rows_give_the_same_result(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
-def test_nan_and_inf_at_the_borders_propagate_like_the_reference():
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
+def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout):
     # The padding is multiplied as the reference multiplies it: an infinite dy at the
     # border times a padded zero gives NaN in dw.
-    x, dy, w_shape, kw = _arrays(("nan", (1, 3, 5, 6), (3, 3), 1, 1, 1, "nr"), "float64")
-    x[0, 0, 0, 1], x[0, 4, 5, 2], x[0, 2, 3, 0] = np.nan, np.inf, -np.inf
-    dy[0, 0, 0, 3], dy[0, 4, 2, 7] = np.inf, np.nan
+    x, dy, w_shape, kw = _arrays(("nan", (1, 3, 5, 6), (3, 3), 1, 1, 1, "nr"), "float64",
+                                 layout="channels_first")
+    x[0, 0, 0, 1], x[0, 2, 4, 5], x[0, 0, 3, 2] = np.nan, np.inf, -np.inf
+    dy[0, 3, 0, 0], dy[0, 7, 4, 2] = np.inf, np.nan
+    if layout == "channels_last":
+        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+        kw["layout"] = layout
     expected = _reference(x, dy, w_shape, **kw)
     got = _implicit(x, dy, w_shape, **kw)
     assert np.isnan(expected).any() and np.isinf(expected).any()
@@ -98,6 +109,28 @@ def test_nan_and_inf_at_the_borders_propagate_like_the_reference():
     np.testing.assert_array_equal(got[np.isinf(expected)], expected[np.isinf(expected)])
     finite = np.isfinite(expected)
     np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_register_transpose_moves_every_value_once(dtype):
+    import numba
+
+    from numbaconv.cpu._implicit import _transpose
+    from numbaconv.cpu._microkernel import vector_lanes
+    lanes = vector_lanes(dtype)
+
+    @numba.njit
+    def transpose(src, s0, lds, dst, d0, ldd, rows, columns):
+        _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes)
+
+    src = np.arange(70 * 90, dtype=dtype).reshape(70, 90)
+    for rows, columns in ((lanes, lanes), (2 * lanes + 3, lanes + 5), (3, 2 * lanes + 1)):
+        dst = np.full((80, 100), -1, dtype)
+        transpose(src.reshape(-1), 2 * 90 + 4, 90, dst.reshape(-1), 3 * 100 + 1, 100, rows,
+                  columns)
+        expected = np.full_like(dst, -1)
+        expected[3:3 + columns, 1:1 + rows] = src[2:2 + rows, 4:4 + columns].T
+        np.testing.assert_array_equal(dst, expected)
 
 
 def test_the_same_dw_bit_for_bit_on_one_thread_or_two():
@@ -131,10 +164,15 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem():
     assert choice((1, 9, 9, 8), (32, 8, 3, 3), padding=1)[0] == "im2col"      # short rows
     assert choice((1, 40, 40, 32), (32, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
     assert choice((1, 20, 20, 64), (64, 32, 3, 3), padding=1, groups=2)[0] == "im2col"
+    x = np.zeros((1, 8, 20, 20), np.float32)
+    problem = pb.conv_backward_weight_problem(x, np.zeros((1, 32, 20, 20), np.float32),
+                                              (32, 8, 3, 3), padding=1)
+    assert backend.choose("conv_backward_weight", problem)[0] == "implicit"
 
 
 def test_implicit_stays_in_bounds_under_numba_boundscheck(run_under_boundscheck):
     run_under_boundscheck(
         "from test_cpu_implicit import CASES, test_implicit_weight_gradient_matches_the_reference\n"
         "for c in CASES:\n"
-        "    test_implicit_weight_gradient_matches_the_reference(c, 'float64')\n")
+        "    for layout in ('channels_last', 'channels_first'):\n"
+        "        test_implicit_weight_gradient_matches_the_reference(c, 'float64', layout)\n")

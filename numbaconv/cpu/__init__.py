@@ -17,10 +17,11 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     Tiles are shared among threads, each packing and multiplying on one core
     (:func:`._gemm.run_tiles`).
 ``implicit``
-    The channels-last weight gradient of one group without an im2col matrix: numbaconv's
-    own micro-kernel (:mod:`._microkernel`) reads the windows in a padded copy of the input
-    rows and dy where it lies (:mod:`._implicit`). Chosen for output rows of at least
-    ``IMPLICIT_MIN_WIDTH`` pixels; each product's depth is one output row.
+    The weight gradient of one group without an im2col matrix: numbaconv's own
+    micro-kernel (:mod:`._microkernel`) reads the windows in a padded channels-last copy of
+    the input rows, and dy where it lies (channels-last) or from a transposed copy of its
+    rows (:mod:`._implicit`). Chosen for output rows of at least ``IMPLICIT_MIN_WIDTH``
+    pixels (see there); each product's depth is one output row.
 ``direct``
     Numba loops without packing, for grouped convolutions with few channels per group
     (depthwise above all), where a GEMM would multiply one-column matrices.
@@ -48,14 +49,15 @@ _MODULES = {
     "rnn_backward_weights": ("rnn_backward_weights", "run"),
 }
 
-#: The channels-last weight gradient runs ``implicit`` for output rows of at least this many
-#: pixels, with stride 1 along them or windows of at most ``IMPLICIT_MAX_RUN`` values per
-#: tap row (KW * C). Measured on one core (Zen 4), float32, N = 8, min of 7, implicit
-#: against im2col: the 7x7 stride-2 stem (runs of 21) 21.3 against 29.3 ms; stride 1 with
-#: rows of 56, 28 and 1024 pixels (ResNet 64c 56x56, 128c 28x28, 1D k5 128c) 1.00-1.03x;
-#: 14 pixels (256c 14x14) 0.87x, 7 (512c 7x7) 0.41x; stride 2 with long runs (128c and 256c
-#: ResNet, 1D 256c k3, 3D 32c) 0.70-0.96x. On two cores the stride-1 rows gained more,
-#: 1.04-1.14x (two runs), as implicit puts no BLAS threads beside the kernel.
+#: The weight gradient of one group runs ``implicit`` for output rows of at least this many
+#: pixels; channels-last only with stride 1 along them or windows of at most
+#: ``IMPLICIT_MAX_RUN`` values per tap row (KW * C). Measured on one core (Zen 4), float32,
+#: N = 8, min of 7, implicit against im2col. Channels-last: the 7x7 stride-2 stem (runs of
+#: 21) 21.3 against 29.3 ms; stride 1 with rows of 56, 28 and 1024 pixels (ResNet 64c
+#: 56x56, 128c 28x28, 1D k5 128c) 1.00-1.03x; 14 pixels (256c 14x14) 0.87x, 7 (512c 7x7)
+#: 0.41x; stride 2 with long runs (128c and 256c ResNet, 1D 256c k3, 3D 32c) 0.70-0.96x.
+#: Channels-first, where im2col packs more slowly: 1.11-1.61x on every shape with rows of
+#: 28 pixels or more, strides 1 and 2 (stem 23.2 against 27.1 ms), 0.90-0.96x at 14.
 IMPLICIT_MIN_WIDTH = 16
 IMPLICIT_MAX_RUN = 32
 
@@ -64,9 +66,9 @@ DIRECT_MAX_CHANNELS_PER_GROUP = 16
 
 
 def implicit_applies(op, problem) -> bool:
-    """The ``implicit`` weight gradient: channels-last and one group (every window's
-    features are then runs of one input row)."""
-    return op == "conv_backward_weight" and problem.channels_last and problem.groups == 1
+    """The ``implicit`` weight gradient: one group (every window's features are then runs
+    of one input row, channels-last)."""
+    return op == "conv_backward_weight" and problem.groups == 1
 
 
 def _gemm_applies(problem) -> Optional[str]:
@@ -124,13 +126,18 @@ class CpuBackend(Backend):
                               f"channels per group: packing would cost more than it saves")
         if implicit_applies(op, problem) and problem.output_size[-1] >= IMPLICIT_MIN_WIDTH:
             run = problem.kernel_size[-1] * problem.in_channels
-            along = "stride 1 along them" if problem.stride[-1] == 1 else \
-                f"windows of {run} values per tap row"
-            if problem.stride[-1] == 1 or run <= IMPLICIT_MAX_RUN:
+            if not problem.channels_last:
+                why = "channels-first"
+            elif problem.stride[-1] == 1:
+                why = "channels-last with stride 1 along the rows"
+            elif run <= IMPLICIT_MAX_RUN:
+                why = f"channels-last with windows of {run} values per tap row"
+            else:
+                why = None
+            if why:
                 return "implicit", (
-                    f"channels-last, one group, output rows of {problem.output_size[-1]} "
-                    f"pixels, {along}: windows read in place by numbaconv's micro-kernel, "
-                    f"no im2col matrix")
+                    f"one group, output rows of {problem.output_size[-1]} pixels, {why}: "
+                    f"windows read in place by numbaconv's micro-kernel, no im2col matrix")
         return "im2col", "general case: packed windows and a BLAS product per tile"
 
     def run(self, op, problem, operands, out, algorithm):

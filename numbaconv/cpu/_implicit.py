@@ -1,24 +1,23 @@
 """Implicit GEMM: the micro-kernel of :mod:`._microkernel` reading the convolution's windows
-where they lie in (a padded copy of) the input, with no im2col matrix.
+where they lie in a padded copy of the input rows, with no im2col matrix.
 
-Channels-last, one group: a window's features for one tap row (kd, kh) are the run
+One group, channels-last: a window's features for one tap row (kd, kh) are the run
 ``x[n, id, ih, iw0:iw0 + KW, :]``, KW * C contiguous values (with dilation along W, KW
 runs of C values), and the windows of consecutive output pixels of a row start
 ``stride_w * C`` values apart. So for one output row and one tap row, the windows are the
 rows of a matrix with row stride ``stride_w * C`` and unit column stride, which the
 micro-kernel reads as its A operand; dy's row of pixels is B as it lies. The weight
 gradient is then a sum over output rows and tap rows of such products, each of depth OW,
-into an accumulator tile that stays in cache.
+into an accumulator tile that stays in cache. Each tile of output rows first copies the
+input rows it reads into a zero-padded channels-last window buffer, so the products need
+no bounds logic. Channels-first problems take the same path: the window copy interleaves
+x's channel rows, and dy's rows are transposed into a buffer, both in register blocks
+(:func:`._microkernel._transpose_tile`; a plain loop cost 1 ms per stem image of dy).
 
 Against im2col + BLAS this saves writing and re-reading the packed matrix, KD*KH*KW /
 (stride product) times the input's size, but its products are short: each one's depth is
 one output row, and the accumulator tile is loaded and stored once per product. Measured
-against the im2col path (Zen 4, float32, N = 8, alternating in one process): on one core
-(min of 7) the 7x7 stride-2 stem 21.3 against 29.3 ms, stride-1 rows of 28-1024 pixels
-(ResNet 64c 56x56, 128c 28x28, 1D k5 128c) 1.00-1.03x, rows of 14 pixels 0.87x, 7 pixels
-0.41x, stride 2 with long runs 0.70-0.96x; on two cores (median of 7, three runs) the stem
-11.0-12.4 against 16.6-24.3 ms, the stride-1 rows 0.96-1.14x. ``numbaconv.cpu`` chooses it
-accordingly (``IMPLICIT_MIN_WIDTH``).
+figures, and the choice they lead to, are at ``numbaconv.cpu.IMPLICIT_MIN_WIDTH``.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from numba import prange
 from ..config import jit_options
 from ._direct import _add_partials
 from ._layout import Geom
-from ._microkernel import _at, _micro_tile, tile_shape, vector_lanes
+from ._microkernel import _at, _micro_tile, _transpose_tile, tile_shape, vector_lanes
 
 #: Tiles (output rows of one image plane) are dealt round-robin into this many partial sums:
 #: a split fixed by the shape alone, so dw is bitwise the same whatever the thread count.
@@ -46,8 +45,16 @@ def _runs(g: Geom) -> tuple:
     return (1, g.r[2] * g.c) if g.dilation[2] == 1 else (g.r[2], g.c)
 
 
+def _strides(g: Geom, size: tuple, channels: int) -> np.ndarray:
+    """Element strides along (N, D, H, W, C) of a contiguous x or dy in g's layout."""
+    d, h, w = size
+    if g.channels_last:
+        return np.array([d * h * w * channels, h * w * channels, w * channels, channels, 1])
+    return np.array([channels * d * h * w, h * w, w, 1, d * h * w])
+
+
 def weight_gradient(g: Geom, x, dy) -> np.ndarray:
-    """dw (K, C, *R) of a channels-last, one-group problem (see the module docstring)."""
+    """dw (K, C, *R) of a one-group problem (see the module docstring)."""
     dtype = x.dtype
     mr, nv = tile_shape(dtype)
     nr = nv * vector_lanes(dtype)
@@ -66,7 +73,8 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     s, r, p, stride, dil, before = g.geometry_args()
     overrun = np.zeros(slots, np.int64)
     _weight_partials(np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
-                     parts, overrun, g.n, s, p, g.c, g.k, r, stride, dil, before, rows, mr, nr)
+                     parts, overrun, _strides(g, g.s, g.c), _strides(g, g.p, g.k), g.n, s, p,
+                     g.c, g.k, r, stride, dil, before, rows, mr, nr, vector_lanes(dtype))
     if overrun.any():
         raise IndexError("implicit weight gradient: a product would reach past its arrays")
     total = np.empty(parts[0].size, dtype)
@@ -76,11 +84,30 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     return np.ascontiguousarray(total.transpose(4, 3, 0, 1, 2))
 
 
+@numba.njit(**jit_options(parallel=False), inline="always")
+def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
+    """dst[d0 + j * ldd + i] = src[s0 + i * lds + j] for i < rows, j < columns: whole
+    lanes x lanes blocks in registers (_transpose_tile), the edges value by value (a plain
+    loop ran at 1.25 ns a value, 1 ms per stem image of dy)."""
+    whole_rows, whole_columns = rows - rows % lanes, columns - columns % lanes
+    for i0 in range(0, whole_rows, lanes):
+        for j0 in range(0, whole_columns, lanes):
+            _transpose_tile(_at(src, s0 + i0 * lds + j0), lds, _at(dst, d0 + j0 * ldd + i0),
+                            ldd)
+        for i in range(i0, i0 + lanes):
+            for j in range(whole_columns, columns):
+                dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
+    for i in range(whole_rows, rows):
+        for j in range(columns):
+            dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
+
+
 @numba.njit(**jit_options())
-def _weight_partials(x, dy, parts, overrun, n_images, s, p, c, k, r, stride, dil, before,
-                     rows, mr, nr):
+def _weight_partials(x, dy, parts, overrun, xs, ys, n_images, s, p, c, k, r, stride, dil,
+                     before, rows, mr, nr, lanes):
     """parts[slot] = the sum over the slot's tiles of their windows.T @ dy, as
-    (KD, KH, runs, padded run, padded K); x and dy flat, channels-last. A product that
+    (KD, KH, runs, padded run, padded K). x and dy are flat; ``xs`` and ``ys`` are their
+    element strides along (N, D, H, W, C): channels-last or channels-first. A product that
     would reach past an array is skipped and flagged in ``overrun[slot]``."""
     slots, _, _, runs, padded_length, padded_k = parts.shape
     planes = n_images * p[0]
@@ -91,7 +118,7 @@ def _weight_partials(x, dy, parts, overrun, n_images, s, p, c, k, r, stride, dil
     plane_values = rows_in * pitch
     lo = min(max(before[2], 0), width)        # padded columns [lo, hi) hold input pixels
     hi = max(lo, min(width, before[2] + s[2]))
-    copy_dy = padded_k != k
+    copy_dy = padded_k != k or ys[4] != 1    # dy is B in place when channels-last
     lda = stride[2] * c
     for slot in prange(slots):
         part = parts[slot]
@@ -119,20 +146,29 @@ def _weight_partials(x, dy, parts, overrun, n_images, s, p, c, k, r, stride, dil
                         continue
                     for e in range(lo * c):
                         window[base + e] = 0
-                    src = ((n * s[0] + i_d) * s[1] + ih) * s[2] * c + (lo - before[2]) * c
-                    for e in range((hi - lo) * c):
-                        window[base + lo * c + e] = x[src + e]
+                    src = n * xs[0] + i_d * xs[1] + ih * xs[2] + (lo - before[2]) * xs[3]
+                    if xs[4] == 1:                      # channels-last: one run
+                        for e in range((hi - lo) * c):
+                            window[base + lo * c + e] = x[src + e]
+                    else:                               # channels-first: interleave rows
+                        _transpose(x, src, xs[4], window, base + lo * c, c, c, hi - lo, lanes)
                     for e in range(hi * c, pitch):
                         window[base + e] = 0
-            first_row = ((n * p[0] + od) * p[1] + o0) * p[2]
+            first_row = n * ys[0] + od * ys[1] + o0 * ys[2]
             if copy_dy:
-                for q in range((o1 - o0) * p[2]):
-                    for e in range(k):
-                        grads[q * padded_k + e] = dy[(first_row + q) * k + e]
+                for o in range(o1 - o0):
+                    src = first_row + o * ys[2]
+                    dst = o * p[2] * padded_k
+                    if ys[4] == 1:
+                        for q in range(p[2]):
+                            for e in range(k):
+                                grads[dst + q * padded_k + e] = dy[src + q * k + e]
+                    else:
+                        _transpose(dy, src, ys[4], grads, dst, padded_k, k, p[2], lanes)
             source = grads if copy_dy else dy
             ldb = padded_k if copy_dy else k
             for o in range(o1 - o0):
-                b = o * p[2] * padded_k if copy_dy else (first_row + o * p[2]) * k
+                b = o * p[2] * padded_k if copy_dy else first_row + o * ys[2]
                 for kd in range(r[0]):
                     for kh in range(r[1]):
                         row = kd * plane_values + (o * stride[1] + kh * dil[1]) * pitch

@@ -144,6 +144,44 @@ def _micro_tile(typingctx, ap, bp, cp, kc, ldc, add, lda, ldb):
 
 
 @intrinsic
+def _transpose_tile(typingctx, src, lds, dst, ldd):
+    """dst[j * ldd + i] = src[i * lds + j] for i, j < L, the vector lanes: L rows of L
+    values loaded as vectors, transposed in registers by log2(L) rounds of interleaving
+    (round: w[2i], w[2i + 1] = the low and high halves of v[i] and v[i + L/2] interleaved),
+    stored as L vectors. ``src`` and ``dst`` are pointers (:func:`_at`)."""
+    if not (isinstance(src, types.CPointer) and src.dtype in (types.float32, types.float64)):
+        return None
+    dtype = np.dtype(str(src.dtype))
+    lanes = vector_lanes(dtype)
+    sig = types.void(src, lds, dst, ldd)
+
+    def codegen(context, builder, signature, args):
+        src, lds, dst, ldd = args
+        i64 = ir.IntType(64)
+        vec = ir.VectorType(_llvm_float(dtype), lanes)
+        lds, ldd = (builder.sext(v, i64) if v.type.width < 64 else v for v in (lds, ldd))
+        rows = [builder.load(builder.bitcast(builder.gep(src, [builder.mul(ir.Constant(
+            i64, i), lds)]), vec.as_pointer()), align=1) for i in range(lanes)]
+        half = lanes // 2
+        mask_lo = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                              [m // 2 + (lanes if m % 2 else 0) for m in range(lanes)])
+        mask_hi = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                              [half + m // 2 + (lanes if m % 2 else 0) for m in range(lanes)])
+        for _ in range(lanes.bit_length() - 1):
+            mixed = []
+            for i in range(half):
+                mixed.append(builder.shuffle_vector(rows[i], rows[i + half], mask_lo))
+                mixed.append(builder.shuffle_vector(rows[i], rows[i + half], mask_hi))
+            rows = mixed
+        for j in range(lanes):
+            where = builder.gep(dst, [builder.mul(ir.Constant(i64, j), ldd)])
+            builder.store(rows[j], builder.bitcast(where, vec.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def _at(typingctx, array, offset):
     """A pointer to ``array``'s data plus ``offset`` elements (no bounds check)."""
     if not isinstance(array, types.Array):

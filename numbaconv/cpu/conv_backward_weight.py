@@ -28,7 +28,7 @@ def run(problem, operands, out, algorithm):
         dw = _direct.weight_gradient(g, x, dy)
     elif algorithm == "implicit":
         if not implicit_applies(problem.op, problem):
-            raise ValueError("algorithm: 'implicit' needs channels-last and one group")
+            raise ValueError("algorithm: 'implicit' needs one group")
         dw = _implicit.weight_gradient(g, x, dy)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a weight-gradient algorithm")
