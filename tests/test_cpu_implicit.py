@@ -1,8 +1,10 @@
-"""The cpu backend's implicit weight gradient (one group: the micro-kernel reading windows in
-a padded channels-last copy of the input rows): against the reference in both layouts over
-strides, dilations, asymmetric padding, 1D/2D/3D, output channels that fill whole
-micro-kernel tiles (dy read in place, channels-last) or not (dy copied), channels-first
-rows transposed in whole register blocks and edges, tiles split by rows; the register
+"""The cpu backend's implicit algorithms (one group: the micro-kernel reading windows in a
+padded channels-last copy of the input rows). The weight gradient against the reference in
+both layouts over strides, dilations, asymmetric padding, 1D/2D/3D, output channels that
+fill whole micro-kernel tiles (dy read in place, channels-last) or not (dy copied),
+channels-first rows transposed in whole register blocks and edges, tiles split by rows;
+the forward (with bias) and the stride-1 data gradient (written and accumulated) over the
+stride-1 cases, with rows that end inside a tile and one-pixel rows; the register
 transpose itself; NaN and infinity at the borders; bitwise determinism across thread
 counts; the heuristic's choice; a NUMBA_BOUNDSCHECK=1 pass."""
 
@@ -78,6 +80,38 @@ def test_implicit_weight_gradient_matches_the_reference(case, dtype, layout):
     assert relative_error(out, expected + 1) < TOL[dtype]
 
 
+#: Stride 1 (the forward and the data gradient): "k" output channels of the forward form.
+STRIDE_1 = [c for c in CASES if c[3] == 1] + [
+    ("2d-wide-strided-positions", (2, 24, 5, 29), (3, 3), 1, 1, 1, 70),
+    ("2d-one-pixel-rows", (2, 17, 6, 1), (3, 1), 1, (1, 0), 1, "nr"),
+]
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", STRIDE_1, ids=[c[0] for c in STRIDE_1])
+def test_implicit_forward_and_data_gradient_match_the_reference(case, dtype, layout):
+    x, dy, w_shape, kw = _arrays(case, dtype, layout=layout)
+    w = np.random.default_rng(5).standard_normal(w_shape).astype(dtype)
+    bias = np.random.default_rng(6).standard_normal(w_shape[0]).astype(dtype)
+    backend = dispatch.get_backend("cpu")
+    with nc.use_backend("reference"):
+        y_ref = nc.conv(x, w, bias, **kw)
+        dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
+    problem = pb.conv_problem(x, w, bias, **kw)
+    assert "implicit" in backend.algorithms("conv", problem)
+    got = backend.run("conv", problem, (x, w, bias), None, "implicit")
+    assert relative_error(got, y_ref) < TOL[dtype]
+    problem = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
+    assert "implicit" in backend.algorithms("conv_backward_data", problem)
+    got = backend.run("conv_backward_data", problem, (dy, w), None, "implicit")
+    assert relative_error(got, dx_ref) < TOL[dtype]
+    out = np.ones_like(x)
+    problem = pb.conv_backward_data_problem(dy, w, x.shape, out=out, accumulate=True, **kw)
+    backend.run("conv_backward_data", problem, (dy, w), out, "implicit")
+    assert relative_error(out, dx_ref + 1) < TOL[dtype]
+
+
 def test_tiles_split_by_rows_give_the_same_result(monkeypatch):
     from numbaconv.cpu import _implicit as implicit
     x, dy, w_shape, kw = _arrays(("split", (1, 5, 23, 9), (3, 3), 1, 1, 1, "nr"), "float64")
@@ -133,6 +167,40 @@ def test_the_register_transpose_moves_every_value_once(dtype):
         np.testing.assert_array_equal(dst, expected)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
+def test_non_finite_values_in_the_forward_and_data_gradient_propagate_like_the_reference(
+        layout):
+    # The forward multiplies padding: an infinite weight gives NaN where its tap reads it.
+    x, dy, w_shape, kw = _arrays(("nan", (1, 17, 5, 6), (3, 3), 1, 1, 1, 20), "float64",
+                                 layout="channels_first")
+    w = np.random.default_rng(5).standard_normal(w_shape)
+    x[0, 3, 0, 1], dy[0, 2, 4, 5], w[1, 2, 0, 0], w[4, 0, 2, 1] = np.inf, np.nan, np.inf, -np.inf
+    if layout == "channels_last":
+        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+        kw["layout"] = layout
+    backend = dispatch.get_backend("cpu")
+    with nc.use_backend("reference"):
+        expected = {"conv": nc.conv(x, w, **kw),
+                    "conv_backward_data": nc.conv_backward_data(dy, w, x.shape, **kw)}
+    # The data gradient never multiplies by padding there: a non-finite weight sends the
+    # forward forms (implicit, and im2col's for stride 1) to col2im, which is exact.
+    got = {"conv": backend.run("conv", pb.conv_problem(x, w, None, **kw), (x, w, None),
+                               None, "implicit")}
+    for algorithm in ("implicit", "im2col"):
+        got[f"conv_backward_data {algorithm}"] = backend.run(
+            "conv_backward_data", pb.conv_backward_data_problem(dy, w, x.shape, **kw),
+            (dy, w), None, algorithm)
+        expected[f"conv_backward_data {algorithm}"] = expected["conv_backward_data"]
+    del expected["conv_backward_data"]
+    for op, want in expected.items():
+        assert np.isnan(want).any() and np.isinf(want).any(), op
+        np.testing.assert_array_equal(np.isnan(got[op]), np.isnan(want), err_msg=op)
+        np.testing.assert_array_equal(got[op][np.isinf(want)], want[np.isinf(want)])
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[op][finite], want[finite], rtol=1e-9, atol=1e-9)
+
+
 def test_the_same_dw_bit_for_bit_on_one_thread_or_two():
     import numba
     x, dy, w_shape, kw = _arrays(("det", (5, 7, 12, 10), (3, 3), 1, 1, 1, "nr"), "float32")
@@ -168,11 +236,30 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem():
     problem = pb.conv_backward_weight_problem(x, np.zeros((1, 32, 20, 20), np.float32),
                                               (32, 8, 3, 3), padding=1)
     assert backend.choose("conv_backward_weight", problem)[0] == "implicit"
+    # Forward and data gradient: stride 1, rows of 16 pixels or more, and channels-first
+    # with 16 input channels of the forward form or more.
+    x = np.zeros((1, 16, 20, 20), np.float32)
+    w = np.zeros((32, 16, 3, 3), np.float32)
+    assert backend.choose("conv", pb.conv_problem(x, w, None, padding=1))[0] == "implicit"
+    assert backend.choose("conv", pb.conv_problem(x[:, :8], w[:, :8], None, padding=1))[0] \
+        == "im2col"
+    assert backend.choose("conv", pb.conv_problem(x, w, None, padding=1, stride=2))[0] \
+        == "im2col"
+    dy = np.zeros((1, 32, 20, 20), np.float32)
+    assert backend.choose("conv_backward_data", pb.conv_backward_data_problem(
+        dy, w, x.shape, padding=1))[0] == "implicit"
+    assert backend.choose("conv_backward_data", pb.conv_backward_data_problem(
+        dy[..., :9, :9], w, (1, 16, 9, 9), padding=1))[0] == "im2col"
 
 
 def test_implicit_stays_in_bounds_under_numba_boundscheck(run_under_boundscheck):
     run_under_boundscheck(
         "from test_cpu_implicit import CASES, test_implicit_weight_gradient_matches_the_reference\n"
-        "for c in CASES:\n"
-        "    for layout in ('channels_last', 'channels_first'):\n"
-        "        test_implicit_weight_gradient_matches_the_reference(c, 'float64', layout)\n")
+        "from test_cpu_implicit import STRIDE_1\n"
+        "from test_cpu_implicit import \\\n"
+        "    test_implicit_forward_and_data_gradient_match_the_reference as fwd\n"
+        "for layout in ('channels_last', 'channels_first'):\n"
+        "    for c in CASES:\n"
+        "        test_implicit_weight_gradient_matches_the_reference(c, 'float64', layout)\n"
+        "    for c in STRIDE_1:\n"
+        "        fwd(c, 'float64', layout)\n")

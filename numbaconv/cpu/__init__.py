@@ -17,11 +17,12 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     Tiles are shared among threads, each packing and multiplying on one core
     (:func:`._gemm.run_tiles`).
 ``implicit``
-    The weight gradient of one group without an im2col matrix: numbaconv's own
-    micro-kernel (:mod:`._microkernel`) reads the windows in a padded channels-last copy of
-    the input rows, and dy where it lies (channels-last) or from a transposed copy of its
-    rows (:mod:`._implicit`). Chosen for output rows of at least ``IMPLICIT_MIN_WIDTH``
-    pixels (see there); each product's depth is one output row.
+    One group, no im2col matrix: numbaconv's own micro-kernel (:mod:`._microkernel`) reads
+    the windows in a padded channels-last copy of the input rows (:mod:`._implicit`). The
+    weight gradient (any stride) multiplies them by dy's rows, one output row deep; the
+    forward and the stride-1 data gradient multiply them by the weights, one tap row of
+    window features deep. Chosen for rows of at least ``IMPLICIT_MIN_WIDTH`` pixels, with
+    the conditions given there.
 ``direct``
     Numba loops without packing, for grouped convolutions with few channels per group
     (depthwise above all), where a GEMM would multiply one-column matrices.
@@ -50,25 +51,74 @@ _MODULES = {
 }
 
 #: The weight gradient of one group runs ``implicit`` for output rows of at least this many
-#: pixels; channels-last only with stride 1 along them or windows of at most
-#: ``IMPLICIT_MAX_RUN`` values per tap row (KW * C). Measured on one core (Zen 4), float32,
-#: N = 8, min of 7, implicit against im2col. Channels-last: the 7x7 stride-2 stem (runs of
-#: 21) 21.3 against 29.3 ms; stride 1 with rows of 56, 28 and 1024 pixels (ResNet 64c
-#: 56x56, 128c 28x28, 1D k5 128c) 1.00-1.03x; 14 pixels (256c 14x14) 0.87x, 7 (512c 7x7)
-#: 0.41x; stride 2 with long runs (128c and 256c ResNet, 1D 256c k3, 3D 32c) 0.70-0.96x.
-#: Channels-first, where im2col packs more slowly: 1.11-1.61x on every shape with rows of
-#: 28 pixels or more, strides 1 and 2 (stem 23.2 against 27.1 ms), 0.90-0.96x at 14.
+#: pixels (the depth of its products); channels-last only with stride 1 along them or
+#: windows of at most ``IMPLICIT_MAX_RUN`` values per tap row (KW * C). Measured on one core
+#: (Zen 4), float32, N = 8, min of 7, implicit against im2col. Channels-last: the 7x7
+#: stride-2 stem (runs of 21) 21.3 against 29.3 ms; stride 1 with rows of 56, 28 and 1024
+#: pixels (ResNet 64c 56x56, 128c 28x28, 1D k5 128c) 1.00-1.03x; 14 pixels (256c 14x14)
+#: 0.87x, 7 (512c 7x7) 0.41x; stride 2 with long runs (128c and 256c ResNet, 1D 256c k3,
+#: 3D 32c) 0.70-0.96x. Channels-first, where im2col packs more slowly: 1.11-1.61x on every
+#: shape with rows of 28 pixels or more, strides 1 and 2 (stem 23.2 against 27.1 ms),
+#: 0.90-0.96x at 14.
+#:
+#: The forward and the stride-1 data gradient (a forward convolution of dy) run
+#: ``implicit`` for output rows (y's, dx's) of at least this many pixels, channels-first
+#: only with at least ``IMPLICIT_MIN_CHANNELS_FIRST`` input channels (dy's for the data
+#: gradient; fewer leave its register transposes to a scalar loop). Measured the same way,
+#: data gradient: ResNet 64c 56x56 1.30x channels-first, 1.13x channels-last; 128c 28x28
+#: 1.09x, 1.07x; 256c 14x14 1.08x, 1.01x; 512c 7x7 1.03x, 0.85x; 3D 64c 8x28x28 1.25x,
+#: 1.11x; 1D k5 128c 0.97x, 1.09x. Forward, channels-first: 64c 56x56 1.19x, 512c 7x7
+#: 0.78x, 8 and 3 input channels at 56x56 0.84x and 0.56x; channels-last 1.13x, 0.72x,
+#: 1.29x, 1.51x.
 IMPLICIT_MIN_WIDTH = 16
 IMPLICIT_MAX_RUN = 32
+IMPLICIT_MIN_CHANNELS_FIRST = 16
 
 #: Channels per group up to which the direct kernels are offered (and chosen when grouped).
 DIRECT_MAX_CHANNELS_PER_GROUP = 16
 
 
 def implicit_applies(op, problem) -> bool:
-    """The ``implicit`` weight gradient: one group (every window's features are then runs
-    of one input row, channels-last)."""
-    return op == "conv_backward_weight" and problem.groups == 1
+    """The ``implicit`` algorithms: one group (a window's features are then runs of one
+    input row, channels-last), and stride 1 for the forward and the data gradient."""
+    if problem.groups != 1:
+        return False
+    if op == "conv_backward_weight":
+        return True
+    return op in ("conv", "conv_backward_data", "conv_transpose") and \
+        all(s == 1 for s in problem.stride)
+
+
+def _implicit_reason(op, problem) -> Optional[str]:
+    """Why ``implicit`` is the choice for this problem, or None where it is not."""
+    if not implicit_applies(op, problem):
+        return None
+    if op == "conv_backward_weight":
+        width = problem.output_size[-1]           # the products' depth
+        run = problem.kernel_size[-1] * problem.in_channels
+        if width < IMPLICIT_MIN_WIDTH:
+            return None
+        if not problem.channels_last:
+            why = "channels-first"
+        elif problem.stride[-1] == 1:
+            why = "channels-last with stride 1 along the rows"
+        elif run <= IMPLICIT_MAX_RUN:
+            why = f"channels-last with windows of {run} values per tap row"
+        else:
+            return None
+        return (f"one group, output rows of {width} pixels, {why}: windows read in place "
+                f"by numbaconv's micro-kernel, no im2col matrix")
+    # The forward form's output rows and input channels: y's and x's, or for the data
+    # gradient dx's and dy's.
+    width, channels = (problem.output_size[-1], problem.in_channels) if op == "conv" else \
+        (problem.input_size[-1], problem.out_channels)
+    if width < IMPLICIT_MIN_WIDTH or (not problem.channels_last and
+                                      channels < IMPLICIT_MIN_CHANNELS_FIRST):
+        return None
+    layout = f"channels-last rows of {width} pixels" if problem.channels_last else \
+        "channels-first"
+    return (f"stride 1, one group, {layout}: windows read in place by numbaconv's "
+            f"micro-kernel, no im2col matrix")
 
 
 def _gemm_applies(problem) -> Optional[str]:
@@ -124,20 +174,9 @@ class CpuBackend(Backend):
         if "direct" in self.algorithms(op, problem):
             return "direct", (f"grouped with {problem.in_channels // problem.groups} "
                               f"channels per group: packing would cost more than it saves")
-        if implicit_applies(op, problem) and problem.output_size[-1] >= IMPLICIT_MIN_WIDTH:
-            run = problem.kernel_size[-1] * problem.in_channels
-            if not problem.channels_last:
-                why = "channels-first"
-            elif problem.stride[-1] == 1:
-                why = "channels-last with stride 1 along the rows"
-            elif run <= IMPLICIT_MAX_RUN:
-                why = f"channels-last with windows of {run} values per tap row"
-            else:
-                why = None
-            if why:
-                return "implicit", (
-                    f"one group, output rows of {problem.output_size[-1]} pixels, {why}: "
-                    f"windows read in place by numbaconv's micro-kernel, no im2col matrix")
+        why = _implicit_reason(op, problem)
+        if why:
+            return "implicit", why
         return "im2col", "general case: packed windows and a BLAS product per tile"
 
     def run(self, op, problem, operands, out, algorithm):

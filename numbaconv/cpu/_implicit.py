@@ -14,6 +14,12 @@ no bounds logic. Channels-first problems take the same path: the window copy int
 x's channel rows, and dy's rows are transposed into a buffer, both in register blocks
 (:func:`._microkernel._transpose_tile`; a plain loop cost 1 ms per stem image of dy).
 
+The forward (and the stride-1 data gradient, a forward convolution of dy) turns the
+product around: a tile is MR output pixels x NR output channels, A's values for one pixel
+are its window's features (one tap row: KW * C adjacent values, the next pixel's C values
+further on; :func:`._microkernel._micro_tile_strided`), B the weights of that tap row, and
+the depth one tap row's features, so the products are long.
+
 Against im2col + BLAS this saves writing and re-reading the packed matrix, KD*KH*KW /
 (stride product) times the input's size, but its products are short: each one's depth is
 one output row, and the accumulator tile is loaded and stored once per product. Measured
@@ -29,7 +35,8 @@ from numba import prange
 from ..config import jit_options
 from ._direct import _add_partials
 from ._layout import Geom
-from ._microkernel import _at, _micro_tile, _transpose_tile, tile_shape, vector_lanes
+from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose_tile,
+                           strided_shape, tile_shape, vector_lanes)
 
 #: Tiles (output rows of one image plane) are dealt round-robin into this many partial sums:
 #: a split fixed by the shape alone, so dw is bitwise the same whatever the thread count.
@@ -53,6 +60,49 @@ def _strides(g: Geom, size: tuple, channels: int) -> np.ndarray:
     return np.array([channels * d * h * w, h * w, w, 1, d * h * w])
 
 
+def _tiling(g: Geom, itemsize: int) -> tuple:
+    """(output rows per tile, tiles): at least SLOTS tiles in all where the rows allow,
+    each tile's window under WINDOW_BYTES."""
+    planes = g.n * g.p[0]
+    width = (g.p[2] - 1) * g.stride[2] + (g.r[2] - 1) * g.dilation[2] + 1
+    row_bytes = g.r[0] * g.stride[1] * width * g.c * itemsize
+    blocks = min(g.p[1], max(-(-SLOTS // max(planes, 1)),
+                             -(-row_bytes * g.p[1] // WINDOW_BYTES)))
+    rows = -(-g.p[1] // max(blocks, 1))
+    return rows, planes * -(-g.p[1] // rows)
+
+
+def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
+    """y (=|+=) the stride-1 convolution of x with the kernel ``wmat`` (taps * C, K),
+    features ordered (tap, c), for one group, both layouts (y C-contiguous).
+
+    The micro-kernel's tile is MR output pixels x NR output channels; its depth is one tap
+    row's window features, KW * C (the windows of adjacent pixels lie C values apart in the
+    padded copy). With stride 1 the pixels of a tile's rows lie at one stride in that copy
+    if each row is taken with its KW - 1 padding pixels: tiles run over those "virtual"
+    pixels, and the few that are padding are computed and dropped (ResNet's 56x56 rows: 2
+    of 58). The data gradient of stride 1 is such a convolution of dy (see
+    ``conv_backward_data``)."""
+    if g.stride != (1, 1, 1):
+        raise ValueError("implicit forward: stride 1 only")
+    dtype = y.dtype
+    mr, nv = strided_shape(dtype)
+    lanes = vector_lanes(dtype)
+    nr = nv * lanes
+    runs, length = _runs(g)
+    padded_k = -(-g.k // nr) * nr
+    weights = np.zeros((wmat.shape[0], padded_k), dtype)
+    weights[:, :g.k] = wmat
+    rows, tiles = _tiling(g, x.itemsize)
+    s, r, p, stride, dil, before = g.geometry_args()
+    overrun = np.zeros(tiles, np.int64)
+    _forward_rows(np.ascontiguousarray(x).reshape(-1), _strides(g, g.s, g.c), weights.reshape(-1),
+                  y.reshape(-1), _strides(g, g.p, g.k), overrun, g.n, s, p, g.c, g.k, r, stride,
+                  dil, before, rows, runs, length, padded_k, accumulate, mr, nr, lanes)
+    if overrun.any():
+        raise IndexError("implicit forward: a product would reach past its arrays")
+
+
 def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     """dw (K, C, *R) of a one-group problem (see the module docstring)."""
     dtype = x.dtype
@@ -61,14 +111,8 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     runs, length = _runs(g)
     padded_length = -(-length // mr) * mr
     padded_k = -(-g.k // nr) * nr
-    planes = g.n * g.p[0]
-    width = (g.p[2] - 1) * g.stride[2] + (g.r[2] - 1) * g.dilation[2] + 1
-    row_bytes = g.r[0] * g.stride[1] * width * g.c * x.itemsize
-    # Rows per tile: at least SLOTS tiles in all, each tile's window under WINDOW_BYTES.
-    blocks = min(g.p[1], max(-(-SLOTS // max(planes, 1)),
-                             -(-row_bytes * g.p[1] // WINDOW_BYTES)))
-    rows = -(-g.p[1] // max(blocks, 1))
-    slots = max(1, min(SLOTS, planes * -(-g.p[1] // rows)))
+    rows, tiles = _tiling(g, x.itemsize)
+    slots = max(1, min(SLOTS, tiles))
     parts = np.empty((slots, g.r[0], g.r[1], runs, padded_length, padded_k), dtype)
     s, r, p, stride, dil, before = g.geometry_args()
     overrun = np.zeros(slots, np.int64)
@@ -102,6 +146,115 @@ def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
             dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
 
 
+@numba.njit(**jit_options(parallel=False), inline="always")
+def _tile(t, per_plane, rows, p):
+    """Tile t's image, output plane and output rows [o0, o1): tiles run over the planes
+    (n, od), ``per_plane`` tiles of ``rows`` rows each."""
+    plane = t // per_plane
+    o0 = (t % per_plane) * rows
+    return plane // p[0], plane % p[0], o0, min(p[1], o0 + rows)
+
+
+@numba.njit(**jit_options(parallel=False), inline="always")
+def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, width, rows_in,
+                 lanes):
+    """The input rows that output rows [o0, o1) of plane (n, od) read, for every kd, into
+    ``window`` (KD, rows_in, width pixels, c), zero where they fall outside x. x is flat,
+    ``xs`` its element strides along (N, D, H, W, C) (channels-last or channels-first)."""
+    pitch = width * c
+    plane_values = rows_in * pitch
+    lo = min(max(before[2], 0), width)        # padded columns [lo, hi) hold input pixels
+    hi = max(lo, min(width, before[2] + s[2]))
+    needed = (o1 - o0 - 1) * stride[1] + (r[1] - 1) * dil[1] + 1
+    ih0 = o0 * stride[1] - before[1]
+    for kd in range(r[0]):
+        i_d = od * stride[0] + kd * dil[0] - before[0]
+        for rr in range(needed):
+            ih = ih0 + rr
+            base = kd * plane_values + rr * pitch
+            if i_d < 0 or i_d >= s[0] or ih < 0 or ih >= s[1]:
+                for e in range(pitch):
+                    window[base + e] = 0
+                continue
+            for e in range(lo * c):
+                window[base + e] = 0
+            src = n * xs[0] + i_d * xs[1] + ih * xs[2] + (lo - before[2]) * xs[3]
+            if xs[4] == 1:                      # channels-last: one run
+                for e in range((hi - lo) * c):
+                    window[base + lo * c + e] = x[src + e]
+            else:                               # channels-first: interleave rows
+                _transpose(x, src, xs[4], window, base + lo * c, c, c, hi - lo, lanes)
+            for e in range(hi * c, pitch):
+                window[base + e] = 0
+
+
+@numba.njit(**jit_options())
+def _forward_rows(x, xs, weights, y, ys, overrun, n_images, s, p, c, k, r, stride, dil,
+                  before, rows, runs, length, padded_k, accumulate, mr, nr, lanes):
+    """y (=|+=) x * weights, stride 1, one tile of output rows per job (see
+    :func:`forward`); x and y flat with element strides ``xs``, ``ys`` along
+    (N, D, H, W, C). A product that would reach past an array is skipped and flagged."""
+    planes = n_images * p[0]
+    per_plane = (p[1] + rows - 1) // rows
+    width = p[2] + (r[2] - 1) * dil[2]        # padded pixels per row: p[2] windows
+    pitch = width * c
+    rows_in = rows + (r[1] - 1) * dil[1]
+    plane_values = rows_in * pitch
+    # Spare values past the padded rows for the last tile's virtual pixels and run.
+    size = r[0] * plane_values + (mr + (r[2] - 1) * dil[2]) * c + length
+    for t in prange(planes * per_plane):
+        window = np.zeros(size, x.dtype)
+        tile = np.empty(mr * nr, y.dtype)
+        n, od, o0, o1 = _tile(t, per_plane, rows, p)
+        _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, width,
+                     rows_in, lanes)
+        virtual = (o1 - o0) * width
+        first_row = n * ys[0] + od * ys[1] + o0 * ys[2]
+        for j0 in range(0, padded_k, nr):
+            for q0 in range(0, virtual, mr):
+                ow0 = q0 % width
+                direct = ys[4] == 1 and ow0 + mr <= p[2] and j0 + nr <= k
+                target = first_row + (q0 // width) * ys[2] + ow0 * ys[3] + j0
+                first = True
+                for kd in range(r[0]):
+                    for kh in range(r[1]):
+                        for run in range(runs):
+                            a = kd * plane_values + kh * dil[1] * pitch + run * dil[2] * c \
+                                + q0 * c
+                            b = ((kd * r[1] + kh) * r[2] + run) * c * padded_k + j0
+                            # The micro-kernel's pointer accesses are not bounds-checked.
+                            if a + (mr - 1) * c + length > window.size or \
+                                    b + (length - 1) * padded_k + nr > weights.size or \
+                                    (direct and target + (mr - 1) * ys[3] + nr > y.size):
+                                overrun[t] = 1
+                                continue
+                            if direct:
+                                _micro_tile_strided(_at(window, a), c, _at(weights, b),
+                                                    _at(y, target), length, ys[3],
+                                                    1 if accumulate or not first else 0,
+                                                    1, padded_k)
+                            else:
+                                _micro_tile_strided(_at(window, a), c, _at(weights, b),
+                                                    _at(tile, 0), length, nr,
+                                                    0 if first else 1, 1, padded_k)
+                            first = False
+                if direct:
+                    continue
+                # An edge tile: its real pixels and channels out of the scratch tile.
+                for i in range(min(mr, virtual - q0)):
+                    q = q0 + i
+                    ow = q % width
+                    if ow >= p[2]:
+                        continue
+                    base = first_row + (q // width) * ys[2] + ow * ys[3]
+                    for j in range(min(nr, k - j0)):
+                        at = base + (j0 + j) * ys[4]
+                        if accumulate:
+                            y[at] += tile[i * nr + j]
+                        else:
+                            y[at] = tile[i * nr + j]
+
+
 @numba.njit(**jit_options())
 def _weight_partials(x, dy, parts, overrun, xs, ys, n_images, s, p, c, k, r, stride, dil,
                      before, rows, mr, nr, lanes):
@@ -116,8 +269,6 @@ def _weight_partials(x, dy, parts, overrun, xs, ys, n_images, s, p, c, k, r, str
     pitch = width * c                         # values per padded row
     rows_in = (rows - 1) * stride[1] + (r[1] - 1) * dil[1] + 1
     plane_values = rows_in * pitch
-    lo = min(max(before[2], 0), width)        # padded columns [lo, hi) hold input pixels
-    hi = max(lo, min(width, before[2] + s[2]))
     copy_dy = padded_k != k or ys[4] != 1    # dy is B in place when channels-last
     lda = stride[2] * c
     for slot in prange(slots):
@@ -128,32 +279,9 @@ def _weight_partials(x, dy, parts, overrun, xs, ys, n_images, s, p, c, k, r, str
         window = np.zeros(r[0] * plane_values + padded_length, x.dtype)
         grads = np.zeros(rows * p[2] * padded_k if copy_dy else 1, x.dtype)
         for t in range(slot, planes * per_plane, slots):
-            plane = t // per_plane
-            n = plane // p[0]
-            od = plane % p[0]
-            o0 = (t % per_plane) * rows
-            o1 = min(p[1], o0 + rows)
-            needed = (o1 - o0 - 1) * stride[1] + (r[1] - 1) * dil[1] + 1
-            ih0 = o0 * stride[1] - before[1]
-            for kd in range(r[0]):
-                i_d = od * stride[0] + kd * dil[0] - before[0]
-                for rr in range(needed):
-                    ih = ih0 + rr
-                    base = kd * plane_values + rr * pitch
-                    if i_d < 0 or i_d >= s[0] or ih < 0 or ih >= s[1]:
-                        for e in range(pitch):
-                            window[base + e] = 0
-                        continue
-                    for e in range(lo * c):
-                        window[base + e] = 0
-                    src = n * xs[0] + i_d * xs[1] + ih * xs[2] + (lo - before[2]) * xs[3]
-                    if xs[4] == 1:                      # channels-last: one run
-                        for e in range((hi - lo) * c):
-                            window[base + lo * c + e] = x[src + e]
-                    else:                               # channels-first: interleave rows
-                        _transpose(x, src, xs[4], window, base + lo * c, c, c, hi - lo, lanes)
-                    for e in range(hi * c, pitch):
-                        window[base + e] = 0
+            n, od, o0, o1 = _tile(t, per_plane, rows, p)
+            _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, width,
+                         rows_in, lanes)
             first_row = n * ys[0] + od * ys[1] + o0 * ys[2]
             if copy_dy:
                 for o in range(o1 - o0):

@@ -2,15 +2,17 @@
 
 Algorithms: ``gemm`` (the convolution is a matrix product over x itself: 1x1 kernels with
 stride 1 and no padding, or kernels as large as the unpadded input), ``im2col`` (pack windows,
-then one BLAS product per tile; any problem) and ``direct`` (Numba loops for grouped
-convolutions with few channels per group, where GEMM wastes work).
+then one BLAS product per tile; any problem), ``implicit`` (stride 1, one group: the
+micro-kernel reads the windows in a padded copy of x's rows, see ``_implicit``) and
+``direct`` (Numba loops for grouped convolutions with few channels per group, where GEMM
+wastes work).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import _direct, _gemm
+from . import _direct, _gemm, _implicit
 from ._layout import Geom, geom
 
 
@@ -24,6 +26,10 @@ def run(problem, operands, out, algorithm):
         im2col_forward(g, x, w, y)
     elif algorithm == "direct":
         _direct.forward(g, x, w, y)
+    elif algorithm == "implicit":
+        if g.stride != (1, 1, 1) or g.g != 1:
+            raise ValueError("algorithm: 'implicit' needs stride 1 and one group")
+        _implicit.forward(g, x, _gemm.weight_cl(g, w)[0].T, y, False)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a forward algorithm")
     if bias is not None:

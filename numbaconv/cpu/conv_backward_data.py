@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._geometry import dgrad_as_conv
-from . import _direct, _gemm
+from . import _direct, _gemm, _implicit
 from ._im2col import col2im_cf, col2im_cl, zero_rows
 from ._layout import Geom, geom
 from .conv import im2col_forward, add_channel_vector
@@ -40,7 +40,7 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
         _gemm_dgrad(g, dy, w, dx, accumulate)
         return
     if algorithm == "im2col":
-        if g.stride == (1, 1, 1) and not accumulate:
+        if g.stride == (1, 1, 1) and not accumulate and _finite(w):
             # A forward convolution of dy with the flipped, transposed kernel: dx is written
             # once, with no zeroing and no col2im read-modify-write of every window.
             im2col_forward(_stride1_as_forward(g), dy, None, dx, _flipped_matrix(g, w))
@@ -48,8 +48,25 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
         _im2col_dgrad(g, dy, w, dx, accumulate)
     elif algorithm == "direct":
         _direct.data_gradient(g, dy, w, dx, accumulate)
+    elif algorithm == "implicit":
+        if g.stride != (1, 1, 1) or g.g != 1:
+            raise ValueError("algorithm: 'implicit' needs stride 1 and one group")
+        if not _finite(w):
+            _im2col_dgrad(g, dy, w, dx, accumulate)
+            return
+        _implicit.forward(_stride1_as_forward(g), dy, _flipped_matrix(g, w, True)[0], dx,
+                          accumulate)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")
+
+
+def _finite(w) -> bool:
+    """Whether every weight is finite, from one sum (NaN or infinity anywhere, or a sum that
+    overflows, gives a non-finite sum: then the exact path runs). The forward form of the
+    data gradient multiplies weights by dy's padding, which the reference never does: an
+    infinite weight would give NaN where the reference has a number."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.sum(w)))
 
 
 def _stride1_as_forward(g: Geom) -> Geom:
@@ -60,12 +77,13 @@ def _stride1_as_forward(g: Geom) -> Geom:
                       trailing=tuple(a for _, a in pads))
 
 
-def _flipped_matrix(g: Geom, w: np.ndarray) -> np.ndarray:
+def _flipped_matrix(g: Geom, w: np.ndarray, channels_last=None) -> np.ndarray:
     """The weight matrix of that convolution, whose kernel is w with each group's (Kg, Cg)
     block transposed and every tap flipped, in one copy: channels-first (G, Cg, Kg * taps),
-    channels-last (G, taps * Kg, Cg), as :func:`.conv.im2col_forward` multiplies them."""
+    channels-last (G, taps * Kg, Cg), as :func:`.conv.im2col_forward` multiplies them (and
+    :func:`._implicit.forward`, with ``channels_last`` True, in either layout)."""
     flipped = w.reshape((g.g, g.kg, g.cg, g.taps))[..., ::-1]
-    if g.channels_last:
+    if g.channels_last if channels_last is None else channels_last:
         return _gemm.relayout(flipped.transpose(0, 3, 1, 2), 2).reshape(g.g, -1, g.cg)
     return _gemm.relayout(flipped.transpose(0, 2, 1, 3), 1).reshape(g.g, g.cg, -1)
 
