@@ -128,7 +128,7 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     return np.ascontiguousarray(total.transpose(4, 3, 0, 1, 2))
 
 
-@numba.njit(**jit_options(parallel=False), inline="always")
+@numba.njit(**jit_options(parallel=False))
 def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
     """dst[d0 + j * ldd + i] = src[s0 + i * lds + j] for i < rows, j < columns: whole
     lanes x lanes blocks in registers (_transpose_tile), the edges value by value (a plain
@@ -146,7 +146,7 @@ def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
             dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
 
 
-@numba.njit(**jit_options(parallel=False), inline="always")
+@numba.njit(**jit_options(parallel=False))
 def _tile(t, per_plane, rows, p):
     """Tile t's image, output plane and output rows [o0, o1): tiles run over the planes
     (n, od), ``per_plane`` tiles of ``rows`` rows each."""
@@ -155,7 +155,7 @@ def _tile(t, per_plane, rows, p):
     return plane // p[0], plane % p[0], o0, min(p[1], o0 + rows)
 
 
-@numba.njit(**jit_options(parallel=False), inline="always")
+@numba.njit(**jit_options(parallel=False))
 def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, width, rows_in,
                  lanes):
     """The input rows that output rows [o0, o1) of plane (n, od) read, for every kd, into
@@ -228,15 +228,13 @@ def _forward_rows(x, xs, weights, y, ys, overrun, n_images, s, p, c, k, r, strid
                                     (direct and target + (mr - 1) * ys[3] + nr > y.size):
                                 overrun[t] = 1
                                 continue
-                            if direct:
-                                _micro_tile_strided(_at(window, a), c, _at(weights, b),
-                                                    _at(y, target), length, ys[3],
-                                                    1 if accumulate or not first else 0,
-                                                    1, padded_k)
-                            else:
-                                _micro_tile_strided(_at(window, a), c, _at(weights, b),
-                                                    _at(tile, 0), length, nr,
-                                                    0 if first else 1, 1, padded_k)
+                            # Into y itself, or into the scratch tile (one call site: the
+                            # tile's IR is large, and each site costs compile time).
+                            add = 0 if first and not (direct and accumulate) else 1
+                            _micro_tile_strided(_at(window, a), c, _at(weights, b),
+                                                _at(y, target) if direct else _at(tile, 0),
+                                                length, ys[3] if direct else nr, add, 1,
+                                                padded_k)
                             first = False
                 if direct:
                     continue
