@@ -6,7 +6,11 @@ channels-first rows transposed in whole register blocks and edges, tiles split b
 the forward (with bias) and the stride-1 data gradient (written and accumulated) over the
 stride-1 cases, with rows that end inside a tile and one-pixel rows; the register
 transpose itself; NaN and infinity at the borders; bitwise determinism across thread
-counts; the heuristic's choice; a NUMBA_BOUNDSCHECK=1 pass."""
+counts; the heuristic's choice; a build for 256-bit vectors; a NUMBA_BOUNDSCHECK=1 pass."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -110,6 +114,13 @@ def test_implicit_forward_and_data_gradient_match_the_reference(case, dtype, lay
     problem = pb.conv_backward_data_problem(dy, w, x.shape, out=out, accumulate=True, **kw)
     backend.run("conv_backward_data", problem, (dy, w), out, "implicit")
     assert relative_error(out, dx_ref + 1) < TOL[dtype]
+
+
+def test_short_runs_take_seven_row_tiles_where_they_pad_less():
+    from numbaconv.cpu._implicit import _tile_rows
+    assert _tile_rows(21, 12) == 7 and _tile_rows(35, 12) == 7      # the stem: 3 x 7
+    assert _tile_rows(192, 12) == 12 and _tile_rows(9, 12) == 12
+    assert _tile_rows(21, 6) == 6                                    # no AVX-512: 6 x 2
 
 
 def test_tiles_split_by_rows_give_the_same_result(monkeypatch):
@@ -263,3 +274,28 @@ def test_implicit_stays_in_bounds_under_numba_boundscheck(run_under_boundscheck)
         "        test_implicit_weight_gradient_matches_the_reference(c, 'float64', layout)\n"
         "    for c in STRIDE_1:\n"
         "        fwd(c, 'float64', layout)\n")
+
+
+def test_implicit_built_for_256_bit_vectors():
+    """The implicit kernels as a CPU with 256-bit vectors gets them (6 x 2 tiles, 8 x 8
+    float32 transposes), in a fresh process with the vector width overridden before the
+    first compilation."""
+    script = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import numpy as np\n"
+        "from numbaconv.cpu import _implicit, _microkernel as mk\n"
+        "mk.vector_lanes = _implicit.vector_lanes = lambda dtype: 32 // np.dtype(dtype).itemsize\n"
+        "import test_cpu_implicit as t\n"
+        "assert mk.tile_shape('float32') == mk.strided_shape('float32') == (6, 2)\n"
+        "for name in ('2d', '2d-stem', '2d-wide', '3d'):\n"
+        "    case = next(c for c in t.CASES if c[0] == name)\n"
+        "    for layout in ('channels_last', 'channels_first'):\n"
+        "        for dtype in ('float32', 'float64'):\n"
+        "            t.test_implicit_weight_gradient_matches_the_reference(case, dtype, layout)\n"
+        "            if case[3] == 1:\n"
+        "                t.test_implicit_forward_and_data_gradient_match_the_reference(\n"
+        "                    case, dtype, layout)\n"
+        "print('ok')\n") % os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "NUMBACONV_JIT_CACHE": "0"})
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -9,9 +9,9 @@ the stem's weight gradient) need products faster than NumPy's OpenBLAS on skinny
 and a product of our own can take its operands where the convolution's packing leaves them
 (or pack windows straight into its panels), saving the copy BLAS makes of every operand.
 LLVM does not register-block a loop nest written in Numba (a 12x32 accumulator block in a
-local array compiled to gathers and scatters at 2.5 GFLOP/s), so the micro-kernel is written as IR: MR x NV vector accumulators
-carried through the k loop as phi nodes, one broadcast of A and NV loads of B per row and
-step, ``llvm.fma`` on whole vectors.
+local array compiled to gathers and scatters at 2.5 GFLOP/s), so the micro-kernel is
+written as IR: MR x NV vector accumulators carried through the k loop as phi nodes, one
+broadcast of A and NV loads of B per row and step, ``llvm.fma`` on whole vectors.
 
 Measured on one core of an AMD EPYC (Zen 4, AVX-512), float32, one thread each
 (``benchmarks/bench_gemm.py`` has the shapes): the micro-kernel alone on cache-resident
@@ -68,22 +68,42 @@ def _llvm_float(dtype):
     return ir.FloatType() if np.dtype(dtype) == np.float32 else ir.DoubleType()
 
 
-@intrinsic
-def _micro_tile(typingctx, ap, bp, cp, kc, ldc, add, lda, ldb):
-    """C[:MR, :NR] (= or +=) A (kc, MR) @ B (kc, NR), the rows of A, B and C lda, ldb and ldc
-    elements apart (packed panels: MR and NR; or rows of the operands themselves).
+def _tile_intrinsic(rows=None):
+    """The micro-kernel (see :data:`_micro_tile`) as an intrinsic, on tiles of ``rows`` x NV
+    vectors (``rows`` None: :func:`tile_shape`'s MR)."""
 
-    ``ap``, ``bp``, ``cp`` are pointers (:func:`_at`); ``add`` nonzero adds to C."""
-    if not (isinstance(ap, types.CPointer) and ap.dtype in (types.float32, types.float64)):
-        return None
-    dtype = np.dtype(str(ap.dtype))
+    @intrinsic
+    def micro_tile(typingctx, ap, bp, cp, kc, ldc, add, lda, ldb):
+        if not (isinstance(ap, types.CPointer) and ap.dtype in (types.float32, types.float64)):
+            return None
+        dtype = np.dtype(str(ap.dtype))
+        mr, nv = tile_shape(dtype)
 
-    def codegen(context, builder, signature, args):
-        ap, bp, cp, kc, ldc, add, lda, ldb = args
-        _emit_tile(context, builder, dtype, ap, None, bp, cp, kc, ldc, add, lda, ldb)
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            ap, bp, cp, kc, ldc, add, lda, ldb = args
+            _emit_tile(context, builder, dtype, ap, None, bp, cp, kc, ldc, add, lda, ldb,
+                       (rows or mr, nv))
+            return context.get_dummy_value()
 
-    return types.void(ap, bp, cp, kc, ldc, add, lda, ldb), codegen
+        return types.void(ap, bp, cp, kc, ldc, add, lda, ldb), codegen
+
+    return micro_tile
+
+
+#: ``_micro_tile(ap, bp, cp, kc, ldc, add, lda, ldb)``: C[:MR, :NR] (= or +=) A (kc, MR) @
+#: B (kc, NR), the rows of A, B and C lda, ldb and ldc elements apart (packed panels: MR and
+#: NR; or rows of the operands themselves). ``ap``, ``bp``, ``cp`` are pointers
+#: (:func:`_at`); ``add`` nonzero adds to C.
+_micro_tile = _tile_intrinsic()
+
+
+@functools.lru_cache(maxsize=None)
+def micro_tile_rows(rows: int):
+    """:data:`_micro_tile` on tiles of ``rows`` x NV vectors (made once per ``rows``): for
+    operands whose MR-side dimension is a multiple of ``rows`` but not of MR (the 7x7 stem's
+    windows have 21 features per tap row: 3 tiles of 7 rows, where 12-row tiles compute 24).
+    ``rows`` * NV + NV + 1 vector registers must fit the register file."""
+    return _tile_intrinsic(rows)
 
 
 @functools.lru_cache(maxsize=None)
