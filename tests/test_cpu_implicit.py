@@ -3,8 +3,8 @@ padded channels-last copy of the input rows). The weight gradient against the re
 both layouts over strides, dilations, asymmetric padding, 1D/2D/3D, output channels that
 fill whole micro-kernel tiles (dy read in place, channels-last) or not (dy copied),
 channels-first rows transposed in whole register blocks and edges, tiles split by rows;
-the forward (with bias) and the stride-1 data gradient (written and accumulated) over the
-stride-1 cases, with rows that end inside a tile and one-pixel rows; the register
+the forward (with bias) and the stride-1 data gradient (written over NaN and accumulated)
+over the stride-1 cases, with rows that end inside a tile and one-pixel rows; the register
 transpose itself; NaN and infinity at the borders; bitwise determinism across thread
 counts; the heuristic's choice; a build for 256-bit vectors; a NUMBA_BOUNDSCHECK=1 pass."""
 
@@ -101,19 +101,25 @@ def test_implicit_forward_and_data_gradient_match_the_reference(case, dtype, lay
     backend = dispatch.get_backend("cpu")
     with nc.use_backend("reference"):
         y_ref = nc.conv(x, w, bias, **kw)
-        dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
     problem = pb.conv_problem(x, w, bias, **kw)
     assert "implicit" in backend.algorithms("conv", problem)
     got = backend.run("conv", problem, (x, w, bias), None, "implicit")
     assert relative_error(got, y_ref) < TOL[dtype]
-    problem = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
-    assert "implicit" in backend.algorithms("conv_backward_data", problem)
-    got = backend.run("conv_backward_data", problem, (dy, w), None, "implicit")
-    assert relative_error(got, dx_ref) < TOL[dtype]
-    out = np.ones_like(x)
-    problem = pb.conv_backward_data_problem(dy, w, x.shape, out=out, accumulate=True, **kw)
-    backend.run("conv_backward_data", problem, (dy, w), out, "implicit")
-    assert relative_error(out, dx_ref + 1) < TOL[dtype]
+    _check_data_gradient(x, dy, w, kw, dtype)
+
+
+def _check_data_gradient(x, dy, w, kw, dtype):
+    """dx by ``implicit`` against the reference: written over NaN, and accumulated."""
+    backend = dispatch.get_backend("cpu")
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_data(dy, w, x.shape, **kw)
+    for accumulate, start in ((False, np.nan), (True, 1.0)):
+        out = np.full_like(x, start)
+        problem = pb.conv_backward_data_problem(dy, w, x.shape, out=out, accumulate=accumulate,
+                                                **kw)
+        assert "implicit" in backend.algorithms("conv_backward_data", problem)
+        backend.run("conv_backward_data", problem, (dy, w), out, "implicit")
+        assert relative_error(out, expected + (1 if accumulate else 0)) < TOL[dtype]
 
 
 def test_short_runs_take_seven_row_tiles_where_they_pad_less():
@@ -247,20 +253,26 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem():
     problem = pb.conv_backward_weight_problem(x, np.zeros((1, 32, 20, 20), np.float32),
                                               (32, 8, 3, 3), padding=1)
     assert backend.choose("conv_backward_weight", problem)[0] == "implicit"
-    # Forward and data gradient: stride 1, rows of 16 pixels or more, and channels-first
-    # with 16 input channels of the forward form or more.
-    x = np.zeros((1, 16, 20, 20), np.float32)
-    w = np.zeros((32, 16, 3, 3), np.float32)
-    assert backend.choose("conv", pb.conv_problem(x, w, None, padding=1))[0] == "implicit"
-    assert backend.choose("conv", pb.conv_problem(x[:, :8], w[:, :8], None, padding=1))[0] \
-        == "im2col"
-    assert backend.choose("conv", pb.conv_problem(x, w, None, padding=1, stride=2))[0] \
-        == "im2col"
-    dy = np.zeros((1, 32, 20, 20), np.float32)
-    assert backend.choose("conv_backward_data", pb.conv_backward_data_problem(
-        dy, w, x.shape, padding=1))[0] == "implicit"
-    assert backend.choose("conv_backward_data", pb.conv_backward_data_problem(
-        dy[..., :9, :9], w, (1, 16, 9, 9), padding=1))[0] == "im2col"
+    # Forward and data gradient: stride 1, rows of 16 pixels or more, channels-first with
+    # 16 input channels of the forward form or more, output channels in whole 64s.
+    def forward(x_shape, w_shape, **kw):
+        problem = pb.conv_problem(np.zeros(x_shape, np.float32), np.zeros(w_shape, np.float32),
+                                  None, **kw)
+        return backend.choose("conv", problem)[0]
+
+    def data(x_shape, w_shape, **kw):
+        y_shape = nc.conv_output_shape(x_shape, w_shape, **kw)
+        problem = pb.conv_backward_data_problem(np.zeros(y_shape, np.float32),
+                                                np.zeros(w_shape, np.float32), x_shape, **kw)
+        return backend.choose("conv_backward_data", problem)[0]
+
+    assert forward((1, 16, 20, 20), (64, 16, 3, 3), padding=1) == "implicit"
+    assert forward((1, 8, 20, 20), (64, 8, 3, 3), padding=1) == "im2col"     # 8 channels cf
+    assert forward((1, 16, 20, 20), (48, 16, 3, 3), padding=1) == "im2col"   # 48 outputs
+    assert forward((1, 16, 20, 20), (64, 16, 3, 3), padding=1, stride=2) == "im2col"
+    assert data((1, 64, 20, 20), (32, 64, 3, 3), padding=1) == "implicit"
+    assert data((1, 64, 9, 9), (32, 64, 3, 3), padding=1) == "im2col"        # short rows
+    assert data((1, 16, 20, 20), (32, 16, 3, 3), padding=1) == "im2col"      # dx: 16
 
 
 def test_implicit_stays_in_bounds_under_numba_boundscheck(run_under_boundscheck):

@@ -70,9 +70,15 @@ _MODULES = {
 #: 1.11x; 1D k5 128c 0.97x, 1.09x. Forward, channels-first: 64c 56x56 1.19x, 512c 7x7
 #: 0.78x, 8 and 3 input channels at 56x56 0.84x and 0.56x; channels-last 1.13x, 0.72x,
 #: 1.29x, 1.51x.
+#:
+#: Their output channels (the forward's K, the data gradient's C) fill micro-kernel tiles
+#: IMPLICIT_OUTPUT_BLOCK wide (float32 with AVX-512), so they must be a multiple of it, or
+#: at least 8 times it (at most 1/9 of the tiles' columns wasted). Data gradients of 64
+#: output channels at 56x56 into 3, 16 and 32 channels: 0.35-0.42x, 0.46-0.57x, 0.67-0.79x.
 IMPLICIT_MIN_WIDTH = 16
 IMPLICIT_MAX_RUN = 32
 IMPLICIT_MIN_CHANNELS_FIRST = 16
+IMPLICIT_OUTPUT_BLOCK = 64
 
 #: Channels per group up to which the direct kernels are offered (and chosen when grouped).
 DIRECT_MAX_CHANNELS_PER_GROUP = 16
@@ -110,10 +116,13 @@ def _implicit_reason(op, problem) -> Optional[str]:
                 f"by numbaconv's micro-kernel, no im2col matrix")
     # The forward form's output rows and input channels: y's and x's, or for the data
     # gradient dx's and dy's.
-    width, channels = (problem.output_size[-1], problem.in_channels) if op == "conv" else \
-        (problem.input_size[-1], problem.out_channels)
+    width, channels, outputs = \
+        (problem.output_size[-1], problem.in_channels, problem.out_channels) if op == "conv" \
+        else (problem.input_size[-1], problem.out_channels, problem.in_channels)
     if width < IMPLICIT_MIN_WIDTH or (not problem.channels_last and
                                       channels < IMPLICIT_MIN_CHANNELS_FIRST):
+        return None
+    if outputs % IMPLICIT_OUTPUT_BLOCK and outputs < 8 * IMPLICIT_OUTPUT_BLOCK:
         return None
     layout = f"channels-last rows of {width} pixels" if problem.channels_last else \
         "channels-first"

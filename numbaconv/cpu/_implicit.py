@@ -55,14 +55,6 @@ def _runs(g: Geom) -> tuple:
     return (1, g.r[2] * g.c) if g.dilation[2] == 1 else (g.r[2], g.c)
 
 
-def _strides(g: Geom, size: tuple, channels: int) -> np.ndarray:
-    """Element strides along (N, D, H, W, C) of a contiguous x or dy in g's layout."""
-    d, h, w = size
-    if g.channels_last:
-        return np.array([d * h * w * channels, h * w * channels, w * channels, channels, 1])
-    return np.array([channels * d * h * w, h * w, w, 1, d * h * w])
-
-
 def _tiling(g: Geom, itemsize: int) -> tuple:
     """(output rows per tile, tiles): at least SLOTS tiles in all where the rows allow,
     each tile's window under WINDOW_BYTES."""
@@ -99,9 +91,10 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
     rows, tiles = _tiling(g, x.itemsize)
     s, r, p, stride, dil, before = g.geometry_args()
     overrun = np.zeros(tiles, np.int64)
-    _forward_rows(np.ascontiguousarray(x).reshape(-1), _strides(g, g.s, g.c), weights.reshape(-1),
-                  y.reshape(-1), _strides(g, g.p, g.k), overrun, g.n, s, p, g.c, g.k, r, stride,
-                  dil, before, rows, runs, length, padded_k, accumulate, mr, nr, lanes)
+    _forward_rows(np.ascontiguousarray(x).reshape(-1), np.array(g.strides_of(g.s, g.c)),
+                  weights.reshape(-1), y.reshape(-1), np.array(g.strides_of(g.p, g.k)),
+                  overrun, g.n, s, p, g.c, g.k, r, stride, dil, before, rows, runs, length,
+                  padded_k, accumulate, mr, nr, lanes)
     if overrun.any():
         raise IndexError("implicit forward: a product would reach past its arrays")
 
@@ -131,9 +124,9 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     s, r, p, stride, dil, before = g.geometry_args()
     overrun = np.zeros(slots, np.int64)
     _weight_kernel(mr, tile_shape(dtype)[0])(
-                     np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
-                     parts, overrun, _strides(g, g.s, g.c), _strides(g, g.p, g.k), g.n, s, p,
-                     g.c, g.k, r, stride, dil, before, rows, mr, nr, vector_lanes(dtype))
+        np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1), parts,
+        overrun, np.array(g.strides_of(g.s, g.c)), np.array(g.strides_of(g.p, g.k)), g.n, s,
+        p, g.c, g.k, r, stride, dil, before, rows, mr, nr, vector_lanes(dtype))
     if overrun.any():
         raise IndexError("implicit weight gradient: a product would reach past its arrays")
     total = np.empty(parts[0].size, dtype)

@@ -78,6 +78,14 @@ class Geom(NamedTuple):
             return a.reshape((self.n,) + self.p + (self.k,))
         return a.reshape((self.n, self.k) + self.p)
 
+    def strides_of(self, size: tuple, channels: int) -> tuple:
+        """Element strides along (N, D, H, W, C) of a contiguous array of spatial ``size``
+        and ``channels`` in this layout (x: ``s``, ``c``; y: ``p``, ``k``)."""
+        d, h, w = size
+        if self.channels_last:
+            return (d * h * w * channels, h * w * channels, w * channels, channels, 1)
+        return (channels * d * h * w, h * w, w, 1, d * h * w)
+
     def geometry_args(self) -> tuple:
         """The int tuples every packing kernel takes, as int64 arrays (no globals in kernels)."""
         return tuple(np.array(t, dtype=np.int64) for t in (
