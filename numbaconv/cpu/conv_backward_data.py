@@ -40,9 +40,11 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
         _gemm_dgrad(g, dy, w, dx, accumulate)
         return
     if algorithm == "im2col":
-        if g.stride == (1, 1, 1) and not accumulate and _finite(w):
+        if g.stride == (1, 1, 1) and not accumulate and _direct.finite(w):
             # A forward convolution of dy with the flipped, transposed kernel: dx is written
-            # once, with no zeroing and no col2im read-modify-write of every window.
+            # once, with no zeroing and no col2im read-modify-write of every window. It
+            # multiplies the weights by dy's padding, which the reference never does: a
+            # non-finite weight would give NaN where the reference has a number.
             im2col_forward(_stride1_as_forward(g), dy, None, dx, _flipped_matrix(g, w))
             return
         _im2col_dgrad(g, dy, w, dx, accumulate)
@@ -51,22 +53,13 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
     elif algorithm == "implicit":
         if g.stride != (1, 1, 1) or g.g != 1:
             raise ValueError("algorithm: 'implicit' needs stride 1 and one group")
-        if not _finite(w):
+        if not _direct.finite(w):                  # see im2col above
             _im2col_dgrad(g, dy, w, dx, accumulate)
             return
         _implicit.forward(_stride1_as_forward(g), dy, _flipped_matrix(g, w, True)[0], dx,
                           accumulate)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")
-
-
-def _finite(w) -> bool:
-    """Whether every weight is finite, from one sum (NaN or infinity anywhere, or a sum that
-    overflows, gives a non-finite sum: then the exact path runs). The forward form of the
-    data gradient multiplies weights by dy's padding, which the reference never does: an
-    infinite weight would give NaN where the reference has a number."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(np.sum(w)))
 
 
 def _stride1_as_forward(g: Geom) -> Geom:
