@@ -21,9 +21,10 @@ further on; :func:`._microkernel._micro_tile_strided`), B the weights of that ta
 the depth one tap row's features, so the products are long.
 
 Against im2col + BLAS this saves writing and re-reading the packed matrix, KD*KH*KW /
-(stride product) times the input's size, but its products are short: each one's depth is
-one output row, and the accumulator tile is loaded and stored once per product. Measured
-figures, and the choice they lead to, are at ``numbaconv.cpu.IMPLICIT_MIN_WIDTH``.
+(stride product) times the input's size. The weight gradient's products are short,
+though: each one's depth is one output row, and the accumulator tile is loaded and stored
+once per product; the forward's short rows carry many padding pixels. Measured figures,
+and the choices they lead to, are at ``numbaconv.cpu.IMPLICIT_MIN_WIDTH``.
 """
 
 from __future__ import annotations
