@@ -75,6 +75,14 @@ _MODULES = {
 #: IMPLICIT_OUTPUT_BLOCK wide (float32 with AVX-512), so they must be a multiple of it, or
 #: at least 8 times it (at most 1/9 of the tiles' columns wasted). Data gradients of 64
 #: output channels at 56x56 into 3, 16 and 32 channels: 0.35-0.42x, 0.46-0.57x, 0.67-0.79x.
+#:
+#: The forward and the data gradient run it only with AVX-512 (:func:`wide_registers`): with
+#: 16 vector registers their micro-kernel tile shrinks to 6 x 2 vectors (16 columns, see
+#: ``_microkernel.strided_shape``) and loses to im2col. Measured on Zen 3 (AVX2, 2 cores,
+#: float32, N = 8, medians of 3 alternating rounds in one process), data gradient, implicit
+#: against im2col: ResNet 64c 56x56 0.75x channels-first, 0.78x channels-last; 128c 28x28
+#: 0.65x, 0.58x. Its weight gradient still wins there (64c 56x56 1.33x, 1.38x; 128c 28x28
+#: 1.00x, 1.25x), so that keeps the rules above on every CPU.
 IMPLICIT_MIN_WIDTH = 16
 IMPLICIT_MAX_RUN = 32
 IMPLICIT_MIN_CHANNELS_FIRST = 16
@@ -93,6 +101,15 @@ def implicit_applies(op, problem) -> bool:
         return True
     return op in ("conv", "conv_backward_data", "conv_transpose") and \
         all(s == 1 for s in problem.stride)
+
+
+def wide_registers() -> bool:
+    """Whether this CPU's float32 vectors are 512 bits wide (AVX-512, 32 vector registers):
+    the micro-kernel's tiles for the implicit forward and data gradient need them."""
+    import numpy as np
+
+    from ._microkernel import vector_lanes
+    return vector_lanes(np.float32) == 16
 
 
 def _implicit_reason(op, problem) -> Optional[str]:
@@ -123,6 +140,8 @@ def _implicit_reason(op, problem) -> Optional[str]:
                                       channels < IMPLICIT_MIN_CHANNELS_FIRST):
         return None
     if outputs % IMPLICIT_OUTPUT_BLOCK and outputs < 8 * IMPLICIT_OUTPUT_BLOCK:
+        return None
+    if not wide_registers():
         return None
     layout = f"channels-last rows of {width} pixels" if problem.channels_last else \
         "channels-first"
