@@ -250,6 +250,7 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert choice((1, 20, 20, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"
     assert choice((1, 9, 9, 8), (32, 8, 3, 3), padding=1)[0] == "im2col"      # short rows
     assert choice((1, 40, 40, 32), (32, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
+    assert choice((1, 40, 40, 64), (32, 64, 3, 3), stride=2, padding=1)[0] == "im2col"
     assert choice((1, 20, 20, 64), (64, 32, 3, 3), padding=1, groups=2)[0] == "im2col"
     x = np.zeros((1, 8, 20, 20), np.float32)
     problem = pb.conv_backward_weight_problem(x, np.zeros((1, 32, 20, 20), np.float32),
@@ -276,11 +277,15 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert data((1, 64, 9, 9), (32, 64, 3, 3), padding=1) == "im2col"        # short rows
     assert data((1, 16, 20, 20), (32, 16, 3, 3), padding=1) == "im2col"      # dx: 16
     # Without AVX-512 the forward and the data gradient keep im2col; the weight gradient
-    # does not depend on it.
+    # keeps its rules...
     monkeypatch.setattr(cpu, "wide_registers", lambda: False)
     assert forward((1, 16, 20, 20), (64, 16, 3, 3), padding=1) == "im2col"
     assert data((1, 64, 20, 20), (32, 64, 3, 3), padding=1) == "im2col"
     assert choice((1, 20, 20, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"
+    # ... and channels-last strided weight gradients take it with 64 input channels or more.
+    algorithm, reason = choice((1, 40, 40, 64), (32, 64, 3, 3), stride=2, padding=1)
+    assert algorithm == "implicit" and "64 input channels" in reason
+    assert choice((1, 40, 40, 32), (32, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
 
 
 def test_implicit_stays_in_bounds_under_numba_boundscheck(run_under_boundscheck):

@@ -82,9 +82,12 @@ _MODULES = {
 #: float32, N = 8, medians of 3 alternating rounds in one process), data gradient, implicit
 #: against im2col: ResNet 64c 56x56 0.75x channels-first, 0.78x channels-last; 128c 28x28
 #: 0.65x, 0.58x. Its weight gradient still wins there (64c 56x56 1.33x, 1.38x; 128c 28x28
-#: 1.00x, 1.25x), so that keeps the rules above on every CPU.
+#: 1.00x, 1.25x), and more often: channels-last with stride 2 and long runs, where it lost
+#: with AVX-512, it wins there with at least ``IMPLICIT_STRIDED_MIN_CHANNELS`` input
+#: channels (ResNet 128c 56x56 1.37x, 1D k3 256c 1.20x; 3D 32c 0.79x).
 IMPLICIT_MIN_WIDTH = 16
 IMPLICIT_MAX_RUN = 32
+IMPLICIT_STRIDED_MIN_CHANNELS = 64
 IMPLICIT_MIN_CHANNELS_FIRST = 16
 IMPLICIT_OUTPUT_BLOCK = 64
 
@@ -127,6 +130,8 @@ def _implicit_reason(op, problem) -> Optional[str]:
             why = "channels-last with stride 1 along the rows"
         elif run <= IMPLICIT_MAX_RUN:
             why = f"channels-last with windows of {run} values per tap row"
+        elif not wide_registers() and problem.in_channels >= IMPLICIT_STRIDED_MIN_CHANNELS:
+            why = f"channels-last with {problem.in_channels} input channels (no AVX-512)"
         else:
             return None
         return (f"one group, output rows of {width} pixels, {why}: windows read in place "
