@@ -5,7 +5,7 @@ fill whole micro-kernel tiles (dy read in place, channels-last) or not (dy copie
 channels-first rows transposed in whole register blocks and edges, tiles split by rows;
 the forward (with bias) and the stride-1 data gradient (written over NaN and accumulated)
 over the stride-1 cases, with rows that end inside a tile and one-pixel rows; the register
-transpose itself; NaN and infinity at the borders; bitwise determinism across thread
+transpose itself; long rows split into parts; NaN and infinity at the borders; bitwise determinism across thread
 counts; the heuristic's choice; a build for 256-bit vectors; a NUMBA_BOUNDSCHECK=1 pass."""
 
 import os
@@ -82,6 +82,21 @@ def test_implicit_weight_gradient_matches_the_reference(case, dtype, layout):
     out = np.ones(w_shape, dtype)
     _implicit(x, dy, w_shape, out=out, accumulate=True, **kw)
     assert relative_error(out, expected + 1) < TOL[dtype]
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
+def test_implicit_weight_gradient_splits_long_rows(layout, monkeypatch):
+    """Rows longer than LONG_ROW pixels go through the micro-kernel in parts of at least 32
+    pixels (here 32, 32 and 6 of 70), summed into the same tiles."""
+    from numbaconv.cpu import _implicit as kernels
+    monkeypatch.setattr(kernels, "LONG_ROW", 40)
+    monkeypatch.setattr(kernels, "DEPTH_BYTES", 1)
+    assert kernels._depth(70, 64) == 32 and kernels._depth(40, 64) == 40
+    case = ("1d-long-row", (2, 5, 72), (3,), 1, 0, 1, 6)
+    x, dy, w_shape, kw = _arrays(case, "float64", layout=layout)
+    assert dy.shape[-1 if layout == "channels_first" else -2] == 70
+    expected = _reference(x, dy, w_shape, **kw)
+    assert relative_error(_implicit(x, dy, w_shape, **kw), expected) < TOL["float64"]
 
 
 #: Stride 1 (the forward and the data gradient): "k" output channels of the forward form.
