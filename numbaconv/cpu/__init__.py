@@ -81,7 +81,8 @@ _MODULES = {
 #: ``_microkernel.strided_shape``) and loses to im2col. Measured on Zen 3 (AVX2, 2 cores,
 #: float32, N = 8, medians of 3 alternating rounds in one process), data gradient, implicit
 #: against im2col: ResNet 64c 56x56 0.75x channels-first, 0.78x channels-last; 128c 28x28
-#: 0.65x, 0.58x. Its weight gradient still wins there (64c 56x56 1.33x, 1.38x; 128c 28x28
+#: 0.65x, 0.58x; 256c 14x14 0.60x, 0.73x; mixed elsewhere (3D 64c 8x28x28 1.24x, 0.75x; 1D
+#: k5 128c 0.85x, 1.08x). Its weight gradient still wins there (64c 56x56 1.33x, 1.38x; 128c 28x28
 #: 1.00x, 1.25x), and more often: channels-last with stride 2 and long runs, where it lost
 #: with AVX-512, it wins there with at least ``IMPLICIT_STRIDED_MIN_CHANNELS`` input
 #: channels (ResNet 128c 56x56 1.37x, 1D k3 256c 1.20x; 3D 32c 0.79x).
