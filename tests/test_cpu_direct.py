@@ -4,6 +4,10 @@ channels-first plane kernels): forward, data gradient (written over garbage and
 accumulated), weight gradient, against the reference; NaN and infinity at the borders;
 bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -32,6 +36,17 @@ CASES = [
     ("1d", (2, 6, 9), (3,), 1, 1, 1),
     ("3d", (1, 3, 4, 5, 6), (3, 3, 3), 1, 1, 1),
     ("3d-depth-stride", (1, 3, 5, 4, 6), (2, 3, 3), (0, 1, 1), (2, 1, 1), 1),
+    # Channels in whole vectors: channels-last 3x3 rows of stride 1 (the data gradient's
+    # at any stride) slide one vector of channels along the row (_sliding); 64 float32 and
+    # 32 float64 channels are 256 bytes a pixel, whose row buffers get a padded pitch.
+    ("2d-vector-channels", (2, 16, 5, 6), (3, 3), 1, 1, 1),
+    ("2d-vector-padded-pitch", (1, 64, 4, 9), (3, 3), 1, 1, 1),
+    ("2d-vector-pitch-f64", (2, 32, 3, 5), (3, 3), ((0, 2), (2, 0)), 1, 1),
+    ("2d-vector-stride-2", (2, 32, 7, 9), (3, 3), 1, 2, 1),
+    ("2d-vector-one-column", (1, 16, 3, 1), (3, 3), 1, 1, 1),
+    ("2d-vector-no-padding", (1, 32, 5, 6), (3, 3), 0, 1, 1),
+    ("2d-vector-row-dilation", (1, 16, 9, 6), (3, 3), (2, 1), 1, (2, 1)),
+    ("3d-vector", (1, 16, 4, 3, 5), (3, 3, 3), 1, 1, 1),
 ]
 
 
@@ -170,3 +185,25 @@ def test_partials_sum_in_the_same_order_on_one_thread_or_several():
         total = np.full(1000, np.nan, np.float32)
         kernel(partial, total)
         assert np.array_equal(total, expected)
+
+
+@pytest.mark.parametrize("vector_bytes, dtype", [(16, "float64"), (64, "float32")])
+def test_sliding_rows_built_for_other_vector_widths(vector_bytes, dtype):
+    """The sliding row kernels as CPUs with 128-bit (SSE: 2 float64 lanes) and 512-bit
+    (AVX-512: 16 float32 lanes) vectors get them, on the vector cases, in a fresh process
+    with the width overridden before the first compilation (LLVM splits or narrows the
+    vectors this CPU lacks). One dtype each: the compilations are most of the time."""
+    script = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import numpy as np\n"
+        "from numbaconv.cpu import _sliding\n"
+        "_sliding.vector_lanes = lambda dtype: %d // np.dtype(dtype).itemsize\n"
+        "assert _sliding.lanes_for(16, 'float32') == %d // 4\n"
+        "import test_cpu_direct as t\n"
+        "for case in t.CASES:\n"
+        "    if 'vector' in case[0]:\n"
+        "        t.test_depthwise_direct_matches_the_reference(case, %r, 'channels_last')\n"
+        "print('ok')\n") % (os.path.dirname(__file__), vector_bytes, vector_bytes, dtype)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "NUMBACONV_JIT_CACHE": "0"})
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -9,7 +9,11 @@ without bounds checks:
 
 - channels-last: a ring of padded rows (pixels x channels). The bodies vectorise over the
   contiguous channels and keep four output pixels in registers; a 3x3 window is one fused
-  body (nine taps per store).
+  body (nine taps per store). Where the channels fill whole vectors, 3x3 rows of stride 1
+  (every data gradient's, whose source is stuffed instead) run the row kernels of
+  :mod:`._sliding` instead: one vector of channels walks the row with its nine weights in
+  registers. The ring's pixel pitch is then an odd number of cache lines
+  (:func:`._sliding.row_pitch`), so that a row walked that way does not sit in a few L1 sets.
 - channels-first, stride 1 with rows as wide as the source's (``same`` padding): whole planes
   as flat runs over a guarded copy of the source plane; a column mask per tap column selects
   zero where a flat shift wraps around a row end.
@@ -43,6 +47,8 @@ from numba import prange, uint64
 from ..config import jit_options
 from ._gemm import serial
 from ._im2col import zero_rows
+from ._microkernel import _at
+from ._sliding import conv3_row, grad3_row, lanes_for, row_pitch
 
 _njit = numba.njit(**jit_options())
 _inline = numba.njit(**jit_options(parallel=False), inline="always")
@@ -177,8 +183,28 @@ def _cl_taps9_one(out, orow, op, buf, ra, rb, rc, col, wk, c, t, kk):
 
 
 @_inline
-def _cl_row9(out, orow, buf, ra, rb, rc, step, wk, c, t, kk, npx):
-    """out[orow, :npx] = taps t..t+8 over one output row, in blocks of 4, 2 and 1 pixels."""
+def _cl_row9(out, orow, buf, ra, rb, rc, step, wk, c, t, kk, npx, vec, slide):
+    """out[orow, :npx] = taps t..t+8 over one output row: stride 1 with ``vec`` (nonzero:
+    the channels in whole vectors of that many) one vector of channels at a time along the
+    row (:func:`._sliding.conv3_row`), otherwise in blocks of 4, 2 and 1 pixels.
+
+    The sliding kernel writes ``slide`` (a row of the buffer's pitch), copied into out as
+    whole pixels: written one vector at a time straight into out, whose pitch is often a
+    multiple of 256 bytes, the row's lines left L1 before their other half came.
+    """
+    if step == 1 and vec:
+        width, pitch = buf.shape[1], buf.shape[2]
+        taps, pixels, channels = wk.shape[1], out.shape[1], out.shape[2]
+        wbase = (c * taps + t) * kk
+        obase = orow * pixels * channels
+        for k0 in range(0, kk, vec):
+            conv3_row(_at(buf, ra * width * pitch + k0), _at(buf, rb * width * pitch + k0),
+                      _at(buf, rc * width * pitch + k0), pitch, _at(wk, wbase + k0), kk,
+                      _at(slide, k0), pitch, npx)
+        for p in range(npx):
+            for k in range(kk):
+                out[orow, p, k] = slide[p, k]
+        return
     # Loop bounds stay plain (npx - 3, not npx // 4 * 4): with a division in the trip count,
     # LLVM re-runs the bodies' alias checks on every call and the row costs seven times more.
     if step == 1:
@@ -338,7 +364,7 @@ def _cl_rows(rowslot, tag, buf, src, n, o0, p1, out, size, stuff, before, stride
 
 @_njit
 def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size, stuff, before,
-             stride, dil, r, rows, overwrite):
+             stride, dil, r, rows, overwrite, pitch, vec):
     """Channels-last forward-form convolution, K channels wide.
 
     src (N, A0, A1, A2, Cs); wk (passes, taps, K): the weights of each pass, K-space;
@@ -346,7 +372,9 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
     (``transposed`` False): y channel k gathers source channel cmap[pass, k]; passes add up.
     Data gradient: the source is dy (K channels) and pass c adds, for every group, the sum
     over its kg outputs into dx channel g*cg + c; ``overwrite`` (depthwise, one fused 3x3
-    body per row) writes dx instead, like the forward.
+    body per row) writes dx instead, like the forward. Source rows are copied into buffers
+    ``pitch`` (>= K) elements a pixel; ``vec`` nonzero (K in whole vectors of that many)
+    runs fused 3x3 rows of stride 1 as :func:`._sliding.conv3_row`.
     """
     n_total = src.shape[0]
     passes, kk = wk.shape[0], wk.shape[2]
@@ -366,16 +394,19 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
     # them (exactly O2 pixels wide); otherwise the data gradient adds a finished row into dx.
     direct = fused and r[0] == 1 and passes == 1 and (overwrite or not transposed)
     groups = kk // kg
+    if pitch < kk or width < o2n + 2:
+        vec = 0        # the row kernel's reach (o2n + 2 pixels of vec channels) is not there
     for job in prange(n_total * o0n * blocks):
         blk = job % blocks
         rest = job // blocks
         o0 = rest % o0n
         n = rest // o0n
-        buf = np.zeros((slots + 1, width, kk), dst3.dtype)
+        buf = np.zeros((slots + 1, width, pitch), dst3.dtype)
         tag = np.empty(slots, np.int64)
         rowslot = np.empty((r[0], r[1]), np.int64)
         rowbuf = np.empty((1, p2r, kk), dst3.dtype)
         part = np.empty((1, p2r, kk), dst3.dtype)
+        slide = np.empty((p2r, pitch), dst3.dtype)
         rflat = rowbuf.reshape(1, p2r * kk)
         pflat = part.reshape(1, p2r * kk)
         for c in range(passes):
@@ -401,7 +432,7 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
                         out3 = target if count == 0 else part
                         orow = trow if count == 0 else 0
                         t = t0 * 9
-                        _cl_row9(out3, orow, buf, ra, rb, rc, step, wk, c, t, kk, o2n)
+                        _cl_row9(out3, orow, buf, ra, rb, rc, step, wk, c, t, kk, o2n, vec, slide)
                         if count > 0:
                             for e in range(o2n * kk):
                                 rflat[0, e] += pflat[0, e]
@@ -467,12 +498,15 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
 
 @_njit
 def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, stride, dil, r,
-                        rows):
+                        rows, pitch, vec):
     """partial[job, c, t, k]: the weight gradient of one job's output rows, channels-last.
 
     src is x (N, S0, S1, S2, C); dy3 is dy as (N * P0 * P1, P2, K); pass c gathers x channel
     cmap[c, k] for output channel k. Padding rows are read as zeros and multiplied, as the
     reference does, so a non-finite dy next to the border poisons dw exactly like there.
+    Source rows are copied into buffers ``pitch`` (>= K) elements a pixel; ``vec`` nonzero
+    (K in whole vectors of that many) runs 3x3 tap rows of stride 1 as
+    :func:`._sliding.grad3_row`.
     """
     n_total = src.shape[0]
     kk = partial.shape[3]
@@ -485,12 +519,14 @@ def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, st
     step = stride[2] if dil[2] == 1 and stride[2] <= 2 else 0    # as in _cl_conv
     body = o2n - o2n % 4
     ones = np.ones(3, np.int64)
+    sliding = vec != 0 and step == 1 and r[1] == 3 and r[2] == 3 and pitch >= kk and \
+        width >= o2n + 2 and dy3.shape[1] >= o2n and dy3.shape[2] == kk
     for job in prange(n_total * o0n * blocks):
         blk = job % blocks
         rest = job // blocks
         o0 = rest % o0n
         n = rest // o0n
-        buf = np.zeros((slots + 1, width, kk), partial.dtype)
+        buf = np.zeros((slots + 1, width, pitch), partial.dtype)
         tag = np.empty(slots, np.int64)
         rowslot = np.empty((r[0], r[1]), np.int64)
         acc = np.empty((partial.shape[2], kk), partial.dtype)
@@ -502,6 +538,15 @@ def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, st
                          dil, r, span, width, cmap, c, identity, kk)
                 drow = (n * o0n + o0) * o1n + p1
                 for t0 in range(r[0]):
+                    if sliding:
+                        ra, rb, rc = rowslot[t0, 0], rowslot[t0, 1], rowslot[t0, 2]
+                        for k0 in range(0, kk, vec):
+                            grad3_row(_at(buf, ra * width * pitch + k0),
+                                      _at(buf, rb * width * pitch + k0),
+                                      _at(buf, rc * width * pitch + k0), pitch,
+                                      _at(dy3, drow * dy3.shape[1] * kk + k0), kk,
+                                      _at(acc, t0 * 9 * kk + k0), kk, o2n)
+                        continue
                     for t1 in range(r[1]):
                         row = rowslot[t0, t1]
                         t2 = 0
@@ -1274,7 +1319,7 @@ def forward(g, x, w, y) -> None:
         rows = _row_split(g.p[1], g.n * g.p[0])
         y3 = y.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
         _cl_conv(g.x5(x), wk, y3, _rows2d(y3), cmap, identity, False, g.cg, g.kg,
-                 *form.args(), rows, False)
+                 *form.args(), rows, False, *_row_kernels(g.k, y.dtype))
     else:
         _cf_convolve(form, g.x5(x), w.reshape(g.k, g.cg, g.taps), g.y5(y), g.kg, False)
 
@@ -1299,7 +1344,7 @@ def data_gradient(g, dy, w, dx, accumulate: bool = True) -> None:
         rows = _row_split(g.s[1], g.n * g.s[0])
         dx3 = dx.reshape(g.n * g.s[0] * g.s[1], g.s[2], g.c)
         _cl_conv(g.y5(dy), wk, dx3, _rows2d(dx3), cmap, True, True, g.cg, g.kg, *form.args(),
-                 rows, overwrite)
+                 rows, overwrite, *_row_kernels(g.k, dx.dtype))
     else:
         # dx plane g*Cg + c sums dy planes g*Kg + j, each with flip(w[g*Kg + j, c]).
         wsrc = np.ascontiguousarray(
@@ -1320,7 +1365,7 @@ def weight_gradient(g, x, dy) -> np.ndarray:
         partial = np.empty((jobs, g.cg, g.taps, g.k), dy.dtype)
         dy3 = dy.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
         _cl_weight_partials(g.x5(x), dy3, partial, cmap, identity, out, size, before, stride,
-                            dil, r, rows)
+                            dil, r, rows, *_row_kernels(g.k, dy.dtype))
         total = np.empty(g.cg * g.taps * g.k, dy.dtype)
         _add_partials(partial.reshape(jobs, -1), total)
         return np.ascontiguousarray(total.reshape(g.cg, g.taps, g.k).transpose(2, 0, 1))
@@ -1357,6 +1402,13 @@ def _add_partials(partial, total) -> None:
         _sum_partials(partial, total)
     else:
         serial(_sum_partials)(partial, total)
+
+
+def _row_kernels(channels: int, dtype) -> tuple:
+    """(pitch, vec) of the channels-last kernels' row buffers, K = ``channels`` wide: the
+    pixel pitch (:func:`._sliding.row_pitch`) and the vector width of the sliding row
+    kernels (0: not used)."""
+    return row_pitch(channels, dtype), lanes_for(channels, dtype)
 
 
 def _cf_convolve(form, src5, wsrc, dst5, per_group, add) -> None:
