@@ -52,6 +52,10 @@ from ._sliding import conv3_row, grad3_row, lanes_for, row_pitch
 
 _njit = numba.njit(**jit_options())
 _inline = numba.njit(**jit_options(parallel=False), inline="always")
+#: Row-level helpers of the channels-last kernels are called, not inlined: inlined into
+#: _cl_conv's parallel loop they made its first compilation 32-37 s (Zen 3, cold cache), 21-23
+#: s called, with no change in speed (a call per output row).
+_called = numba.njit(**jit_options(parallel=False))
 
 #: Parallel jobs to aim for: spatial rows are split until a problem has this many (or runs
 #: out of rows). Fixed, so the weight-gradient split never depends on the thread count.
@@ -182,7 +186,7 @@ def _cl_taps9_one(out, orow, op, buf, ra, rb, rc, col, wk, c, t, kk):
                             + wk[c, t + 7, k] * d1 + wk[c, t + 8, k] * d2)
 
 
-@_inline
+@_called
 def _cl_row9(out, orow, buf, ra, rb, rc, step, wk, c, t, kk, npx, vec, slide):
     """out[orow, :npx] = taps t..t+8 over one output row: stride 1 with ``vec`` (nonzero:
     the channels in whole vectors of that many) one vector of channels at a time along the
@@ -337,7 +341,7 @@ def _cl_fill(buf, slot, src, n, a0, a1, before, stuff, size, width, cmap, c, ide
                     buf[slot, col, k] = src[n, a0, a1, a2, cmap[c, k]]
 
 
-@_inline
+@_called
 def _cl_rows(rowslot, tag, buf, src, n, o0, p1, out, size, stuff, before, stride, dil, r,
              span, width, cmap, c, identity, kk):
     """Make sure the source rows of output row (o0, p1) are in the ring; rowslot[t0, t1] is
