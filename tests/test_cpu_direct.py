@@ -2,7 +2,8 @@
 gradient writes dx instead of zeroing it and adding (the fused channels-last 3x3 rows, the
 channels-first plane kernels): forward, data gradient (written over garbage and
 accumulated), weight gradient, against the reference; NaN and infinity at the borders;
-bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass."""
+bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass; the sliding rows (channels in whole
+vectors) built for 128- and 512-bit vectors."""
 
 import os
 import subprocess
