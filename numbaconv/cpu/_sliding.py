@@ -96,6 +96,17 @@ class _Emitter:
     def madd(self, a, b, acc):
         return self.builder.call(self.fma, [a, b, acc])
 
+    def open_loop(self, name, npx):
+        """Blocks (entry, loop, done) of a loop run when ``npx`` > 0, the builder placed at
+        the loop's start; the caller adds the phis, the back branch and moves to done."""
+        builder = self.builder
+        entry = builder.block
+        loop = builder.append_basic_block(f"{name}.loop")
+        done = builder.append_basic_block(f"{name}.done")
+        builder.cbranch(builder.icmp_signed(">", npx, self.const(0)), loop, done)
+        builder.position_at_end(loop)
+        return entry, loop, done
+
 
 def _row_kernel(emit):
     """An intrinsic ``kernel(pa, pb, pc, ps, p1, s1, p2, s2, npx)`` on one vector of
@@ -149,11 +160,7 @@ def _emit_conv3(e, rows, ps, pw, wt, pd, dps, npx):
     second = column(e.const(1))
     older = taps(1, second, older)
     newer = taps(0, second, None)
-    entry = builder.block
-    loop = builder.append_basic_block("conv3.column")
-    done = builder.append_basic_block("conv3.done")
-    builder.cbranch(builder.icmp_signed(">", npx, e.const(0)), loop, done)
-    builder.position_at_end(loop)
+    entry, loop, done = e.open_loop("conv3", npx)
     j = builder.phi(e.i64)
     carried_older = builder.phi(e.vec)
     carried_newer = builder.phi(e.vec)
@@ -182,11 +189,7 @@ def _emit_grad3(e, rows, ps, pdy, dps, pacc, at, npx):
     """
     builder = e.builder
     start = [e.load(pacc, e.const(t), at) for t in range(9)]
-    entry = builder.block
-    loop = builder.append_basic_block("grad3.pixel")
-    done = builder.append_basic_block("grad3.done")
-    builder.cbranch(builder.icmp_signed(">", npx, e.const(0)), loop, done)
-    builder.position_at_end(loop)
+    entry, loop, done = e.open_loop("grad3", npx)
     q = builder.phi(e.i64)
     sums = [builder.phi(e.vec) for _ in range(9)]
     g = e.load(pdy, q, dps)
