@@ -2,8 +2,8 @@
 gradient writes dx instead of zeroing it and adding (the fused channels-last 3x3 rows, the
 channels-first plane kernels): forward, data gradient (written over garbage and
 accumulated), weight gradient, against the reference; NaN and infinity at the borders;
-bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass; the sliding rows (channels in whole
-vectors) built for 128- and 512-bit vectors."""
+bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass; that ``same`` 3x3 windows take their
+kernels (_cl_same3, _cf_same3); the sliding rows built for 128- and 512-bit vectors."""
 
 import os
 import subprocess
@@ -49,6 +49,18 @@ CASES = [
     ("2d-vector-row-dilation", (1, 16, 9, 6), (3, 3), (2, 1), 1, (2, 1)),
     ("3d-vector", (1, 16, 4, 3, 5), (3, 3, 3), 1, 1, 1),
     ("2d-vector-multiplier", (1, 8, 5, 6), (3, 3), 1, 1, 1, 2),
+    # Of these (and the vector cases above with one pixel of padding either side along the
+    # rows and stride 1 there) the forward and the written data gradient read and write
+    # the rows in place (_direct._cl_same3): 120 float32 channels take 8 + 4 + 2 + 1
+    # vectors a call with AVX2 (float64: 8 + 8 + 8 + 4 + 2).
+    ("2d-vector-same-mixed-units", (1, 120, 3, 4), (3, 3), 1, 1, 1),
+    ("2d-vector-same-one-row", (2, 16, 1, 5), (3, 3), 1, 1, 1),
+    ("2d-vector-same-row-stride", (2, 16, 7, 6), (3, 3), 1, (2, 1), 1),
+    ("3d-vector-same-one-tap-plane", (1, 16, 3, 4, 5), (1, 3, 3), (0, 1, 1), 1, 1),
+    # Channels-first, the same geometry walks a vector of columns down each plane
+    # (_direct._cf_same3): into dx itself where the rows are whole vectors (16 columns),
+    # through a scratch plane otherwise (every other case of that geometry above).
+    ("2d-same-whole-vectors", (2, 3, 4, 16), (3, 3), 1, 1, 1),
 ]
 
 
@@ -99,10 +111,12 @@ def test_depthwise_direct_matches_the_reference(case, dtype, layout):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("channels", [3, 16])
 @pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
-def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout):
-    x_shape = (1, 3, 5, 6)
-    x, w, dy = _arrays(x_shape, (3, 3), "float64", "channels_first", padding=1, groups=3)
+def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout, channels):
+    x_shape = (1, channels, 5, 6)
+    x, w, dy = _arrays(x_shape, (3, 3), "float64", "channels_first", padding=1,
+                       groups=channels)
     for a, b, v in ((0, 0, np.nan), (0, 5, np.inf), (4, 0, -np.inf), (2, 5, np.nan),
                     (4, 3, np.inf)):
         x[0, 1, a, b] = v
@@ -110,7 +124,7 @@ def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout):
     dy[0, 0, 0, 2] = np.inf
     if layout == "channels_last":
         x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
-    kw = dict(padding=1, groups=3, layout=layout)
+    kw = dict(padding=1, groups=channels, layout=layout)
     calls = (lambda: nc.conv(x, w, **kw),
              lambda: nc.conv_backward_data(dy, w, x.shape, **kw),
              lambda: nc.conv_backward_weight(x, dy, w.shape, **kw))
@@ -156,6 +170,36 @@ def test_non_finite_weights_take_the_packed_path_like_the_reference(layout, stri
                                    atol=1e-9, err_msg=name)
 
 
+@pytest.mark.parametrize("layout, kernel", [("channels_last", "_cl_same3"),
+                                            ("channels_first", "_cf_same3")])
+def test_same_windows_take_their_kernel_unless_an_array_is_strided(monkeypatch, layout,
+                                                                   kernel):
+    """The forward and the written data gradient of a depthwise 3x3 layer with ``same``
+    padding and stride 1 run _cl_same3 / _cf_same3 (which the cases above check against
+    the reference); strided (non-contiguous) operands, which the public calls never hand a
+    backend but its run() takes, go to the general kernels, with the same result."""
+    from numbaconv.cpu import _direct
+    calls = []
+    real = getattr(_direct, kernel)
+    monkeypatch.setattr(_direct, kernel, lambda *a: calls.append(1) or real(*a))
+    x, w, dy = _arrays((2, 16, 5, 6), (3, 3), "float32", layout, padding=1)
+    kw = dict(padding=1, groups=16, layout=layout)
+
+    def both(x, dy):
+        p = pb.conv_problem(x, w, None, **kw)
+        y = _run("conv", p, (x, w, None))
+        p = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
+        return y, _run("conv_backward_data", p, (dy, w))
+
+    y, dx = both(x, dy)
+    assert len(calls) == 2
+    wide_x, wide_dy = np.repeat(x, 2, axis=-1), np.repeat(dy, 2, axis=-1)
+    y2, dx2 = both(wide_x[..., ::2], wide_dy[..., ::2])
+    assert len(calls) == 2
+    np.testing.assert_allclose(y2, y, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dx2, dx, rtol=1e-6, atol=1e-6)
+
+
 def test_depthwise_weight_gradient_is_bitwise_deterministic():
     x, w, dy = _arrays((4, 24, 10, 9), (3, 3), "float32", "channels_last", padding=1,
                        groups=24)
@@ -192,7 +236,8 @@ def test_partials_sum_in_the_same_order_on_one_thread_or_several():
 @pytest.mark.parametrize("vector_bytes, dtype", [(16, "float64"), (64, "float32")])
 def test_sliding_rows_built_for_other_vector_widths(vector_bytes, dtype):
     """The sliding row kernels as CPUs with 128-bit (SSE: 2 float64 lanes) and 512-bit
-    (AVX-512: 16 float32 lanes) vectors get them, on the vector cases, in a fresh process
+    (AVX-512: 16 float32 lanes) vectors get them, on the vector cases (channels-last) and
+    the ``same`` cases (channels-first), in a fresh process
     with the width overridden before the first compilation (LLVM splits or narrows the
     vectors this CPU lacks). One dtype each: the compilations are most of the time."""
     script = (
@@ -205,7 +250,10 @@ def test_sliding_rows_built_for_other_vector_widths(vector_bytes, dtype):
         "for case in t.CASES:\n"
         "    if 'vector' in case[0]:\n"
         "        t.test_depthwise_direct_matches_the_reference(case, %r, 'channels_last')\n"
-        "print('ok')\n") % (os.path.dirname(__file__), vector_bytes, vector_bytes, dtype)
+        "    if 'same' in case[0]:\n"
+        "        t.test_depthwise_direct_matches_the_reference(case, %r, 'channels_first')\n"
+        "print('ok')\n") % (os.path.dirname(__file__), vector_bytes, vector_bytes, dtype,
+                             dtype)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=900, env={**os.environ, "NUMBACONV_JIT_CACHE": "0"})
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

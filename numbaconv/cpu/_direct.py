@@ -14,9 +14,17 @@ without bounds checks:
   :mod:`._sliding` instead: one vector of channels walks the row with its nine weights in
   registers. The ring's pixel pitch is then an odd number of cache lines
   (:func:`._sliding.row_pitch`), so that a row walked that way does not sit in a few L1 sets.
+  Depthwise 3x3 rows with one pixel of padding either side (``same``) and stride 1 along
+  them, written (the forward, the data gradient unless accumulated), need no ring at all
+  (:func:`_cl_same3`): the rows are read and written where they lie, four cache lines of
+  channels a call, so that no line is needed again after it left L1 (1.3-2x faster than the
+  ring on 256-1024 channels at 28x28-7x7, Zen 3).
 - channels-first, stride 1 with rows as wide as the source's (``same`` padding): whole planes
   as flat runs over a guarded copy of the source plane; a column mask per tap column selects
-  zero where a flat shift wraps around a row end.
+  zero where a flat shift wraps around a row end. Depthwise 3x3 planes with one pixel of
+  padding on every side, written, instead walk a vector of adjacent columns down a copy of
+  the plane with zero columns around it, the sliding row turned on its side
+  (:func:`_cf_same3`; 1.3-1.8x faster than the flat runs, Zen 3).
 - channels-first otherwise: a padded slab of rows, split by stride phase, so that every tap
   is one contiguous shift of a flat array.
 
@@ -48,7 +56,8 @@ from ..config import jit_options
 from ._gemm import serial
 from ._im2col import zero_rows
 from ._microkernel import _at
-from ._sliding import conv3_row, grad3_row, lanes_for, row_pitch
+from ._sliding import (conv3_row, conv3_same1, conv3_same2, conv3_same4, conv3_same8,
+                       grad3_row, lanes_for, row_lanes, row_pitch, same_units)
 
 _njit = numba.njit(**jit_options())
 _inline = numba.njit(**jit_options(parallel=False), inline="always")
@@ -498,6 +507,96 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
                             for kq in range(1, kg):
                                 total += rowbuf[0, p2, grp * kg + kq]
                             dst3[drow, p2, grp * cg + c] += total
+
+
+@_njit
+def _cl_same3(src, wk, dst3, zero, out, size, before, stride, dil, lanes, units):
+    """Depthwise 3x3 rows of ``same`` padding and stride 1 along them, channels-last, read
+    from src and written into dst3 where they lie (no row buffers): one output row a job,
+    each call of the :mod:`._sliding` ``same`` rows ``units`` vectors of ``lanes`` channels
+    (fewer for the last channels).
+
+    src (N, A0, A1, A2, K) C-contiguous; wk (1, 9, K); dst3 (N * O0 * O1, O2, K)
+    C-contiguous, O2 == A2, written; zero: A2 * K zeros, the rows above and below the
+    source. The callers check the geometry (:func:`_same_rows`).
+    """
+    n_total, a0n, a1n, a2n, kk = src.shape
+    o0n, o1n = out[0], out[1]
+    for job in prange(n_total * o0n * o1n):
+        p1 = job % o1n
+        rest = job // o1n
+        o0 = rest % o0n
+        n = rest // o0n
+        plane = (n * a0n + o0) * a1n
+        base = job * a2n * kk
+        a = p1 * stride[1] - before[1]
+        ra = (plane + a) * a2n * kk if 0 <= a < a1n else -1
+        rb = (plane + a + dil[1]) * a2n * kk if 0 <= a + dil[1] < a1n else -1
+        rc = (plane + a + 2 * dil[1]) * a2n * kk if 0 <= a + 2 * dil[1] < a1n else -1
+        k0 = 0
+        while k0 < kk:
+            pa = _at(src, ra + k0) if ra >= 0 else _at(zero, k0)
+            pb = _at(src, rb + k0) if rb >= 0 else _at(zero, k0)
+            pc = _at(src, rc + k0) if rc >= 0 else _at(zero, k0)
+            pw, pd = _at(wk, k0), _at(dst3, base + k0)
+            left = kk - k0
+            if units >= 8 and left >= 8 * lanes:
+                conv3_same8(pa, pb, pc, kk, pw, kk, pd, kk, a2n)
+                k0 += 8 * lanes
+            elif units >= 4 and left >= 4 * lanes:
+                conv3_same4(pa, pb, pc, kk, pw, kk, pd, kk, a2n)
+                k0 += 4 * lanes
+            elif units >= 2 and left >= 2 * lanes:
+                conv3_same2(pa, pb, pc, kk, pw, kk, pd, kk, a2n)
+                k0 += 2 * lanes
+            else:
+                conv3_same1(pa, pb, pc, kk, pw, kk, pd, kk, a2n)
+                k0 += lanes
+
+
+@_njit
+def _cf_same3(src4, wb, dst4, height, width, chunks, lanes):
+    """Depthwise 3x3 planes of ``same`` padding and stride 1, channels-first: ``lanes``
+    adjacent columns walk down the plane as one vector (:func:`._sliding.conv3_same1` with
+    rows and columns swapped: its three source "rows" are the plane shifted by 0, 1 and 2
+    columns, its pixels the plane's rows), over a copy of the plane with zero columns
+    around it. Columns past a whole number of vectors are computed in a scratch plane.
+
+    src4 and dst4 (N, C, P, height * width) (P: the planes of a 3D problem's depth, one tap
+    plane), C-contiguous, dst4 written; wb (C, 9, lanes): each channel's weights with the
+    window transposed (tap column major), each broadcast to a vector. The planes are dealt
+    to ``chunks`` jobs, each allocating its buffers once. The callers check the geometry
+    (:func:`_same_planes`).
+    """
+    n_total, c_total, depth = src4.shape[0], src4.shape[1], src4.shape[2]
+    planes = n_total * c_total * depth
+    padded = (width + lanes - 1) // lanes * lanes
+    pitch = padded + 2
+    direct = padded == width
+    per_chunk = (planes + chunks - 1) // chunks
+    for chunk in prange(chunks):
+        buf = np.zeros((height, pitch), dst4.dtype)
+        scratch = np.empty((1 if direct else height, padded), dst4.dtype)
+        for plane in range(chunk * per_chunk, min(planes, chunk * per_chunk + per_chunk)):
+            a0 = plane % depth
+            rest = plane // depth
+            c = rest % c_total
+            n = rest // c_total
+            for h in range(height):
+                for q in range(width):
+                    buf[h, q + 1] = src4[n, c, a0, h * width + q]
+            base = (plane * height) * width
+            for q in range(0, padded, lanes):
+                if direct:
+                    pd, dps = _at(dst4, base + q), width
+                else:
+                    pd, dps = _at(scratch, q), padded
+                conv3_same1(_at(buf, q), _at(buf, q + 1), _at(buf, q + 2), pitch,
+                            _at(wb, c * 9 * lanes), lanes, pd, dps, height)
+            if not direct:
+                for h in range(height):
+                    for q in range(width):
+                        dst4[n, c, a0, h * width + q] = scratch[h, q]
 
 
 @_njit
@@ -1320,8 +1419,11 @@ def forward(g, x, w, y) -> None:
     if g.channels_last:
         cmap, identity = _channel_map(g)
         wk = np.ascontiguousarray(w.reshape(g.k, g.cg, g.taps).transpose(1, 2, 0))
-        rows = _row_split(g.p[1], g.n * g.p[0])
         y3 = y.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
+        if _same_rows(g, form, x, y):
+            _same3(form, g.x5(x), wk, y3)
+            return
+        rows = _row_split(g.p[1], g.n * g.p[0])
         _cl_conv(g.x5(x), wk, y3, _rows2d(y3), cmap, identity, False, g.cg, g.kg,
                  *form.args(), rows, False, *_row_kernels(g.k, y.dtype))
     else:
@@ -1345,8 +1447,11 @@ def data_gradient(g, dy, w, dx, accumulate: bool = True) -> None:
             _zero_rows(dx)
         wk = np.ascontiguousarray(flipped.transpose(1, 2, 0))        # (Cg, taps, K)
         cmap = np.zeros((g.cg, 1), np.int64)                         # dy is read as is
-        rows = _row_split(g.s[1], g.n * g.s[0])
         dx3 = dx.reshape(g.n * g.s[0] * g.s[1], g.s[2], g.c)
+        if overwrite and _same_rows(g, form, dy, dx):
+            _same3(form, g.y5(dy), wk, dx3)
+            return
+        rows = _row_split(g.s[1], g.n * g.s[0])
         _cl_conv(g.y5(dy), wk, dx3, _rows2d(dx3), cmap, True, True, g.cg, g.kg, *form.args(),
                  rows, overwrite, *_row_kernels(g.k, dx.dtype))
     else:
@@ -1415,7 +1520,50 @@ def _row_kernels(channels: int, dtype) -> tuple:
     return row_pitch(channels, dtype), lanes_for(channels, dtype)
 
 
+def _same_rows(g, form, src, dst) -> bool:
+    """Whether :func:`_cl_same3` computes this channels-last problem: depthwise (one channel
+    per group and output), 3x3 windows of stride and dilation 1 along the rows, ``same``
+    padding along them (one pixel each side), 2D (or 3D with one tap plane of stride 1 and
+    no depth padding), the channels in whole vectors, both arrays C-contiguous."""
+    return (g.cg == 1 and g.kg == 1 and form.kernel == (1, 3, 3)
+            and form.stuff == (1, 1, 1) and form.stride[0] == 1 and form.before[0] == 0
+            and form.size[0] == form.out[0] and form.stride[2] == 1
+            and form.dilation[2] == 1 and form.before[2] == 1 and form.size[2] == form.out[2]
+            and same_units(g.k, dst.dtype)[0] != 0
+            and src.flags.c_contiguous and dst.flags.c_contiguous)
+
+
+def _same3(form, src5, wk, dst3) -> None:
+    out, size, _, before, stride, dil, _ = form.args()
+    zero = np.zeros(src5.shape[3] * src5.shape[4], dst3.dtype)
+    _cl_same3(src5, wk, dst3, zero, out, size, before, stride, dil,
+              *same_units(src5.shape[4], dst3.dtype))
+
+
+def _same_planes(form, wsrc, src5, dst5, add) -> int:
+    """The vector width for :func:`_cf_same3` where it computes this channels-first
+    convolution, else 0: depthwise (one source plane per output), 3x3 windows of stride
+    and dilation 1 with one pixel of padding on every side (``same``), 2D (or 3D with one
+    tap plane of stride 1 and no depth padding), written, both arrays C-contiguous."""
+    lanes = row_lanes(dst5.dtype)
+    ok = (not add and wsrc.shape[1] == 1 and src5.shape[1] == dst5.shape[1]
+          and form.kernel == (1, 3, 3) and form.stuff == (1, 1, 1)
+          and form.stride == (1, 1, 1) and form.dilation[1:] == (1, 1)
+          and form.before == (0, 1, 1) and form.size == form.out
+          and src5.flags.c_contiguous and dst5.flags.c_contiguous)
+    return lanes if ok else 0
+
+
 def _cf_convolve(form, src5, wsrc, dst5, per_group, add) -> None:
+    lanes = _same_planes(form, wsrc, src5, dst5, add)
+    if lanes:
+        # (C, 9, lanes): each weight broadcast to a vector, the 3x3 window transposed.
+        taps = wsrc.reshape(-1, 3, 3).transpose(0, 2, 1).reshape(-1, 9)
+        wb = np.ascontiguousarray(np.broadcast_to(taps[:, :, None], taps.shape + (lanes,)))
+        planes = dst5.shape[0] * dst5.shape[1] * dst5.shape[2]
+        _cf_same3(_planes(src5), wb, _planes(dst5), form.out[1], form.out[2],
+                  _chunks(planes), lanes)
+        return
     n, o = dst5.shape[0], dst5.shape[1]
     rows = _row_split(form.out[1], n * o * form.out[0])
     chunks = _chunks(n * o * form.out[0] * -(-form.out[1] // rows))

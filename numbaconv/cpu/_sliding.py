@@ -12,6 +12,11 @@ whole row instead, the nine weights staying in registers:
   vector.
 - :func:`grad3_row` (the weight gradient): the nine tap sums of one vector of channels are
   carried through the row, each output pixel's dy times its nine window values.
+- ``conv3_same1`` .. ``conv3_same8``: :func:`conv3_row` on rows of ``same`` padding read
+  where they lie (the padding pixels are left out, not read), 1 to 8 vectors of channels
+  side by side (:data:`SAME_ROW_BYTES`), for :func:`._direct._cl_same3`;
+  ``conv3_same1`` also walks a vector of adjacent columns down a channels-first plane
+  (:func:`._direct._cf_same3`), rows and columns swapped.
 
 Walking a row one vector at a time strides through memory by the pixel pitch, so rows whose
 pitch is a multiple of 256 bytes put a row's pixels in the same few L1 sets and thrash; the
@@ -26,11 +31,13 @@ best of 80): 128 channels at 56x56 forward 1.38x, data gradient 1.30x, weight gr
 buffers and writing dx weigh as much as the arithmetic.
 
 Pointers come from ``_microkernel._at`` and nothing is checked here: the callers make sure
-that every source row holds ``npx + 2`` pixels and every row ``lanes`` channels from the
-pointer on.
+that every source row holds ``npx + 2`` pixels (``npx`` for the ``same`` rows, npx >= 1)
+and every row ``units * lanes`` channels from the pointer on.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from llvmlite import ir
@@ -57,11 +64,38 @@ def row_pitch(channels: int, dtype) -> int:
     return lines * LINE // size
 
 
+def row_lanes(dtype) -> int:
+    """Lanes of the row kernels' vectors for ``dtype`` (what callers must step by)."""
+    return vector_lanes(dtype)
+
+
 def lanes_for(channels: int, dtype) -> int:
     """The vector width (channels per call) of the row kernels for ``channels`` channels,
     or 0 where they do not apply (channels not a whole number of vectors)."""
-    lanes = vector_lanes(dtype)
+    lanes = row_lanes(dtype)
     return lanes if channels % lanes == 0 else 0
+
+
+#: Bytes of channels per call of the ``same`` rows (:data:`conv3_same8` and smaller), which
+#: read and write rows where they lie, a pixel's channels often a multiple of 256 bytes apart:
+#: each call takes whole cache lines (4 of them), so that no line is needed again after it
+#: left L1. Measured on Zen 3 (AVX2, 32-byte vectors, 2 cores, N = 8, float32 depthwise
+#: 3x3 data gradients, channels-last, best of 120): 1, 2, 4 and 8 vectors a call, 512
+#: channels at 14x14 377, 230, 187, 183 us; 128 at 56x56 1745, 1729, 1181, 1125; 256 at
+#: 28x28 909, 652, 551, 500; 1024 at 7x7 291, 192, 151, 144 (the ring-buffer kernel of
+#: :mod:`._direct`: 342, 1615, 893, 318).
+SAME_ROW_BYTES = 4 * LINE
+
+
+def same_units(channels: int, dtype) -> tuple:
+    """(lanes, units) of the ``same`` rows for ``channels`` channels: the vector width and
+    the most vectors a call (8, 4, 2 or 1; fewer where fewer channels are left), or (0, 0)
+    where the channels are not a whole number of vectors."""
+    lanes = lanes_for(channels, dtype)
+    if not lanes:
+        return 0, 0
+    units = SAME_ROW_BYTES // (lanes * np.dtype(dtype).itemsize)
+    return lanes, max(1, min(8, units))
 
 
 class _Emitter:
@@ -69,7 +103,7 @@ class _Emitter:
 
     def __init__(self, builder, dtype):
         self.builder = builder
-        self.lanes = vector_lanes(dtype)
+        self.lanes = row_lanes(dtype)
         self.i64 = ir.IntType(64)
         self.vec = ir.VectorType(_llvm_float(dtype), self.lanes)
         self.fma = cgutils.get_or_insert_function(
@@ -96,14 +130,14 @@ class _Emitter:
     def madd(self, a, b, acc):
         return self.builder.call(self.fma, [a, b, acc])
 
-    def open_loop(self, name, npx):
-        """Blocks (entry, loop, done) of a loop run when ``npx`` > 0, the builder placed at
+    def open_loop(self, name, trips):
+        """Blocks (entry, loop, done) of a loop run when ``trips`` > 0, the builder placed at
         the loop's start; the caller adds the phis, the back branch and moves to done."""
         builder = self.builder
         entry = builder.block
         loop = builder.append_basic_block(f"{name}.loop")
         done = builder.append_basic_block(f"{name}.done")
-        builder.cbranch(builder.icmp_signed(">", npx, self.const(0)), loop, done)
+        builder.cbranch(builder.icmp_signed(">", trips, self.const(0)), loop, done)
         builder.position_at_end(loop)
         return entry, loop, done
 
@@ -128,54 +162,82 @@ def _row_kernel(emit):
 
         return types.void(pa, pb, pc, ps, p1, s1, p2, s2, npx), codegen
 
-    kernel.__doc__ = emit.__doc__
+    kernel.__doc__ = getattr(emit, "__doc__", None)
     return kernel
 
 
-def _emit_conv3(e, rows, ps, pw, wt, pd, dps, npx):
+def _emit_conv3(e, rows, ps, pw, wt, pd, dps, npx, units=1, same=False):
     """out[q] = sum over the tap rows i (source rows a, b, c) and tap columns m < 3 of
-    w[3i + m] * row_i[q + m], for the output pixels q < npx, one vector of channels.
+    w[3i + m] * row_i[q + m], for the output pixels q < npx, ``units`` vectors of channels.
 
     ``conv3_row(pa, pb, pc, ps, pw, wt, pd, dps, npx)``: the three source rows at pixel 0,
     pixels ``ps`` elements apart (npx + 2 of them are read); ``pw``: tap 0's weights, taps
     ``wt`` apart; ``pd``: output pixel 0, pixels ``dps`` apart (written, not added to).
+    With ``same``, the rows hold npx pixels, with one pixel of zero padding on either side
+    that is never read (``same`` padding: output q reads pixels q - 1 .. q + 1); npx >= 1.
     """
     builder = e.builder
-    w = [e.load(pw, e.const(t), wt) for t in range(9)]
+    span = [e.const(v * e.lanes) for v in range(units)]
 
-    def column(j):
-        return [e.load(p, j, ps) for p in rows]
+    def part(pointer, v):
+        return builder.gep(pointer, [span[v]]) if v else pointer
 
-    def taps(m, src, acc):
+    w = [[e.load(part(pw, v), e.const(t), wt) for t in range(9)] for v in range(units)]
+
+    def column(j, v):
+        return [e.load(part(p, v), j, ps) for p in rows]
+
+    def taps(v, m, src, acc):
         """acc plus tap column m (of every tap row) times the source column src."""
         for i in range(3):
-            acc = builder.fmul(w[3 * i + m], src[i]) if acc is None else \
-                e.madd(w[3 * i + m], src[i], acc)
+            acc = builder.fmul(w[v][3 * i + m], src[i]) if acc is None else \
+                e.madd(w[v][3 * i + m], src[i], acc)
         return acc
 
-    # Output q collects tap column m from source column q + m: after column j, the running
-    # sums of outputs j - 1 and j are carried on, and output j - 2 is done.
-    first = column(e.const(0))
-    older = taps(0, first, None)
-    second = column(e.const(1))
-    older = taps(1, second, older)
-    newer = taps(0, second, None)
-    entry, loop, done = e.open_loop("conv3", npx)
+    # Output q collects tap column m from source column q + m - shift (shift 1: the
+    # padding pixel before column 0 is not there): after column j, output j + shift - 2 is
+    # done and the running sums of the next two outputs are carried on. Two columns prime
+    # the sums, or with ``same`` column 0 alone, the padding's terms being left out.
+    shift = 1 if same else 0
+    older, newer = [], []
+    for v in range(units):
+        if same:
+            first = column(e.const(0), v)
+            older.append(taps(v, 1, first, None))
+            newer.append(taps(v, 0, first, None))
+        else:
+            first, second = column(e.const(0), v), column(e.const(1), v)
+            older.append(taps(v, 1, second, taps(v, 0, first, None)))
+            newer.append(taps(v, 0, second, None))
+    start, end = (1, npx) if same else (2, builder.add(npx, e.const(2)))
+    entry, loop, done = e.open_loop("conv3", builder.sub(end, e.const(start)))
     j = builder.phi(e.i64)
-    carried_older = builder.phi(e.vec)
-    carried_newer = builder.phi(e.vec)
-    src = column(j)
-    e.store(taps(2, src, carried_older), pd, builder.sub(j, e.const(2)), dps)
-    next_older = taps(1, src, carried_newer)
-    next_newer = taps(0, src, None)
+    carried_older = [builder.phi(e.vec) for _ in range(units)]
+    carried_newer = [builder.phi(e.vec) for _ in range(units)]
+    next_older, next_newer = [], []
+    for v in range(units):
+        src = column(j, v)
+        e.store(taps(v, 2, src, carried_older[v]), part(pd, v),
+                builder.sub(j, e.const(2 - shift)), dps)
+        next_older.append(taps(v, 1, src, carried_newer[v]))
+        next_newer.append(taps(v, 0, src, None))
     j_next = builder.add(j, e.const(1))
-    for phi, start, again in ((j, e.const(2), j_next), (carried_older, older, next_older),
-                              (carried_newer, newer, next_newer)):
-        phi.add_incoming(start, entry)
-        phi.add_incoming(again, loop)
-    builder.cbranch(builder.icmp_signed("<", j_next, builder.add(npx, e.const(2))), loop,
-                    done)
+    j.add_incoming(e.const(start), entry)
+    j.add_incoming(j_next, loop)
+    for phis, first, again in ((carried_older, older, next_older),
+                               (carried_newer, newer, next_newer)):
+        for phi, a, b in zip(phis, first, again):
+            phi.add_incoming(a, entry)
+            phi.add_incoming(b, loop)
+    builder.cbranch(builder.icmp_signed("<", j_next, end), loop, done)
     builder.position_at_end(done)
+    if same:
+        # The last output's third tap column is padding: its sum is done as carried.
+        last = [builder.phi(e.vec) for _ in range(units)]
+        for v in range(units):
+            last[v].add_incoming(older[v], entry)
+            last[v].add_incoming(next_older[v], loop)
+            e.store(last[v], part(pd, v), builder.sub(npx, e.const(1)), dps)
 
 
 def _emit_grad3(e, rows, ps, pdy, dps, pacc, at, npx):
@@ -215,5 +277,10 @@ def _emit_grad3(e, rows, ps, pdy, dps, pacc, at, npx):
 
 #: The forward-form row (see :func:`_emit_conv3`).
 conv3_row = _row_kernel(_emit_conv3)
+#: Forward-form rows of ``same`` padding, read and written where they lie, 1, 2, 4 or 8
+#: vectors of channels a call (see :data:`SAME_ROW_BYTES`).
+conv3_same1, conv3_same2, conv3_same4, conv3_same8 = (
+    _row_kernel(functools.partial(_emit_conv3, units=units, same=True))
+    for units in (1, 2, 4, 8))
 #: The weight-gradient row (see :func:`_emit_grad3`).
 grad3_row = _row_kernel(_emit_grad3)
