@@ -111,16 +111,19 @@ def test_depthwise_direct_matches_the_reference(case, dtype, layout):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
-@pytest.mark.parametrize("channels", [3, 16])
+@pytest.mark.parametrize("channels, width", [(3, 6), (16, 6), (16, 11)])
 @pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
-def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout, channels):
-    x_shape = (1, channels, 5, 6)
+def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout, channels, width):
+    # 16 channels: the channels-last vector rows; 11 columns, channels-first: the column
+    # strips of the weight gradient (8 + 2 + 1 with AVX2).
+    x_shape = (1, channels, 5, width)
     x, w, dy = _arrays(x_shape, (3, 3), "float64", "channels_first", padding=1,
                        groups=channels)
-    for a, b, v in ((0, 0, np.nan), (0, 5, np.inf), (4, 0, -np.inf), (2, 5, np.nan),
+    end = width - 1
+    for a, b, v in ((0, 0, np.nan), (0, end, np.inf), (4, 0, -np.inf), (2, end, np.nan),
                     (4, 3, np.inf)):
         x[0, 1, a, b] = v
-        dy[0, 2, 4 - a, 5 - b] = v
+        dy[0, 2, 4 - a, end - b] = v
     dy[0, 0, 0, 2] = np.inf
     if layout == "channels_last":
         x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
@@ -200,10 +203,29 @@ def test_same_windows_take_their_kernel_unless_an_array_is_strided(monkeypatch, 
     np.testing.assert_allclose(dx2, dx, rtol=1e-6, atol=1e-6)
 
 
-def test_depthwise_weight_gradient_is_bitwise_deterministic():
-    x, w, dy = _arrays((4, 24, 10, 9), (3, 3), "float32", "channels_last", padding=1,
-                       groups=24)
-    kw = dict(padding=1, groups=24, layout="channels_last")
+def test_same_planes_weight_gradient_takes_the_column_strips(monkeypatch):
+    """A channels-first depthwise 3x3 weight gradient of ``same`` windows on rows of at
+    least SAME_WEIGHT_MIN_WIDTH pixels runs _cf_same3_weight (strips of 8, 2 and 1 columns
+    with AVX2 on 11), like the reference; narrower rows take the flat kernel."""
+    from numbaconv.cpu import _direct
+    calls = []
+    real = _direct._cf_same3_weight
+    monkeypatch.setattr(_direct, "_cf_same3_weight", lambda *a: calls.append(1) or real(*a))
+    kw = dict(padding=1, groups=4, layout="channels_first")
+    for width, taken in ((11, 1), (_direct.SAME_WEIGHT_MIN_WIDTH - 1, 0)):
+        x, w, dy = _arrays((3, 4, 6, width), (3, 3), "float64", "channels_first", padding=1)
+        with nc.use_backend("reference"):
+            expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
+        p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+        calls.clear()
+        assert relative_error(_run("conv_backward_weight", p, (x, dy)), expected) < 1e-11
+        assert len(calls) == taken
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
+def test_depthwise_weight_gradient_is_bitwise_deterministic(layout):
+    x, w, dy = _arrays((4, 24, 10, 9), (3, 3), "float32", layout, padding=1, groups=24)
+    kw = dict(padding=1, groups=24, layout=layout)
     with nc.use_backend("cpu"):
         first = nc.conv_backward_weight(x, dy, w.shape, **kw)
         for _ in range(3):

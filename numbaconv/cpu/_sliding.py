@@ -101,9 +101,9 @@ def same_units(channels: int, dtype) -> tuple:
 class _Emitter:
     """IR helpers shared by the two row kernels: vectors of ``dtype`` and their FMA."""
 
-    def __init__(self, builder, dtype):
+    def __init__(self, builder, dtype, lanes=None):
         self.builder = builder
-        self.lanes = row_lanes(dtype)
+        self.lanes = lanes or row_lanes(dtype)
         self.i64 = ir.IntType(64)
         self.vec = ir.VectorType(_llvm_float(dtype), self.lanes)
         self.fma = cgutils.get_or_insert_function(
@@ -142,11 +142,12 @@ class _Emitter:
         return entry, loop, done
 
 
-def _row_kernel(emit):
+def _row_kernel(emit, lanes=None):
     """An intrinsic ``kernel(pa, pb, pc, ps, p1, s1, p2, s2, npx)`` on one vector of
     channels: three source rows at pixel 0, their pixels ``ps`` elements apart, and two
     more strided operands (pointer, stride), for ``npx`` output pixels. ``emit(e, rows, ps,
-    p1, s1, p2, s2, npx)`` writes its IR (:class:`_Emitter` ``e``, integers 64-bit)."""
+    p1, s1, p2, s2, npx)`` writes its IR (:class:`_Emitter` ``e``, integers 64-bit).
+    ``lanes``: the vectors' width, where not :func:`row_lanes`'s."""
 
     @intrinsic
     def kernel(typingctx, pa, pb, pc, ps, p1, s1, p2, s2, npx):
@@ -156,7 +157,7 @@ def _row_kernel(emit):
 
         def codegen(context, builder, signature, args):
             pa, pb, pc, ps, p1, s1, p2, s2, npx = args
-            e = _Emitter(builder, dtype)
+            e = _Emitter(builder, dtype, lanes)
             emit(e, (pa, pb, pc), e.wide(ps), p1, e.wide(s1), p2, e.wide(s2), e.wide(npx))
             return context.get_dummy_value()
 
@@ -284,3 +285,8 @@ conv3_same1, conv3_same2, conv3_same4, conv3_same8 = (
     for units in (1, 2, 4, 8))
 #: The weight-gradient row (see :func:`_emit_grad3`).
 grad3_row = _row_kernel(_emit_grad3)
+#: The weight-gradient row on vectors of 16, 8, 4, 2 and 1 lanes (any dtype), whatever the
+#: CPU's width: the channels-first planes' column strips narrow down to the row's end
+#: (:func:`._direct._cf_same3_weight`).
+grad3_lanes16, grad3_lanes8, grad3_lanes4, grad3_lanes2, grad3_lanes1 = (
+    _row_kernel(_emit_grad3, lanes) for lanes in (16, 8, 4, 2, 1))
