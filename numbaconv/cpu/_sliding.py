@@ -83,7 +83,8 @@ def lanes_for(channels: int, dtype) -> int:
 #: 3x3 data gradients, channels-last, best of 120): 1, 2, 4 and 8 vectors a call, 512
 #: channels at 14x14 377, 230, 187, 183 us; 128 at 56x56 1745, 1729, 1181, 1125; 256 at
 #: 28x28 909, 652, 551, 500; 1024 at 7x7 291, 192, 151, 144 (the ring-buffer kernel of
-#: :mod:`._direct`: 342, 1615, 893, 318).
+#: :mod:`._direct`: 342, 1615, 893, 318). One run each; 128 at 56x56 is bound by memory
+#: and moved by 40% between runs (whole calls against the ring: 0.8-1.4x).
 SAME_ROW_BYTES = 4 * LINE
 
 
@@ -99,7 +100,8 @@ def same_units(channels: int, dtype) -> tuple:
 
 
 class _Emitter:
-    """IR helpers shared by the two row kernels: vectors of ``dtype`` and their FMA."""
+    """IR helpers shared by the row kernels: vectors of ``dtype`` (``lanes`` wide, by
+    default :func:`row_lanes`) and their FMA."""
 
     def __init__(self, builder, dtype, lanes=None):
         self.builder = builder
