@@ -58,9 +58,9 @@ CASES = [
     ("2d-vector-same-one-row", (2, 16, 1, 5), (3, 3), 1, 1, 1),
     ("2d-vector-same-row-stride", (2, 16, 7, 6), (3, 3), 1, (2, 1), 1),
     ("3d-vector-same-one-tap-plane", (1, 16, 3, 4, 5), (1, 3, 3), (0, 1, 1), 1, 1),
-    # Channels-first, the same geometry walks a vector of columns down each plane
-    # (_direct._cf_same3): into dx itself where the rows are whole vectors (16 columns),
-    # through a scratch plane otherwise (every other case of that geometry above).
+    # Channels-first, the same geometry walks strips of columns down each plane
+    # (_direct._cf_same3): whole vectors here (16 columns), narrower strips at the row's
+    # end in every other case of that geometry above.
     ("2d-same-whole-vectors", (2, 3, 4, 16), (3, 3), 1, 1, 1),
 ]
 

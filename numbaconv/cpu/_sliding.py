@@ -15,8 +15,10 @@ whole row instead, the nine weights staying in registers:
 - ``conv3_same1`` .. ``conv3_same8``: :func:`conv3_row` on rows of ``same`` padding read
   where they lie (the padding pixels are left out, not read), 1 to 8 vectors of channels
   side by side (:data:`SAME_ROW_BYTES`), for :func:`._direct._cl_same3`;
-  ``conv3_same1`` also walks a vector of adjacent columns down a channels-first plane
-  (:func:`._direct._cf_same3`), rows and columns swapped.
+  the same row at fixed widths (``conv3_lanes16`` .. ``conv3_lanes1``, likewise
+  ``grad3_lanes*``) walks strips of adjacent columns down a channels-first plane
+  (:func:`._direct._cf_same3`, :func:`._direct._cf_same3_weight`), rows and columns
+  swapped.
 
 Walking a row one vector at a time strides through memory by the pixel pitch, so rows whose
 pitch is a multiple of 256 bytes put a row's pixels in the same few L1 sets and thrash; the
@@ -285,6 +287,11 @@ conv3_row = _row_kernel(_emit_conv3)
 conv3_same1, conv3_same2, conv3_same4, conv3_same8 = (
     _row_kernel(functools.partial(_emit_conv3, units=units, same=True))
     for units in (1, 2, 4, 8))
+#: The ``same`` row on one vector of 16, 8, 4, 2 and 1 lanes (any dtype): the channels-first
+#: planes' column strips narrow down to the row's end (:func:`._direct._cf_same3`).
+conv3_lanes16, conv3_lanes8, conv3_lanes4, conv3_lanes2, conv3_lanes1 = (
+    _row_kernel(functools.partial(_emit_conv3, same=True), lanes)
+    for lanes in (16, 8, 4, 2, 1))
 #: The weight-gradient row (see :func:`_emit_grad3`).
 grad3_row = _row_kernel(_emit_grad3)
 #: The weight-gradient row on vectors of 16, 8, 4, 2 and 1 lanes (any dtype), whatever the
