@@ -520,7 +520,7 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
 
 
 @_njit
-def _cl_same3(src, wk, dst3, zero, out, size, before, stride, dil, lanes, units):
+def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units):
     """Depthwise 3x3 rows of ``same`` padding and stride 1 along them, channels-last, read
     from src and written into dst3 where they lie (no row buffers): one output row a job,
     each call of the :mod:`._sliding` ``same`` rows ``units`` vectors of ``lanes`` channels
@@ -592,28 +592,42 @@ def _cf_same3(src4, wb, dst4, height, width, chunks, lanes):
             rest = plane // depth
             c = rest % c_total
             n = rest // c_total
-            for h in range(height):
-                for q in range(width):
-                    buf[h, q + 1] = src4[n, c, a0, h * width + q]
+            _bordered_plane(buf, 0, src4, n, c, a0, height, width)
             base = plane * height * width
             q = 0
-            strip = lanes
-            while strip >= 1:
-                while width - q >= strip:
-                    pa, pb, pc = _at(buf, q), _at(buf, q + 1), _at(buf, q + 2)
-                    pw, pd = _at(wb, c * 9 * lanes), _at(dst4, base + q)
-                    if strip == 16:
-                        conv3_lanes16(pa, pb, pc, pitch, pw, lanes, pd, width, height)
-                    elif strip == 8:
-                        conv3_lanes8(pa, pb, pc, pitch, pw, lanes, pd, width, height)
-                    elif strip == 4:
-                        conv3_lanes4(pa, pb, pc, pitch, pw, lanes, pd, width, height)
-                    elif strip == 2:
-                        conv3_lanes2(pa, pb, pc, pitch, pw, lanes, pd, width, height)
-                    else:
-                        conv3_lanes1(pa, pb, pc, pitch, pw, lanes, pd, width, height)
-                    q += strip
-                strip //= 2
+            while q < width:
+                strip = _strip(width - q, lanes)
+                pa, pb, pc = _at(buf, q), _at(buf, q + 1), _at(buf, q + 2)
+                pw, pd = _at(wb, c * 9 * lanes), _at(dst4, base + q)
+                if strip == 16:
+                    conv3_lanes16(pa, pb, pc, pitch, pw, lanes, pd, width, height)
+                elif strip == 8:
+                    conv3_lanes8(pa, pb, pc, pitch, pw, lanes, pd, width, height)
+                elif strip == 4:
+                    conv3_lanes4(pa, pb, pc, pitch, pw, lanes, pd, width, height)
+                elif strip == 2:
+                    conv3_lanes2(pa, pb, pc, pitch, pw, lanes, pd, width, height)
+                else:
+                    conv3_lanes1(pa, pb, pc, pitch, pw, lanes, pd, width, height)
+                q += strip
+
+
+@_inline
+def _bordered_plane(buf, top, src4, n, c, a0, height, width):
+    """buf[top + h, 1 + q] = plane (n, c, a0) of src4 (N, C, P, height * width); the
+    border columns (and rows) of buf are never written."""
+    for h in range(height):
+        for q in range(width):
+            buf[top + h, q + 1] = src4[n, c, a0, h * width + q]
+
+
+@_inline
+def _strip(left, lanes):
+    """Columns of the next strip: ``lanes``, or the largest power of two <= ``left``."""
+    strip = lanes
+    while strip > left:
+        strip //= 2
+    return strip
 
 
 @_njit
@@ -638,9 +652,7 @@ def _cf_same3_weight(x4, dy4, dw, height, width, chunks, lanes):
             acc[:] = 0
             for n in range(n_total):
                 for a0 in range(depth):
-                    for h in range(height):
-                        for q in range(width):
-                            buf[h + 1, q + 1] = x4[n, c, a0, h * width + q]
+                    _bordered_plane(buf, 1, x4, n, c, a0, height, width)
                     base = ((n * c_total + c) * depth + a0) * height * width
                     _cf_strips(buf, pitch, dy4, base, acc, height, width, lanes)
             # acc[3i + m]: column tap i, row tap m (the kernel's rows are column shifts).
@@ -655,23 +667,21 @@ def _cf_same3_weight(x4, dy4, dw, height, width, chunks, lanes):
 def _cf_strips(buf, pitch, dy4, base, acc, height, width, lanes):
     """acc += one plane's column strips (see :func:`_cf_same3_weight`)."""
     q = 0
-    strip = lanes
-    while strip >= 1:
-        while width - q >= strip:
-            pa, pb, pc = _at(buf, q), _at(buf, q + 1), _at(buf, q + 2)
-            pdy, pacc = _at(dy4, base + q), _at(acc, 0)
-            if strip == 16:
-                grad3_lanes16(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
-            elif strip == 8:
-                grad3_lanes8(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
-            elif strip == 4:
-                grad3_lanes4(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
-            elif strip == 2:
-                grad3_lanes2(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
-            else:
-                grad3_lanes1(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
-            q += strip
-        strip //= 2
+    while q < width:
+        strip = _strip(width - q, lanes)
+        pa, pb, pc = _at(buf, q), _at(buf, q + 1), _at(buf, q + 2)
+        pdy, pacc = _at(dy4, base + q), _at(acc, 0)
+        if strip == 16:
+            grad3_lanes16(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
+        elif strip == 8:
+            grad3_lanes8(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
+        elif strip == 4:
+            grad3_lanes4(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
+        elif strip == 2:
+            grad3_lanes2(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
+        else:
+            grad3_lanes1(pa, pb, pc, pitch, pdy, width, pacc, lanes, height)
+        q += strip
 
 
 @_njit
@@ -1601,37 +1611,42 @@ def _row_kernels(channels: int, dtype) -> tuple:
     return row_pitch(channels, dtype), lanes_for(channels, dtype)
 
 
+def _same_along_rows(form) -> bool:
+    """3x3 windows of stride and dilation 1 along the rows with ``same`` padding there (one
+    pixel each side), nothing stuffed, 2D (or 3D with one tap plane of stride 1 and no
+    depth padding): the geometry every ``same`` kernel needs; the rows' own dimension is
+    each kernel's business."""
+    return (form.kernel == (1, 3, 3) and form.stuff == (1, 1, 1)
+            and form.stride[0] == 1 and form.before[0] == 0 and form.size[0] == form.out[0]
+            and form.stride[2] == 1 and form.dilation[2] == 1 and form.before[2] == 1
+            and form.size[2] == form.out[2])
+
+
 def _same_rows(g, form, src, dst) -> bool:
     """Whether :func:`_cl_same3` computes this channels-last problem: depthwise (one channel
-    per group and output), 3x3 windows of stride and dilation 1 along the rows, ``same``
-    padding along them (one pixel each side), 2D (or 3D with one tap plane of stride 1 and
-    no depth padding), the channels in whole vectors, both arrays C-contiguous."""
-    return (g.cg == 1 and g.kg == 1 and form.kernel == (1, 3, 3)
-            and form.stuff == (1, 1, 1) and form.stride[0] == 1 and form.before[0] == 0
-            and form.size[0] == form.out[0] and form.stride[2] == 1
-            and form.dilation[2] == 1 and form.before[2] == 1 and form.size[2] == form.out[2]
+    per group and output), :func:`_same_along_rows` (any stride and dilation from row to
+    row), the channels in whole vectors, both arrays C-contiguous."""
+    return (g.cg == 1 and g.kg == 1 and _same_along_rows(form)
             and same_units(g.k, dst.dtype)[0] != 0
             and src.flags.c_contiguous and dst.flags.c_contiguous)
 
 
 def _same3(form, src5, wk, dst3) -> None:
-    out, size, _, before, stride, dil, _ = form.args()
+    out, _, _, before, stride, dil, _ = form.args()
     zero = np.zeros(src5.shape[3] * src5.shape[4], dst3.dtype)
-    _cl_same3(src5, wk, dst3, zero, out, size, before, stride, dil,
+    _cl_same3(src5, wk, dst3, zero, out, before, stride, dil,
               *same_units(src5.shape[4], dst3.dtype))
 
 
 def _same_planes(form, wsrc, src5, dst5, add) -> int:
     """The vector width for :func:`_cf_same3` (and :func:`_cf_same3_weight`, ``wsrc`` None)
     where it computes this channels-first convolution, else 0: depthwise (one source plane
-    per output), 3x3 windows of stride and dilation 1 with one pixel of padding on every
-    side (``same``), 2D (or 3D with one tap plane of stride 1 and no depth padding),
-    written, both arrays C-contiguous."""
+    per output), :func:`_same_along_rows` and the same from row to row (stride and
+    dilation 1, one row of padding above and below), written, both arrays C-contiguous."""
     ok = (not add and (wsrc is None or wsrc.shape[1] == 1)
-          and src5.shape[1] == dst5.shape[1]
-          and form.kernel == (1, 3, 3) and form.stuff == (1, 1, 1)
-          and form.stride == (1, 1, 1) and form.dilation[1:] == (1, 1)
-          and form.before == (0, 1, 1) and form.size == form.out
+          and src5.shape[1] == dst5.shape[1] and _same_along_rows(form)
+          and form.stride[1] == 1 and form.dilation[1] == 1 and form.before[1] == 1
+          and form.size[1] == form.out[1]
           and src5.flags.c_contiguous and dst5.flags.c_contiguous)
     return row_lanes(dst5.dtype) if ok else 0
 
