@@ -220,6 +220,98 @@ def test_phased_packing_equals_the_strided_gather_on_any_row_tile():
         checked += 1
 
 
+def _random_packing_geometry(rng, unit_rows):
+    """(s, r, p, stride, dil, before) of a random 2D/3D problem with at least one output
+    position; ``unit_rows``: stride 1 in the last two dimensions and output rows as long as
+    input rows (im2col_cf's contiguous runs)."""
+    while True:
+        deep = bool(rng.integers(0, 2))
+        s = [int(rng.integers(1, 6)) if deep else 1, int(rng.integers(1, 9)),
+             int(rng.integers(1, 12))]
+        r = [int(rng.integers(1, 4)) if deep else 1, int(rng.integers(1, 4)),
+             int(rng.integers(1, 4))]
+        stride = [int(v) for v in rng.integers(1, 3, 3)]
+        dil = [int(v) for v in rng.integers(1, 3, 3)]
+        before = [int(v) for v in rng.integers(0, 3, 3)]
+        if unit_rows:
+            stride[1:] = [1, 1]
+            before[2] = dil[2] * (r[2] - 1) // 2
+            if dil[2] * (r[2] - 1) % 2:
+                continue
+        p = [(s[i] + 2 * before[i] - dil[i] * (r[i] - 1) - 1) // stride[i] + 1
+             for i in range(3)]
+        if min(p) > 0 and (not unit_rows or p[2] == s[2]):
+            return s, r, p, stride, dil, before
+
+
+def _window_index(s, r, p, stride, dil, before, q0, q1):
+    """For every tap t and output position of rows [q0, q1): the flat input index that
+    the window reads, or -1 where it falls outside (the plain NumPy gather of im2col)."""
+    taps = np.indices(r).reshape(3, -1)                       # (3, taps)
+    out = np.indices(p).reshape(3, -1)[:, q0 * p[2]:q1 * p[2]]  # (3, positions)
+    where = (out[:, None, :] * np.array(stride)[:, None, None]
+             + taps[:, :, None] * np.array(dil)[:, None, None]
+             - np.array(before)[:, None, None])               # (3, taps, positions)
+    inside = np.all((where >= 0) & (where < np.array(s)[:, None, None]), axis=0)
+    flat = np.ravel_multi_index(tuple(np.clip(where, 0, np.array(s)[:, None, None] - 1)), s)
+    return np.where(inside, flat, -1)
+
+
+@pytest.mark.parametrize("unit_rows", [True, False])
+def test_channels_first_packing_equals_a_plain_gather_on_any_row_tile(unit_rows):
+    """im2col_cf (contiguous runs where the rows allow, else row by row) packs the windows
+    of random 2D/3D geometries and row tiles, both orders of the packed rows, exactly as a
+    plain NumPy gather (NaN-filled, so an unwritten element shows)."""
+    from numbaconv.cpu._im2col import im2col_cf
+    rng = np.random.default_rng(41)
+    for _ in range(40):
+        s, r, p, stride, dil, before = _random_packing_geometry(rng, unit_rows)
+        n, c, n0 = 3, 2, int(rng.integers(0, 2))
+        nb = int(rng.integers(1, n - n0 + 1))
+        x = rng.standard_normal((n, c) + tuple(s))
+        q0 = int(rng.integers(0, p[0] * p[1]))
+        q1 = int(rng.integers(q0 + 1, p[0] * p[1] + 1))
+        index = _window_index(s, r, p, stride, dil, before, q0, q1)
+        planes = np.concatenate([x.reshape(n, c, -1), np.zeros((n, c, 1))], axis=2)
+        expected = planes[n0:n0 + nb, :, index]      # (nb, c, taps, positions); -1: zero
+        expected = expected.reshape(nb, c * index.shape[0], -1)
+        args = tuple(np.array(v, np.int64) for v in (s, r, p, stride, dil, before))
+        for rows_first in (False, True):
+            shape = expected.shape[1::-1] + expected.shape[2:] if rows_first else \
+                expected.shape
+            col = np.full(shape, np.nan)
+            im2col_cf(x, col, rows_first, n0, q0, q1, *args)
+            got = col.transpose(1, 0, 2) if rows_first else col
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_channels_first_col2im_equals_a_plain_scatter_add_on_any_row_tile():
+    """col2im_cf (stride phases gathered first where the stride along rows is above 1) adds
+    every packed value into the input element its window reads, as np.add.at does, for
+    random 2D/3D geometries and row tiles, into images that already hold values."""
+    from numbaconv.cpu._im2col import col2im_cf
+    rng = np.random.default_rng(42)
+    for _ in range(60):
+        s, r, p, stride, dil, before = _random_packing_geometry(rng, False)
+        n, c, n0 = 3, 2, int(rng.integers(0, 2))
+        nb = int(rng.integers(1, n - n0 + 1))
+        q0 = int(rng.integers(0, p[0] * p[1]))
+        q1 = int(rng.integers(q0 + 1, p[0] * p[1] + 1))
+        index = _window_index(s, r, p, stride, dil, before, q0, q1)
+        taps = index.shape[0]
+        dcol = rng.standard_normal((nb, c * taps, index.shape[1]))
+        dx = rng.standard_normal((n, c) + tuple(s))
+        expected = np.concatenate([dx.reshape(n, c, -1), np.zeros((n, c, 1))], axis=2)
+        for b in range(nb):
+            for ch in range(c):
+                np.add.at(expected[n0 + b, ch], index.reshape(-1),
+                          dcol[b, ch * taps:(ch + 1) * taps].reshape(-1))
+        args = tuple(np.array(v, np.int64) for v in (s, r, p, stride, dil, before))
+        col2im_cf(dcol, dx, n0, q0, q1, *args)
+        np.testing.assert_allclose(dx.reshape(n, c, -1), expected[:, :, :-1], rtol=1e-12,
+                                   atol=1e-12)
+
+
 def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     """Tiles shared out among threads, or run one after another, are summed in the same
     fixed order (slots chosen by the shape alone)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import prange
+from numba import prange, uint64
 
 from ..config import jit_options
 
@@ -40,48 +40,52 @@ def _valid(size, stride, dilation, before, tap, positions):
 
 
 @_inline
-def _copy_row_runs(plane, dst, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil, before, stride0):
-    """dst[(q - q0) * P2 + p2] = plane[i0, p1 + off1, p2 + off2] (zero outside), for
-    stride 1 in dimensions 1 and 2 and P2 == S2: per run of rows q sharing p0 (one input
-    plane i0), one contiguous copy, then the fringe columns zeroed."""
+def _copy_row_runs(xf, plane, cf, line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil, before,
+                   stride0):
+    """cf[line + (q - q0) * P2 + p2] = x[plane + (i0, p1 + off1, p2 + off2)] (zero outside),
+    for stride 1 in dimensions 1 and 2 and P2 == S2, x and the packed rows flat (``plane``:
+    x's offset of the image and channel): per run of rows q sharing p0 (one input plane
+    i0), one contiguous copy, then the fringe columns zeroed. Unsigned indices (so that the
+    loops vectorise) and no slices (each one touches the array's reference count, which
+    cost as much as the copy on 7x7 planes)."""
     off1 = t1 * dil[1] - before[1]
     off2 = t2 * dil[2] - before[2]
     width = p[2]
+    area = s[1] * s[2]
     q = q0
     while q < q1:
         p0 = q // p[1]
         pa = q - p0 * p[1]
         pb = min(p[1], pa + q1 - q)            # rows [pa, pb) of output plane p0
-        base = (q - q0) * width
+        out = line + (q - q0) * width
+        size = (pb - pa) * width
         i0 = p0 * stride0 - before[0] + t0 * dil[0]
         va = max(pa, -off1)
         vb = max(va, min(pb, s[1] - off1))     # rows whose input row exists
-        # Loops over zero-based views, not slice assignment (see _copy_window_runs).
-        out = dst[base:base + (pb - pa) * width]
         if i0 < 0 or i0 >= s[0] or va >= vb:
-            for k in range(out.shape[0]):
-                out[k] = 0
+            _zero_run(cf, out, size)
         else:
-            for k in range((va - pa) * width):
-                out[k] = 0
-            for k in range((vb - pa) * width, out.shape[0]):
-                out[k] = 0
-            src = plane[i0].reshape(s[1] * s[2])
+            _zero_run(cf, out, (va - pa) * width)
+            _zero_run(cf, out + (vb - pa) * width, size - (vb - pa) * width)
             start = (va + off1) * width + off2  # flat source of the first copied element
-            rows = out[(va - pa) * width:(vb - pa) * width]
+            rows = out + (va - pa) * width
             lo = max(0, -start)                 # clipped ends are fringe columns
-            hi = max(lo, min(rows.shape[0], s[1] * s[2] - start))
-            inner = rows[lo:hi]
-            values = src[start + lo:start + hi]
-            for k in range(inner.shape[0]):
-                inner[k] = values[k]
+            hi = max(lo, min((vb - va) * width, area - start))
+            fd, fs = uint64(rows + lo), uint64(plane + i0 * area + start + lo)
+            for k in range(uint64(hi - lo)):
+                cf[fd + k] = xf[fs + k]
             for v in range(vb - va):
-                row = rows[v * width:(v + 1) * width]
-                for k in range(lo2):
-                    row[k] = 0
-                for k in range(hi2, width):
-                    row[k] = 0
+                _zero_run(cf, rows + v * width, lo2)
+                _zero_run(cf, rows + v * width + hi2, width - hi2)
         q += pb - pa
+
+
+@_inline
+def _zero_run(a, start, count):
+    """a[start:start + count] = 0 (a flat; nothing where count <= 0)."""
+    f = uint64(start)
+    for k in range(uint64(max(count, 0))):
+        a[f + k] = 0
 
 
 @_njit
@@ -91,10 +95,28 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
     c_total = x.shape[1]
     taps = r[0] * r[1] * r[2]
     rows = c_total * taps
-    # Stride 1 in the last two dimensions and output rows as long as input rows: a run of
-    # output rows reads a run of input rows, one contiguous copy (then the fringe columns,
-    # which that copy fills from the neighbouring rows, are zeroed).
-    runs = stride[1] == 1 and stride[2] == 1 and p[2] == s[2]
+    if stride[1] == 1 and stride[2] == 1 and p[2] == s[2]:
+        # A job per image and channel: the index arithmetic of a job per packed row (eight
+        # integer divisions) cost as much as a 7x7 row's copy.
+        xf = x.reshape(-1)
+        cf = col.reshape(-1)
+        length = col.shape[2]
+        volume = s[0] * s[1] * s[2]
+        for job in prange(nb * c_total):
+            b = job // c_total
+            c = job - b * c_total
+            plane = ((n0 + b) * c_total + c) * volume
+            t = 0
+            for t0 in range(r[0]):
+                for t1 in range(r[1]):
+                    for t2 in range(r[2]):
+                        lo2, hi2 = _valid(s[2], 1, dil[2], before[2], t2, p[2])
+                        row = c * taps + t
+                        at = ((row * nb + b) if rows_first else (b * rows + row)) * length
+                        _copy_row_runs(xf, plane, cf, at, q0, q1, t0, t1, t2, lo2, hi2, s,
+                                       p, dil, before, stride[0])
+                        t += 1
+        return
     for job in prange(nb * rows):
         b = job // rows
         row = job - b * rows
@@ -106,10 +128,6 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
         lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
         n = n0 + b
         line = col[row, b] if rows_first else col[b, row]
-        if runs:
-            _copy_row_runs(x[n, c], line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
-                           before, stride[0])
-            continue
         first = lo2 * stride[2] + t2 * dil[2] - before[2]   # input index of output lo2
         _fill_rows(line, x[n, c].reshape(s[0] * s[1], s[2]), 0, first, stride[2], q0, q1,
                    t0, t1, lo2, hi2, s, p, stride, dil, before)
@@ -292,54 +310,72 @@ def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
 def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
     """dx[n, c, i0, i1, :] += every packed value whose window reads it (dcol as im2col_cf).
 
-    Parallel over input rows (n, c, i0, i1); each job writes only its own row.
+    Parallel over input rows (n, c, i0); each job writes only its own rows. With a stride
+    above 1 along rows, a row's sums are gathered by stride phase first (``ph[a, j]`` for
+    column ``a + stride * j``), where each tap adds a contiguous run, then added into the
+    row in one pass. Flat indices, no slices in the loops: dx is shared by the tile
+    workers, and a slice of it touches its reference count (see ``_direct``).
     """
     nb = dcol.shape[0]
     c_total = dx.shape[1]
     taps = r[0] * r[1] * r[2]
-    jobs = nb * c_total * s[0] * s[1]
-    for job in prange(jobs):
-        i1 = job % s[1]
-        rest = job // s[1]
-        i0 = rest % s[0]
-        rest //= s[0]
+    length = dcol.shape[2]
+    step = stride[2]
+    w2 = (s[2] + step - 1) // step
+    src = dcol.reshape(-1)
+    dst = dx.reshape(-1)
+    for job in prange(nb * c_total * s[0]):
+        i0 = job % s[0]
+        rest = job // s[0]
         c = rest % c_total
         b = rest // c_total
         n = n0 + b
-        for t0 in range(r[0]):
-            num0 = i0 + before[0] - t0 * dil[0]
-            if num0 < 0 or num0 % stride[0] != 0:
-                continue
-            p0 = num0 // stride[0]
-            if p0 >= p[0]:
-                continue
-            for t1 in range(r[1]):
-                num1 = i1 + before[1] - t1 * dil[1]
-                if num1 < 0 or num1 % stride[1] != 0:
+        ph = np.empty(step * w2 if step > 1 else 1, dx.dtype)
+        for i1 in range(s[1]):
+            line = (((n * c_total + c) * s[0] + i0) * s[1] + i1) * s[2]
+            touched = False
+            for t0 in range(r[0]):
+                num0 = i0 + before[0] - t0 * dil[0]
+                if num0 < 0 or num0 % stride[0] != 0:
                     continue
-                p1 = num1 // stride[1]
-                if p1 >= p[1]:
+                p0 = num0 // stride[0]
+                if p0 >= p[0]:
                     continue
-                q = p0 * p[1] + p1
-                if q < q0 or q >= q1:
-                    continue
-                base = (q - q0) * p[2]
-                # Loops over zero-based views (see _copy_window_runs): the slice add and
-                # the 5-D indexing took half of a stride-2 data gradient.
-                line = dx[n, c, i0, i1]
-                step = stride[2]
-                for t2 in range(r[2]):
-                    row = c * taps + (t0 * r[1] + t1) * r[2] + t2
-                    lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
-                    first = lo2 * step + t2 * dil[2] - before[2]   # dx index of lo2
-                    target = line[first:]
-                    values = dcol[b, row, base + lo2:base + hi2]
-                    if step == 1:
-                        for k in range(values.shape[0]):
-                            target[k] += values[k]
-                    else:
-                        for k in range(values.shape[0]):
-                            target[k * step] += values[k]
+                for t1 in range(r[1]):
+                    num1 = i1 + before[1] - t1 * dil[1]
+                    if num1 < 0 or num1 % stride[1] != 0:
+                        continue
+                    p1 = num1 // stride[1]
+                    if p1 >= p[1]:
+                        continue
+                    q = p0 * p[1] + p1
+                    if q < q0 or q >= q1:
+                        continue
+                    if step > 1 and not touched:
+                        for e in range(step * w2):
+                            ph[e] = 0
+                    touched = True
+                    for t2 in range(r[2]):
+                        row = c * taps + (t0 * r[1] + t1) * r[2] + t2
+                        lo2, hi2 = _valid(s[2], step, dil[2], before[2], t2, p[2])
+                        first = lo2 * step + t2 * dil[2] - before[2]   # dx index of lo2
+                        at = (b * dcol.shape[1] + row) * length + (q - q0) * p[2] + lo2
+                        # Unsigned indices: no negative-index wraparound, so the loops
+                        # vectorise.
+                        fa = uint64(at)
+                        if step == 1:
+                            fd = uint64(line + first)
+                            for k in range(uint64(hi2 - lo2)):
+                                dst[fd + k] += src[fa + k]
+                        else:
+                            fd = uint64((first % step) * w2 + first // step)
+                            for k in range(uint64(hi2 - lo2)):
+                                ph[fd + k] += src[fa + k]
+            if step > 1 and touched:
+                for a in range(step):
+                    fd, fp = uint64(line + a), uint64(a * w2)
+                    for j in range(uint64((s[2] - a + step - 1) // step)):
+                        dst[fd + j * uint64(step)] += ph[fp + j]
 
 
 @_njit
