@@ -306,6 +306,19 @@ def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
                         t += 1
 
 
+@_inline
+def _window_rows(size, taps, stride, dil, before, positions):
+    """which[i, t]: the output index whose tap t reads input index i, or -1 (a table, so
+    that the integer divisions are not redone for every row)."""
+    which = np.full((size, taps), -1, np.int64)
+    for i in range(size):
+        for t in range(taps):
+            num = i + before - t * dil
+            if num >= 0 and num % stride == 0 and num // stride < positions:
+                which[i, t] = num // stride
+    return which
+
+
 @_njit
 def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
     """dx[n, c, i0, i1, :] += every packed value whose window reads it (dcol as im2col_cf).
@@ -313,8 +326,10 @@ def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
     Parallel over input rows (n, c, i0); each job writes only its own rows. With a stride
     above 1 along rows, a row's sums are gathered by stride phase first (``ph[a, j]`` for
     column ``a + stride * j``), where each tap adds a contiguous run, then added into the
-    row in one pass. Flat indices, no slices in the loops: dx is shared by the tile
-    workers, and a slice of it touches its reference count (see ``_direct``).
+    row in one pass. The rows' geometry comes from tables made once (integer divisions for
+    every row and tap took most of the time), the loops use flat indices and no slices (dx
+    is shared by the tile workers, and a slice of it touches its reference count: see
+    ``_direct``).
     """
     nb = dcol.shape[0]
     c_total = dx.shape[1]
@@ -324,6 +339,18 @@ def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
     w2 = (s[2] + step - 1) // step
     src = dcol.reshape(-1)
     dst = dx.reshape(-1)
+    p0_of = _window_rows(s[0], r[0], stride[0], dil[0], before[0], p[0])
+    p1_of = _window_rows(s[1], r[1], stride[1], dil[1], before[1], p[1])
+    # Per tap t2: the first output lo2 it reaches, how many, and where they add (in the row,
+    # or in its phase buffer).
+    lo2s = np.empty(r[2], np.int64)
+    counts = np.empty(r[2], np.int64)
+    targets = np.empty(r[2], np.int64)
+    for t2 in range(r[2]):
+        lo2, hi2 = _valid(s[2], step, dil[2], before[2], t2, p[2])
+        first = lo2 * step + t2 * dil[2] - before[2]          # dx index of lo2
+        lo2s[t2], counts[t2] = lo2, hi2 - lo2
+        targets[t2] = first if step == 1 else (first % step) * w2 + first // step
     for job in prange(nb * c_total * s[0]):
         i0 = job % s[0]
         rest = job // s[0]
@@ -335,41 +362,31 @@ def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
             line = (((n * c_total + c) * s[0] + i0) * s[1] + i1) * s[2]
             touched = False
             for t0 in range(r[0]):
-                num0 = i0 + before[0] - t0 * dil[0]
-                if num0 < 0 or num0 % stride[0] != 0:
-                    continue
-                p0 = num0 // stride[0]
-                if p0 >= p[0]:
+                p0 = p0_of[i0, t0]
+                if p0 < 0:
                     continue
                 for t1 in range(r[1]):
-                    num1 = i1 + before[1] - t1 * dil[1]
-                    if num1 < 0 or num1 % stride[1] != 0:
-                        continue
-                    p1 = num1 // stride[1]
-                    if p1 >= p[1]:
-                        continue
+                    p1 = p1_of[i1, t1]
                     q = p0 * p[1] + p1
-                    if q < q0 or q >= q1:
+                    if p1 < 0 or q < q0 or q >= q1:
                         continue
                     if step > 1 and not touched:
                         for e in range(step * w2):
                             ph[e] = 0
                     touched = True
+                    row = c * taps + (t0 * r[1] + t1) * r[2]
                     for t2 in range(r[2]):
-                        row = c * taps + (t0 * r[1] + t1) * r[2] + t2
-                        lo2, hi2 = _valid(s[2], step, dil[2], before[2], t2, p[2])
-                        first = lo2 * step + t2 * dil[2] - before[2]   # dx index of lo2
-                        at = (b * dcol.shape[1] + row) * length + (q - q0) * p[2] + lo2
                         # Unsigned indices: no negative-index wraparound, so the loops
                         # vectorise.
-                        fa = uint64(at)
+                        fa = uint64((b * dcol.shape[1] + row + t2) * length
+                                    + (q - q0) * p[2] + lo2s[t2])
                         if step == 1:
-                            fd = uint64(line + first)
-                            for k in range(uint64(hi2 - lo2)):
+                            fd = uint64(line + targets[t2])
+                            for k in range(uint64(counts[t2])):
                                 dst[fd + k] += src[fa + k]
                         else:
-                            fd = uint64((first % step) * w2 + first // step)
-                            for k in range(uint64(hi2 - lo2)):
+                            fd = uint64(targets[t2])
+                            for k in range(uint64(counts[t2])):
                                 ph[fd + k] += src[fa + k]
             if step > 1 and touched:
                 for a in range(step):
