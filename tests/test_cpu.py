@@ -5,6 +5,7 @@ problems (hypothesis); workspace tiling; determinism; a NUMBA_BOUNDSCHECK=1 pass
 out=, accumulate and read-only operands.)
 """
 
+import itertools
 import os
 import subprocess
 import sys
@@ -259,12 +260,13 @@ def _window_index(s, r, p, stride, dil, before, q0, q1):
 
 @pytest.mark.parametrize("unit_rows", [True, False])
 def test_channels_first_packing_equals_a_plain_gather_on_any_row_tile(unit_rows):
-    """im2col_cf (contiguous runs where the rows allow, else row by row) packs the windows
-    of random 2D/3D geometries and row tiles, both orders of the packed rows, exactly as a
-    plain NumPy gather (NaN-filled, so an unwritten element shows)."""
-    from numbaconv.cpu._im2col import im2col_cf
+    """im2col_cf (contiguous runs where the rows allow, else row by row) and, with a stride
+    above 1 along rows, im2col_cf_phased pack the windows of random 2D/3D geometries and
+    row tiles, both orders of the packed rows, exactly as a plain NumPy gather (NaN-filled,
+    so an unwritten element shows)."""
+    from numbaconv.cpu._im2col import im2col_cf, im2col_cf_phased
     rng = np.random.default_rng(41)
-    for _ in range(40):
+    for _ in range(60):
         s, r, p, stride, dil, before = _random_packing_geometry(rng, unit_rows)
         n, c, n0 = 3, 2, int(rng.integers(0, 2))
         nb = int(rng.integers(1, n - n0 + 1))
@@ -276,11 +278,12 @@ def test_channels_first_packing_equals_a_plain_gather_on_any_row_tile(unit_rows)
         expected = planes[n0:n0 + nb, :, index]      # (nb, c, taps, positions); -1: zero
         expected = expected.reshape(nb, c * index.shape[0], -1)
         args = tuple(np.array(v, np.int64) for v in (s, r, p, stride, dil, before))
-        for rows_first in (False, True):
+        kernels = (im2col_cf, im2col_cf_phased) if stride[2] > 1 else (im2col_cf,)
+        for kernel, rows_first in itertools.product(kernels, (False, True)):
             shape = expected.shape[1::-1] + expected.shape[2:] if rows_first else \
                 expected.shape
             col = np.full(shape, np.nan)
-            im2col_cf(x, col, rows_first, n0, q0, q1, *args)
+            kernel(x, col, rows_first, n0, q0, q1, *args)
             got = col.transpose(1, 0, 2) if rows_first else col
             np.testing.assert_array_equal(got, expected)
 

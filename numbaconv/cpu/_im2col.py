@@ -117,52 +117,55 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
                                        p, dil, before, stride[0])
                         t += 1
         return
-    for job in prange(nb * rows):
-        b = job // rows
-        row = job - b * rows
-        c = row // taps
-        t = row - c * taps
-        t0 = t // (r[1] * r[2])
-        t1 = (t // r[2]) % r[1]
-        t2 = t % r[2]
-        lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
-        n = n0 + b
-        line = col[row, b] if rows_first else col[b, row]
-        first = lo2 * stride[2] + t2 * dil[2] - before[2]   # input index of output lo2
-        _fill_rows(line, x[n, c].reshape(s[0] * s[1], s[2]), 0, first, stride[2], q0, q1,
-                   t0, t1, lo2, hi2, s, p, stride, dil, before)
+    xf = x.reshape(-1)
+    cf = col.reshape(-1)
+    length = col.shape[2]
+    area = s[0] * s[1]
+    for job in prange(nb * c_total):
+        b = job // c_total
+        c = job - b * c_total
+        plane = ((n0 + b) * c_total + c) * area * s[2]
+        t = 0
+        for t0 in range(r[0]):
+            for t1 in range(r[1]):
+                for t2 in range(r[2]):
+                    lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
+                    row = c * taps + t
+                    at = ((row * nb + b) if rows_first else (b * rows + row)) * length
+                    first = lo2 * stride[2] + t2 * dil[2] - before[2]   # input of lo2
+                    _fill_rows(cf, at, xf, plane + first, s[2], 0, stride[2], q0, q1, t0,
+                               t1, lo2, hi2, s, p, stride, dil, before)
+                    t += 1
 
 
 @_inline
-def _fill_rows(line, rows, row0, first, step, q0, q1, t0, t1, lo2, hi2, s, p, stride, dil,
-               before):
-    """One packed row of im2col_cf, output rows q0..q1 of tap (t0, t1, t2): output p2 in
-    [lo2, hi2) reads rows[i0 * S1 + i1 - row0, first + (p2 - lo2) * step], zero elsewhere and
-    where (i0, i1) falls outside the input. Loops over zero-based views (see
-    _copy_window_runs)."""
+def _fill_rows(cf, line, src, start, pitch, row0, step, q0, q1, t0, t1, lo2, hi2, s, p,
+               stride, dil, before):
+    """One packed row of im2col_cf, flat at ``cf[line:]``, output rows q0..q1 of tap (t0, t1,
+    t2): output p2 in [lo2, hi2) reads src[start + (i0 * S1 + i1 - row0) * pitch + (p2 - lo2)
+    * step], zero elsewhere and where (i0, i1) falls outside the input. Unsigned indices and
+    no slices or per-row divisions (see _copy_row_runs)."""
     width = p[2]
-    for q in range(q0, q1):
-        p0 = q // p[1]
-        p1 = q - p0 * p[1]
+    count = hi2 - lo2
+    p0a = q0 // p[1]
+    for p0 in range(p0a, (q1 - 1) // p[1] + 1):
         i0 = p0 * stride[0] - before[0] + t0 * dil[0]
-        i1 = p1 * stride[1] - before[1] + t1 * dil[1]
-        dst = line[(q - q0) * width:(q - q0 + 1) * width]
-        if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1] or lo2 >= hi2:
-            for k in range(width):
-                dst[k] = 0
-            continue
-        for k in range(lo2):
-            dst[k] = 0
-        inner = dst[lo2:hi2]
-        values = rows[i0 * s[1] + i1 - row0, first:]
-        if step == 1:       # a contiguous run (the phased kernel's rows): it vectorises
-            for k in range(hi2 - lo2):
-                inner[k] = values[k]
-        else:
-            for k in range(hi2 - lo2):
-                inner[k] = values[k * step]
-        for k in range(hi2, width):
-            dst[k] = 0
+        for p1 in range(max(q0 - p0 * p[1], 0), min(q1 - p0 * p[1], p[1])):
+            out = line + (p0 * p[1] + p1 - q0) * width
+            i1 = p1 * stride[1] - before[1] + t1 * dil[1]
+            if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1] or count <= 0:
+                _zero_run(cf, out, width)
+                continue
+            _zero_run(cf, out, lo2)
+            fd = uint64(out + lo2)
+            fs = uint64(start + (i0 * s[1] + i1 - row0) * pitch)
+            if step == 1:   # a contiguous run (the phased kernel's rows): it vectorises
+                for k in range(uint64(count)):
+                    cf[fd + k] = src[fs + k]
+            else:
+                for k in range(uint64(count)):
+                    cf[fd + k] = src[fs + k * uint64(step)]
+            _zero_run(cf, out + hi2, width - hi2)
 
 
 @_njit
@@ -180,30 +183,35 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
     width = p[2]
     w2 = (s[2] + step - 1) // step
     lo, hi = _input_rows(q0, q1, s, r, p, stride, dil, before)
+    xf = x.reshape(-1)
+    cf = col.reshape(-1)
+    length = col.shape[2]
+    rows = c_total * taps
+    span = max(hi - lo, 1) * w2                 # one phase's rows
     for job in prange(nb * c_total):
         b = job // c_total
         c = job - b * c_total
-        n = n0 + b
-        plane = x[n, c].reshape(s[0] * s[1], s[2])
-        ph = np.empty((step, max(hi - lo, 1), w2), x.dtype)
+        plane = ((n0 + b) * c_total + c) * s[0] * s[1] * s[2]
+        ph = np.empty(step * span, x.dtype)
         for i01 in range(lo, hi):
-            src = plane[i01]
+            fs = uint64(plane + i01 * s[2])
             for a in range(step):
-                dst = ph[a, i01 - lo]
-                for j in range((s[2] - a + step - 1) // step):
-                    dst[j] = src[a + step * j]
-        for t in range(taps):
-            t0 = t // (r[1] * r[2])
-            t1 = (t // r[2]) % r[1]
-            t2 = t % r[2]
-            lo2, hi2 = _valid(s[2], step, dil[2], before[2], t2, width)
-            off2 = t2 * dil[2] - before[2]
-            a2 = off2 % step
-            first = lo2 + (off2 - a2) // step       # phase index of output lo2
-            row = c * taps + t
-            line = col[row, b] if rows_first else col[b, row]
-            _fill_rows(line, ph[a2], lo, first, 1, q0, q1, t0, t1, lo2, hi2, s, p, stride,
-                       dil, before)
+                fd = uint64(a * span + (i01 - lo) * w2)
+                for j in range(uint64((s[2] - a + step - 1) // step)):
+                    ph[fd + j] = xf[fs + uint64(a) + uint64(step) * j]
+        t = 0
+        for t0 in range(r[0]):
+            for t1 in range(r[1]):
+                for t2 in range(r[2]):
+                    lo2, hi2 = _valid(s[2], step, dil[2], before[2], t2, width)
+                    off2 = t2 * dil[2] - before[2]
+                    a2 = off2 % step
+                    first = lo2 + (off2 - a2) // step       # phase index of output lo2
+                    row = c * taps + t
+                    at = ((row * nb + b) if rows_first else (b * rows + row)) * length
+                    _fill_rows(cf, at, ph, a2 * span + first, w2, lo, 1, q0, q1, t0, t1,
+                               lo2, hi2, s, p, stride, dil, before)
+                    t += 1
 
 
 @_inline
