@@ -221,12 +221,13 @@ def test_phased_packing_equals_the_strided_gather_on_any_row_tile():
         checked += 1
 
 
-def _random_packing_geometry(rng, unit_rows):
+def _random_packing_geometry(rng, unit_rows, phase_planes=False):
     """(s, r, p, stride, dil, before) of a random 2D/3D problem with at least one output
     position; ``unit_rows``: stride 1 in the last two dimensions and output rows as long as
-    input rows (im2col_cf's contiguous runs)."""
+    input rows (im2col_cf's contiguous runs); ``phase_planes``: 2D, a stride above 1 along
+    rows and output rows as long as a column phase (im2col_cf_phased's _phase_planes)."""
     while True:
-        deep = bool(rng.integers(0, 2))
+        deep = bool(rng.integers(0, 2)) and not phase_planes
         s = [int(rng.integers(1, 6)) if deep else 1, int(rng.integers(1, 9)),
              int(rng.integers(1, 12))]
         r = [int(rng.integers(1, 4)) if deep else 1, int(rng.integers(1, 4)),
@@ -239,8 +240,13 @@ def _random_packing_geometry(rng, unit_rows):
             before[2] = dil[2] * (r[2] - 1) // 2
             if dil[2] * (r[2] - 1) % 2:
                 continue
+        if phase_planes:
+            before[0] = 0
+            stride[2] = int(rng.integers(2, 4))
         p = [(s[i] + 2 * before[i] - dil[i] * (r[i] - 1) - 1) // stride[i] + 1
              for i in range(3)]
+        if phase_planes and p[2] != -(-s[2] // stride[2]):
+            continue
         if min(p) > 0 and (not unit_rows or p[2] == s[2]):
             return s, r, p, stride, dil, before
 
@@ -258,8 +264,10 @@ def _window_index(s, r, p, stride, dil, before, q0, q1):
     return np.where(inside, flat, -1)
 
 
-@pytest.mark.parametrize("unit_rows", [True, False])
-def test_channels_first_packing_equals_a_plain_gather_on_any_row_tile(unit_rows):
+@pytest.mark.parametrize("unit_rows, phase_planes", [(True, False), (False, False),
+                                                     (False, True)])
+def test_channels_first_packing_equals_a_plain_gather_on_any_row_tile(unit_rows,
+                                                                      phase_planes):
     """im2col_cf (contiguous runs where the rows allow, else row by row) and, with a stride
     above 1 along rows, im2col_cf_phased pack the windows of random 2D/3D geometries and
     row tiles, both orders of the packed rows, exactly as a plain NumPy gather (NaN-filled,
@@ -267,7 +275,8 @@ def test_channels_first_packing_equals_a_plain_gather_on_any_row_tile(unit_rows)
     from numbaconv.cpu._im2col import im2col_cf, im2col_cf_phased
     rng = np.random.default_rng(41)
     for _ in range(60):
-        s, r, p, stride, dil, before = _random_packing_geometry(rng, unit_rows)
+        s, r, p, stride, dil, before = _random_packing_geometry(rng, unit_rows,
+                                                                phase_planes)
         n, c, n0 = 3, 2, int(rng.integers(0, 2))
         nb = int(rng.integers(1, n - n0 + 1))
         x = rng.standard_normal((n, c) + tuple(s))
