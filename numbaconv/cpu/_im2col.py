@@ -188,8 +188,9 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
     length = col.shape[2]
     rows = c_total * taps
     if s[0] == 1 and r[0] == 1 and p[0] == 1 and before[0] == 0 and width == w2:
-        _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, q0, q1, lo, hi, s, r, p,
-                      stride, dil, before)
+        for job in prange(nb * c_total):
+            _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi,
+                          s, r, p, stride, dil, before)
         return
     span = max(hi - lo, 1) * w2                 # one phase's rows
     for job in prange(nb * c_total):
@@ -218,16 +219,16 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
                     t += 1
 
 
-@_njit
-def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, q0, q1, lo, hi, s, r, p,
+@_inline
+def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, s, r, p,
                   stride, dil, before):
-    """im2col_cf_phased for 2D planes whose output rows are as wide as a column phase
-    (ResNet's stride-2 layers, the stem): each job splits its input rows [lo, hi) by both
-    phases, ``ph[a1, a2, j1, j2] = x[..., a1 + stride1 * j1, a2 + stride2 * j2]``. Output
-    pixel (p1, p2) of a tap then reads phase pixel (p1 + e1, p2 + e2) of one phase plane, a
-    fixed shift of its own index: the tile's rows are one contiguous copy per tap, the few
-    columns and rows that fall outside the input zeroed after it (14-pixel rows copied one
-    by one cost four times as much)."""
+    """im2col_cf_phased's job (image, channel) for 2D planes whose output rows are as wide
+    as a column phase (ResNet's stride-2 layers, the stem): it splits its input rows [lo,
+    hi) by both phases, ``ph[a1, a2, j1, j2] = x[..., a1 + stride1 * j1, a2 + stride2 *
+    j2]``. Output pixel (p1, p2) of a tap then reads phase pixel (p1 + e1, p2 + e2) of one
+    phase plane, a fixed shift of its own index: the tile's rows are one contiguous copy per
+    tap, the few columns and rows that fall outside the input zeroed after it (14-pixel rows
+    copied one by one cost four times as much)."""
     taps = r[1] * r[2]
     st1, st2 = stride[1], stride[2]
     w2 = p[2]
@@ -235,48 +236,47 @@ def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, q0, q1, lo, hi, s
     h1 = max((hi + st1 - 1) // st1 - j1lo, 1)
     area = h1 * w2                                    # one phase plane
     size = st1 * st2 * area
-    for job in prange(nb * c_total):
-        b = job // c_total
-        c = job - b * c_total
-        plane = ((n0 + b) * c_total + c) * s[1] * s[2]
-        ph = np.empty(size, cf.dtype)
-        for i1 in range(lo, hi):
-            a1 = i1 % st1
-            fs = uint64(plane + i1 * s[2])
-            for a2 in range(st2):
-                fd = uint64(((a1 * st2 + a2) * h1 + i1 // st1 - j1lo) * w2)
-                for j in range(uint64((s[2] - a2 + st2 - 1) // st2)):
-                    ph[fd + j] = xf[fs + uint64(a2) + uint64(st2) * j]
-        for t in range(taps):
-            t1 = t // r[2]
-            t2 = t - t1 * r[2]
-            lo1, hi1 = _valid(s[1], st1, dil[1], before[1], t1, p[1])
-            lo2, hi2 = _valid(s[2], st2, dil[2], before[2], t2, w2)
-            off1 = t1 * dil[1] - before[1]
-            off2 = t2 * dil[2] - before[2]
-            a1 = off1 % st1
-            a2 = off2 % st2
-            e1 = (off1 - a1) // st1                   # output (p1, p2) reads phase pixel
-            e2 = (off2 - a2) // st2                   # (p1 + e1, p2 + e2)
-            row = c * taps + t
-            out = ((row * nb + b) if rows_first else (b * c_total * taps + row)) * length
-            va, vb = max(q0, lo1), min(q1, hi1)       # output rows inside the input
-            if va >= vb or lo2 >= hi2:
-                _zero_run(cf, out, (q1 - q0) * w2)
-                continue
-            _zero_run(cf, out, (va - q0) * w2)
-            _zero_run(cf, out + (vb - q0) * w2, (q1 - vb) * w2)
-            # One copy of rows [va, vb); its ends clipped to the phase plane (they are
-            # fringe columns, zeroed below).
-            first = (a1 * st2 + a2) * area + (va + e1 - j1lo) * w2 + e2
-            start = max(0, -first)
-            stop = min((vb - va) * w2, size - first)
-            fd, fs = uint64(out + (va - q0) * w2), uint64(first)
-            for k in range(uint64(start), uint64(max(stop, start))):
-                cf[fd + k] = ph[fs + k]
-            for v in range(vb - va):
-                _zero_run(cf, out + (va - q0 + v) * w2, lo2)
-                _zero_run(cf, out + (va - q0 + v) * w2 + hi2, w2 - hi2)
+    b = job // c_total
+    c = job - b * c_total
+    plane = ((n0 + b) * c_total + c) * s[1] * s[2]
+    ph = np.empty(size, cf.dtype)
+    for i1 in range(lo, hi):
+        a1 = i1 % st1
+        fs = uint64(plane + i1 * s[2])
+        for a2 in range(st2):
+            fd = uint64(((a1 * st2 + a2) * h1 + i1 // st1 - j1lo) * w2)
+            for j in range(uint64((s[2] - a2 + st2 - 1) // st2)):
+                ph[fd + j] = xf[fs + uint64(a2) + uint64(st2) * j]
+    for t in range(taps):
+        t1 = t // r[2]
+        t2 = t - t1 * r[2]
+        lo1, hi1 = _valid(s[1], st1, dil[1], before[1], t1, p[1])
+        lo2, hi2 = _valid(s[2], st2, dil[2], before[2], t2, w2)
+        off1 = t1 * dil[1] - before[1]
+        off2 = t2 * dil[2] - before[2]
+        a1 = off1 % st1
+        a2 = off2 % st2
+        e1 = (off1 - a1) // st1                   # output (p1, p2) reads phase pixel
+        e2 = (off2 - a2) // st2                   # (p1 + e1, p2 + e2)
+        row = c * taps + t
+        out = ((row * nb + b) if rows_first else (b * c_total * taps + row)) * length
+        va, vb = max(q0, lo1), min(q1, hi1)       # output rows inside the input
+        if va >= vb or lo2 >= hi2:
+            _zero_run(cf, out, (q1 - q0) * w2)
+            continue
+        _zero_run(cf, out, (va - q0) * w2)
+        _zero_run(cf, out + (vb - q0) * w2, (q1 - vb) * w2)
+        # One copy of rows [va, vb); its ends clipped to the phase plane (they are
+        # fringe columns, zeroed below).
+        first = (a1 * st2 + a2) * area + (va + e1 - j1lo) * w2 + e2
+        start = max(0, -first)
+        stop = min((vb - va) * w2, size - first)
+        fd, fs = uint64(out + (va - q0) * w2), uint64(first)
+        for k in range(uint64(start), uint64(max(stop, start))):
+            cf[fd + k] = ph[fs + k]
+        for v in range(vb - va):
+            _zero_run(cf, out + (va - q0 + v) * w2, lo2)
+            _zero_run(cf, out + (va - q0 + v) * w2 + hi2, w2 - hi2)
 
 
 @_inline
