@@ -221,6 +221,35 @@ def test_phased_packing_equals_the_strided_gather_on_any_row_tile():
         checked += 1
 
 
+@pytest.mark.parametrize("name", ["2d_pad1", "2d_depthwise_multiplier", "2d_stride2",
+                                  "2d_1x1"])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_run_copies_strided_operands_once_and_refuses_a_strided_out(name, layout):
+    """Backend.run takes C-contiguous operands from the public calls; handed strided ones
+    directly, every algorithm gives the contiguous result (they once raised in im2col, and
+    the channels-last direct weight gradient of a depthwise multiplier misread them), and a
+    strided ``out`` is refused by name."""
+    backend = dispatch.get_backend("cpu")
+    case = next(c for c in CASES if c.name == name)
+    a = case_arrays(case, layout, "float64")
+
+    def strided(v):
+        return None if v is None else np.repeat(v, 2, axis=-1)[..., ::2]
+
+    for op in OPS:
+        problem, operands = build_problem(op, case, layout, a)
+        wide = tuple(strided(v) for v in operands)
+        assert all(v is None or not v.flags.c_contiguous for v in wide)
+        for algorithm in backend.algorithms(op, problem):
+            expected = backend.run(op, problem, operands, None, algorithm)
+            got = backend.run(op, problem, wide, None, algorithm)
+            np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{op} {algorithm}")
+        out = strided(np.zeros_like(expected))
+        with pytest.raises(ValueError, match="out"):
+            backend.run(op, problem, operands, out, backend.algorithms(op, problem)[0])
+
+
 def _random_packing_geometry(rng, unit_rows, phase_planes=False):
     """(s, r, p, stride, dil, before) of a random 2D/3D problem with at least one output
     position; ``unit_rows``: stride 1 in the last two dimensions and output rows as long as

@@ -214,9 +214,24 @@ class CpuBackend(Backend):
         return "im2col", "general case: packed windows and a BLAS product per tile"
 
     def run(self, op, problem, operands, out, algorithm):
+        if op in CONV_OPS:
+            # The CPU contract is C-contiguous operands, which the public calls always hand
+            # over; run() called directly (plugins, tests) may get strided ones, which the
+            # kernels' flat indexing would misread: copied once here instead.
+            operands = tuple(_c_contiguous(a) for a in operands)
+            if out is not None and not out.flags.c_contiguous:
+                raise ValueError("out: expected a C-contiguous array (the cpu backend "
+                                 "writes it in place)")
         module_name, function = _MODULES[op]
         module = importlib.import_module(f"{__name__}.{module_name}")
         return getattr(module, function)(problem, operands, out, algorithm)
+
+
+def _c_contiguous(a):
+    import numpy as np
+    if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
+        return np.ascontiguousarray(a)
+    return a
 
 
 def make_backend() -> CpuBackend:
