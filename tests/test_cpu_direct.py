@@ -176,8 +176,8 @@ def test_non_finite_weights_take_the_packed_path_like_the_reference(layout, stri
 
 @pytest.mark.parametrize("layout, kernel", [("channels_last", "_cl_same3"),
                                             ("channels_first", "_cf_same3")])
-def test_same_windows_take_their_kernel_with_strided_operands_copied_once(monkeypatch, layout,
-                                                                   kernel):
+def test_same_windows_take_their_kernel_with_strided_operands_copied_once(
+        monkeypatch, layout, kernel):
     """The forward and the written data gradient of a depthwise 3x3 layer with ``same``
     padding and stride 1 run _cl_same3 / _cf_same3 (which the cases above check against
     the reference); strided (non-contiguous) operands, which the public calls never hand a
