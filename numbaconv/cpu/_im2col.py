@@ -23,6 +23,10 @@ from ..config import jit_options
 
 _njit = numba.njit(**jit_options())
 _inline = numba.njit(**jit_options(parallel=False), inline="always")
+#: Job- and row-level helpers that are called, not inlined: inlined into the kernels'
+#: parallel loops they made the first (cold) compilation of im2col_cf_phased 16 s instead of
+#: 12 (the packing before this session's rewrite: 7 s), and ran no faster (0.98-1.27x).
+_called = numba.njit(**jit_options(parallel=False))
 
 
 @_inline
@@ -80,7 +84,7 @@ def _copy_row_runs(xf, plane, cf, line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
         q += pb - pa
 
 
-@_inline
+@_called
 def _zero_run(a, start, count):
     """a[start:start + count] = 0 (a flat; nothing where count <= 0)."""
     f = uint64(start)
@@ -95,36 +99,20 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
     c_total = x.shape[1]
     taps = r[0] * r[1] * r[2]
     rows = c_total * taps
-    if stride[1] == 1 and stride[2] == 1 and p[2] == s[2]:
-        # A job per image and channel: the index arithmetic of a job per packed row (eight
-        # integer divisions) cost as much as a 7x7 row's copy.
-        xf = x.reshape(-1)
-        cf = col.reshape(-1)
-        length = col.shape[2]
-        volume = s[0] * s[1] * s[2]
-        for job in prange(nb * c_total):
-            b = job // c_total
-            c = job - b * c_total
-            plane = ((n0 + b) * c_total + c) * volume
-            t = 0
-            for t0 in range(r[0]):
-                for t1 in range(r[1]):
-                    for t2 in range(r[2]):
-                        lo2, hi2 = _valid(s[2], 1, dil[2], before[2], t2, p[2])
-                        row = c * taps + t
-                        at = ((row * nb + b) if rows_first else (b * rows + row)) * length
-                        _copy_row_runs(xf, plane, cf, at, q0, q1, t0, t1, t2, lo2, hi2, s,
-                                       p, dil, before, stride[0])
-                        t += 1
-        return
+    # Stride 1 along the last two dimensions and output rows as long as input rows: each
+    # tap's rows are one contiguous run of the input plane (then the fringe columns are
+    # zeroed); otherwise row by row. A job per image and channel: the index arithmetic of
+    # a job per packed row (eight integer divisions) cost as much as a 7x7 row's copy. (One
+    # parallel loop: each costs seconds of compilation.)
+    runs = stride[1] == 1 and stride[2] == 1 and p[2] == s[2]
     xf = x.reshape(-1)
     cf = col.reshape(-1)
     length = col.shape[2]
-    area = s[0] * s[1]
+    volume = s[0] * s[1] * s[2]
     for job in prange(nb * c_total):
         b = job // c_total
         c = job - b * c_total
-        plane = ((n0 + b) * c_total + c) * area * s[2]
+        plane = ((n0 + b) * c_total + c) * volume
         t = 0
         for t0 in range(r[0]):
             for t1 in range(r[1]):
@@ -132,9 +120,13 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
                     lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
                     row = c * taps + t
                     at = ((row * nb + b) if rows_first else (b * rows + row)) * length
-                    first = lo2 * stride[2] + t2 * dil[2] - before[2]   # input of lo2
-                    _fill_rows(cf, at, xf, plane + first, s[2], 0, stride[2], q0, q1, t0,
-                               t1, lo2, hi2, s, p, stride, dil, before)
+                    if runs:
+                        _copy_row_runs(xf, plane, cf, at, q0, q1, t0, t1, t2, lo2, hi2, s,
+                                       p, dil, before, stride[0])
+                    else:
+                        first = lo2 * stride[2] + t2 * dil[2] - before[2]  # input of lo2
+                        _fill_rows(cf, at, xf, plane + first, s[2], 0, stride[2], q0, q1,
+                                   t0, t1, lo2, hi2, s, p, stride, dil, before)
                     t += 1
 
 
@@ -187,39 +179,54 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
     cf = col.reshape(-1)
     length = col.shape[2]
     rows = c_total * taps
-    if s[0] == 1 and r[0] == 1 and p[0] == 1 and before[0] == 0 and width == w2:
-        for job in prange(nb * c_total):
-            _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi,
-                          s, r, p, stride, dil, before)
-        return
+    # 2D planes whose output rows are as wide as a column phase: _phase_planes (one parallel
+    # loop for both kinds of job: each loop costs seconds of compilation).
+    planes = s[0] == 1 and r[0] == 1 and p[0] == 1 and before[0] == 0 and width == w2
     span = max(hi - lo, 1) * w2                 # one phase's rows
     for job in prange(nb * c_total):
-        b = job // c_total
-        c = job - b * c_total
-        plane = ((n0 + b) * c_total + c) * s[0] * s[1] * s[2]
-        ph = np.empty(step * span, x.dtype)
-        for i01 in range(lo, hi):
-            fs = uint64(plane + i01 * s[2])
-            for a in range(step):
-                fd = uint64(a * span + (i01 - lo) * w2)
-                for j in range(uint64((s[2] - a + step - 1) // step)):
-                    ph[fd + j] = xf[fs + uint64(a) + uint64(step) * j]
-        t = 0
-        for t0 in range(r[0]):
-            for t1 in range(r[1]):
-                for t2 in range(r[2]):
-                    lo2, hi2 = _valid(s[2], step, dil[2], before[2], t2, width)
-                    off2 = t2 * dil[2] - before[2]
-                    a2 = off2 % step
-                    first = lo2 + (off2 - a2) // step       # phase index of output lo2
-                    row = c * taps + t
-                    at = ((row * nb + b) if rows_first else (b * rows + row)) * length
-                    _fill_rows(cf, at, ph, a2 * span + first, w2, lo, 1, q0, q1, t0, t1,
-                               lo2, hi2, s, p, stride, dil, before)
-                    t += 1
+        if planes:
+            _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi,
+                          s, r, p, stride, dil, before)
+        else:
+            _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi,
+                        span, s, r, p, stride, dil, before)
 
 
-@_inline
+@_called
+def _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, span, s,
+                r, p, stride, dil, before):
+    """im2col_cf_phased's job (image, channel) in general: its input rows [lo, hi) split by
+    column phase, then each tap's output rows copied one by one from them."""
+    taps = r[0] * r[1] * r[2]
+    step = stride[2]
+    width = p[2]
+    w2 = (s[2] + step - 1) // step
+    b = job // c_total
+    c = job - b * c_total
+    plane = ((n0 + b) * c_total + c) * s[0] * s[1] * s[2]
+    ph = np.empty(step * span, cf.dtype)
+    for i01 in range(lo, hi):
+        fs = uint64(plane + i01 * s[2])
+        for a in range(step):
+            fd = uint64(a * span + (i01 - lo) * w2)
+            for j in range(uint64((s[2] - a + step - 1) // step)):
+                ph[fd + j] = xf[fs + uint64(a) + uint64(step) * j]
+    t = 0
+    for t0 in range(r[0]):
+        for t1 in range(r[1]):
+            for t2 in range(r[2]):
+                lo2, hi2 = _valid(s[2], step, dil[2], before[2], t2, width)
+                off2 = t2 * dil[2] - before[2]
+                a2 = off2 % step
+                first = lo2 + (off2 - a2) // step       # phase index of output lo2
+                row = c * taps + t
+                at = ((row * nb + b) if rows_first else (b * c_total * taps + row)) * length
+                _fill_rows(cf, at, ph, a2 * span + first, w2, lo, 1, q0, q1, t0, t1, lo2,
+                           hi2, s, p, stride, dil, before)
+                t += 1
+
+
+@_called
 def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, s, r, p,
                   stride, dil, before):
     """im2col_cf_phased's job (image, channel) for 2D planes whose output rows are as wide
@@ -379,7 +386,7 @@ def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
                         t += 1
 
 
-@_inline
+@_called
 def _window_rows(size, taps, stride, dil, before, positions):
     """which[i, t]: the output index whose tap t reads input index i, or -1 (a table, so
     that the integer divisions are not redone for every row)."""
