@@ -71,17 +71,50 @@ def _copy_row_runs(xf, plane, cf, line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
         else:
             _zero_run(cf, out, (va - pa) * width)
             _zero_run(cf, out + (vb - pa) * width, size - (vb - pa) * width)
-            start = (va + off1) * width + off2  # flat source of the first copied element
             rows = out + (va - pa) * width
-            lo = max(0, -start)                 # clipped ends are fringe columns
-            hi = max(lo, min((vb - va) * width, area - start))
-            fd, fs = uint64(rows + lo), uint64(plane + i0 * area + start + lo)
-            for k in range(uint64(hi - lo)):
-                cf[fd + k] = xf[fs + k]
-            for v in range(vb - va):
-                _zero_run(cf, rows + v * width, lo2)
-                _zero_run(cf, rows + v * width + hi2, width - hi2)
+            # From the input plane i0, the first copied element at (va + off1, off2).
+            _clipped_copy(cf, rows, xf, plane + i0 * area, (va + off1) * width + off2,
+                          (vb - va) * width, area)
+            _zero_fringes(cf, rows, vb - va, width, lo2, hi2)
         q += pb - pa
+
+
+@_inline
+def _clipped_copy(cf, out, src, base, first, count, limit):
+    """cf[out + k] = src[base + first + k] for k < count where 0 <= first + k < limit: a
+    run of whole rows shifted by a tap, whose ends, outside the source, are fringe columns
+    that the caller zeroes (:func:`_zero_fringes`)."""
+    lo = max(0, -first)
+    hi = max(lo, min(count, limit - first))
+    fd, fs = uint64(out + lo), uint64(base + first + lo)
+    for k in range(uint64(hi - lo)):
+        cf[fd + k] = src[fs + k]
+
+
+@_inline
+def _zero_fringes(cf, out, rows, width, lo2, hi2):
+    """Zero columns [0, lo2) and [hi2, width) of ``rows`` packed rows from ``out`` (the
+    columns whose tap falls outside the input)."""
+    for v in range(rows):
+        _zero_run(cf, out + v * width, lo2)
+        _zero_run(cf, out + v * width + hi2, width - hi2)
+
+
+@_inline
+def _split_row(ph, at, pitch, xf, fs, size, step):
+    """ph[at + a * pitch + j] = xf[fs + a + step * j] for the stride phases a < step of one
+    input row of ``size`` values (its j < ceil((size - a) / step))."""
+    for a in range(step):
+        fd = uint64(at + a * pitch)
+        for j in range(uint64((size - a + step - 1) // step)):
+            ph[fd + j] = xf[uint64(fs + a) + uint64(step) * j]
+
+
+@_inline
+def _packed_at(row, b, nb, rows, rows_first, length):
+    """Offset of packed row ``row`` of tile image ``b`` in the flat col of im2col_cf:
+    (nb, rows, length), or (rows, nb, length) when ``rows_first``."""
+    return ((row * nb + b) if rows_first else (b * rows + row)) * length
 
 
 @_called
@@ -118,8 +151,7 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
             for t1 in range(r[1]):
                 for t2 in range(r[2]):
                     lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
-                    row = c * taps + t
-                    at = ((row * nb + b) if rows_first else (b * rows + row)) * length
+                    at = _packed_at(c * taps + t, b, nb, rows, rows_first, length)
                     if runs:
                         _copy_row_runs(xf, plane, cf, at, q0, q1, t0, t1, t2, lo2, hi2, s,
                                        p, dil, before, stride[0])
@@ -170,7 +202,6 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
     before; the 7x7 stem's half-image row tiles 0.82 -> 0.28 ms)."""
     nb = col.shape[1] if rows_first else col.shape[0]
     c_total = x.shape[1]
-    taps = r[0] * r[1] * r[2]
     step = stride[2]
     width = p[2]
     w2 = (s[2] + step - 1) // step
@@ -178,7 +209,6 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
     xf = x.reshape(-1)
     cf = col.reshape(-1)
     length = col.shape[2]
-    rows = c_total * taps
     # 2D planes whose output rows are as wide as a column phase: _phase_planes (one parallel
     # loop for both kinds of job: each loop costs seconds of compilation).
     planes = s[0] == 1 and r[0] == 1 and p[0] == 1 and before[0] == 0 and width == w2
@@ -206,11 +236,7 @@ def _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi
     plane = ((n0 + b) * c_total + c) * s[0] * s[1] * s[2]
     ph = np.empty(step * span, cf.dtype)
     for i01 in range(lo, hi):
-        fs = uint64(plane + i01 * s[2])
-        for a in range(step):
-            fd = uint64(a * span + (i01 - lo) * w2)
-            for j in range(uint64((s[2] - a + step - 1) // step)):
-                ph[fd + j] = xf[fs + uint64(a) + uint64(step) * j]
+        _split_row(ph, (i01 - lo) * w2, span, xf, plane + i01 * s[2], s[2], step)
     t = 0
     for t0 in range(r[0]):
         for t1 in range(r[1]):
@@ -219,8 +245,7 @@ def _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi
                 off2 = t2 * dil[2] - before[2]
                 a2 = off2 % step
                 first = lo2 + (off2 - a2) // step       # phase index of output lo2
-                row = c * taps + t
-                at = ((row * nb + b) if rows_first else (b * c_total * taps + row)) * length
+                at = _packed_at(c * taps + t, b, nb, c_total * taps, rows_first, length)
                 _fill_rows(cf, at, ph, a2 * span + first, w2, lo, 1, q0, q1, t0, t1, lo2,
                            hi2, s, p, stride, dil, before)
                 t += 1
@@ -248,12 +273,8 @@ def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, 
     plane = ((n0 + b) * c_total + c) * s[1] * s[2]
     ph = np.empty(size, cf.dtype)
     for i1 in range(lo, hi):
-        a1 = i1 % st1
-        fs = uint64(plane + i1 * s[2])
-        for a2 in range(st2):
-            fd = uint64(((a1 * st2 + a2) * h1 + i1 // st1 - j1lo) * w2)
-            for j in range(uint64((s[2] - a2 + st2 - 1) // st2)):
-                ph[fd + j] = xf[fs + uint64(a2) + uint64(st2) * j]
+        _split_row(ph, ((i1 % st1) * st2 * h1 + i1 // st1 - j1lo) * w2, area, xf,
+                   plane + i1 * s[2], s[2], st2)
     for t in range(taps):
         t1 = t // r[2]
         t2 = t - t1 * r[2]
@@ -265,25 +286,18 @@ def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, 
         a2 = off2 % st2
         e1 = (off1 - a1) // st1                   # output (p1, p2) reads phase pixel
         e2 = (off2 - a2) // st2                   # (p1 + e1, p2 + e2)
-        row = c * taps + t
-        out = ((row * nb + b) if rows_first else (b * c_total * taps + row)) * length
+        out = _packed_at(c * taps + t, b, nb, c_total * taps, rows_first, length)
         va, vb = max(q0, lo1), min(q1, hi1)       # output rows inside the input
         if va >= vb or lo2 >= hi2:
             _zero_run(cf, out, (q1 - q0) * w2)
             continue
         _zero_run(cf, out, (va - q0) * w2)
         _zero_run(cf, out + (vb - q0) * w2, (q1 - vb) * w2)
-        # One copy of rows [va, vb); its ends clipped to the phase plane (they are
-        # fringe columns, zeroed below).
-        first = (a1 * st2 + a2) * area + (va + e1 - j1lo) * w2 + e2
-        start = max(0, -first)
-        stop = min((vb - va) * w2, size - first)
-        fd, fs = uint64(out + (va - q0) * w2), uint64(first)
-        for k in range(uint64(start), uint64(max(stop, start))):
-            cf[fd + k] = ph[fs + k]
-        for v in range(vb - va):
-            _zero_run(cf, out + (va - q0 + v) * w2, lo2)
-            _zero_run(cf, out + (va - q0 + v) * w2 + hi2, w2 - hi2)
+        # One copy of rows [va, vb) from phase plane (a1, a2), then their fringe columns.
+        rows = out + (va - q0) * w2
+        _clipped_copy(cf, rows, ph, 0, (a1 * st2 + a2) * area + (va + e1 - j1lo) * w2 + e2,
+                      (vb - va) * w2, size)
+        _zero_fringes(cf, rows, vb - va, w2, lo2, hi2)
 
 
 @_inline
