@@ -58,6 +58,32 @@ def _flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}: expected '0' or '1', got {raw!r}")
 
 
+def _environ_reader():
+    """A function giving an environment variable's value, or "" where it is unset."""
+    data, encode, decode = (getattr(os.environ, a, None)
+                            for a in ("_data", "encodekey", "decodevalue"))
+    if not isinstance(data, dict) or encode is None or decode is None:
+        return lambda name: os.environ.get(name, "")
+    keys: dict = {}
+
+    def read(name: str) -> str:
+        key = keys.get(name)
+        if key is None:
+            key = keys[name] = encode(name)
+        value = data.get(key)
+        return "" if value is None else decode(value)
+
+    return read
+
+
+#: ``environ_value(name)``: ``os.environ.get(name, "")`` without the key's encoding and the
+#: KeyError of an unset variable on every read (1.2 -> 0.2 us): the dispatcher reads two
+#: variables on every call. It reads ``os.environ``'s own mapping, which assignments to
+#: ``os.environ`` (and pytest's ``monkeypatch.setenv``) keep current, as ``os.environ.get``
+#: does; plain ``os.environ.get`` where that mapping is not CPython's.
+environ_value = _environ_reader()
+
+
 def configure_threading() -> None:
     """Apply ``NUMBACONV_OMP_PASSIVE`` (see the module docstring); idempotent.
 

@@ -37,7 +37,8 @@ def _run(op, problem, operands, out):
     """Hand CPU backends C-contiguous native arrays; route a strided ``out`` via a copy."""
     if problem.device != "cpu":
         return dispatch.run(op, problem, operands, out)
-    operands = tuple(_contiguous(a) for a in operands)
+    if not all(a is None or (a.flags.c_contiguous and a.dtype.isnative) for a in operands):
+        operands = tuple(map(_contiguous, operands))
     if out is None or (out.flags.c_contiguous and out.dtype.isnative):
         return dispatch.run(op, problem, operands, out)
     scratch = _contiguous(out) if problem.accumulate else np.empty(out.shape, out.dtype.name)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Optional
 
+from .config import environ_value
 from .problem import OPS
 
 log = logging.getLogger("numbaconv.dispatch")
@@ -248,7 +249,7 @@ def _active_names() -> Optional[tuple]:
     names = _active.get()
     if names is not None:
         return names
-    raw = os.environ.get("NUMBACONV_BACKEND", "")
+    raw = environ_value("NUMBACONV_BACKEND")
     if not raw.strip():
         return None
     if raw not in _env_cache:
@@ -475,7 +476,7 @@ class _Autotuner:
     def enabled(self) -> bool:
         if self._forced is not None:
             return self._forced
-        raw = os.environ.get("NUMBACONV_AUTOTUNE", "").strip()
+        raw = environ_value("NUMBACONV_AUTOTUNE").strip()
         if raw in ("", "0"):
             return False
         if raw == "1":

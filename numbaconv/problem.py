@@ -451,7 +451,7 @@ def _remembered(result_shape):
         @functools.wraps(builder)
         def validated(*args, out=None, accumulate=False, **kwargs):
             try:
-                key = (tuple(_metadata(a) for a in args), type(accumulate), accumulate,
+                key = (tuple(map(_metadata, args)), type(accumulate), accumulate,
                        repr(kwargs))
                 problem = cache.get(key)
             except (_Uncacheable, TypeError):
@@ -462,8 +462,9 @@ def _remembered(result_shape):
                     cache.clear()
                 cache[key] = problem
                 return problem
-            check_out(out, result_shape(problem), problem.device, problem.dtype, accumulate,
-                      args)
+            if out is not None or accumulate is not False:
+                check_out(out, result_shape(problem), problem.device, problem.dtype,
+                          accumulate, args)
             return problem
 
         validated.cache = cache

@@ -3,6 +3,7 @@ logging, explain and autotuning."""
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -117,6 +118,20 @@ def test_environment_variable(monkeypatch):
         nc.conv(X, W)
     monkeypatch.setenv("NUMBACONV_BACKEND", "")
     assert nc.explain("conv", X, W).backend == "high"
+
+
+def test_environment_reads_follow_os_environ(monkeypatch):
+    """The dispatcher's fast reads of its variables see every change made through
+    os.environ, as os.environ.get does."""
+    from numbaconv.config import environ_value
+    name = "NUMBACONV_TEST_VARIABLE_\u00e9"
+    monkeypatch.delenv(name, raising=False)
+    assert environ_value(name) == "" == os.environ.get(name, "")
+    for value in ("1", " reference ", "caf\u00e9", ""):
+        monkeypatch.setenv(name, value)
+        assert environ_value(name) == value == os.environ[name]
+    del os.environ[name]
+    assert environ_value(name) == ""
 
 
 def test_broken_plugins_are_reported_and_skipped(monkeypatch):

@@ -47,6 +47,7 @@ loops (a slice touches the array's reference count, one cache line for every thr
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numba
@@ -99,7 +100,14 @@ class _Form(NamedTuple):
     kernel: tuple
 
     def args(self) -> tuple:
-        return tuple(np.array(v, dtype=np.int64) for v in self)
+        """The fields as int64 arrays for the kernels: made once per form and shared by
+        every call (kernels only read them)."""
+        return _form_args(self)
+
+
+@functools.lru_cache(maxsize=1024)
+def _form_args(form: _Form) -> tuple:
+    return tuple(np.array(v, dtype=np.int64) for v in form)
 
 
 def _forward_form(g) -> _Form:
@@ -1481,8 +1489,10 @@ def _cf_flat_weight(x4, dy4, partial, per_group, mask, out, size, before, stride
 # Drivers
 # --------------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=1024)
 def _channel_map(g) -> tuple:
-    """cmap[c, k]: the input channel that output channel k reads in pass c (channels-last)."""
+    """cmap[c, k]: the input channel that output channel k reads in pass c (channels-last);
+    remembered per geometry (kernels only read it)."""
     k = np.arange(g.k, dtype=np.int64)
     cmap = (k // g.kg)[None, :] * g.cg + np.arange(g.cg, dtype=np.int64)[:, None]
     return np.ascontiguousarray(cmap), g.cg == 1 and g.kg == 1
@@ -1692,8 +1702,10 @@ def _planes(a5):
     return a5.reshape(a5.shape[:3] + (-1,))
 
 
+@functools.lru_cache(maxsize=1024)
 def _column_mask(form) -> np.ndarray:
-    """mask[t2, q]: output position q (flat over rows) reads inside its row at tap column t2."""
+    """mask[t2, q]: output position q (flat over rows) reads inside its row at tap column t2
+    (remembered per form; kernels only read it)."""
     width = form.size[2]
     col = np.arange(form.out[1] * width) % width
     shift = np.arange(form.kernel[2])[:, None] * form.dilation[2] - form.before[2]

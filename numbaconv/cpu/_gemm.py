@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -335,7 +336,7 @@ def workspace(shape: tuple, dtype, slot: str = "packed") -> np.ndarray:
     slot, one dw per thread that has called a GEMM-based algorithm.
     """
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     buffers = _local.__dict__.setdefault("buffers", {})
     buffer = buffers.get(slot)
     if buffer is None or buffer.nbytes < nbytes:

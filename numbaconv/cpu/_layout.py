@@ -88,9 +88,15 @@ class Geom(NamedTuple):
         return (channels * d * h * w, h * w, w, 1, d * h * w)
 
     def geometry_args(self) -> tuple:
-        """The int tuples every packing kernel takes, as int64 arrays (no globals in kernels)."""
-        return tuple(np.array(t, dtype=np.int64) for t in (
-            self.s, self.r, self.p, self.stride, self.dilation, self.before))
+        """The int tuples every packing kernel takes, as int64 arrays (no globals in kernels):
+        made once per geometry and shared by every call, so kernels only read them."""
+        return _geometry_args(self)
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry_args(g: Geom) -> tuple:
+    return tuple(np.array(t, dtype=np.int64) for t in (
+        g.s, g.r, g.p, g.stride, g.dilation, g.before))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -7,6 +7,8 @@ straight into dx when the packing would be the identity.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .._geometry import dgrad_as_conv
@@ -62,8 +64,10 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
         raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")
 
 
+@functools.lru_cache(maxsize=1024)
 def _stride1_as_forward(g: Geom) -> Geom:
-    """The stride-1 data gradient as the geometry of a forward convolution over dy."""
+    """The stride-1 data gradient as the geometry of a forward convolution over dy
+    (remembered per geometry, like :func:`._layout.geom`)."""
     pads = [dgrad_as_conv(*dims, 1, d, b).padding
             for dims, d, b in zip(zip(g.s, g.p, g.r), g.dilation, g.before)]
     return g._replace(c=g.k, k=g.c, s=g.p, p=g.s, before=tuple(b for b, _ in pads),
