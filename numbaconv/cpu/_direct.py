@@ -57,6 +57,7 @@ from numba import prange, uint64
 from ..config import jit_options
 from ._gemm import serial
 from ._im2col import zero_rows
+from ._layout import int64_arrays
 from ._microkernel import _at
 from ._sliding import (conv3_lanes1, conv3_lanes2, conv3_lanes4, conv3_lanes8,
                        conv3_lanes16, conv3_row, conv3_same1, conv3_same2, conv3_same4, conv3_same8,
@@ -102,12 +103,7 @@ class _Form(NamedTuple):
     def args(self) -> tuple:
         """The fields as int64 arrays for the kernels: made once per form and shared by
         every call (kernels only read them)."""
-        return _form_args(self)
-
-
-@functools.lru_cache(maxsize=1024)
-def _form_args(form: _Form) -> tuple:
-    return tuple(np.array(v, dtype=np.int64) for v in form)
+        return int64_arrays(tuple(self))
 
 
 def _forward_form(g) -> _Form:

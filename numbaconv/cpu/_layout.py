@@ -90,13 +90,15 @@ class Geom(NamedTuple):
     def geometry_args(self) -> tuple:
         """The int tuples every packing kernel takes, as int64 arrays (no globals in kernels):
         made once per geometry and shared by every call, so kernels only read them."""
-        return _geometry_args(self)
+        return int64_arrays((self.s, self.r, self.p, self.stride, self.dilation, self.before))
 
 
 @functools.lru_cache(maxsize=1024)
-def _geometry_args(g: Geom) -> tuple:
-    return tuple(np.array(t, dtype=np.int64) for t in (
-        g.s, g.r, g.p, g.stride, g.dilation, g.before))
+def int64_arrays(values: tuple) -> tuple:
+    """Each tuple of ints in ``values`` as an int64 array, made once per ``values`` and
+    shared by every caller: the kernels' geometry arguments, which they only read (building
+    them took several microseconds a call)."""
+    return tuple(np.array(v, dtype=np.int64) for v in values)
 
 
 @functools.lru_cache(maxsize=1024)
