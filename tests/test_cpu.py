@@ -106,7 +106,8 @@ def test_gemm_and_direct_are_offered_where_they_apply():
         ("implicit", "im2col")
     assert algorithms("2d_depthwise") == ("direct", "im2col")
     assert algorithms("2d_pad1", "conv_backward_data", "channels_last") == \
-        ("implicit", "im2col")
+        ("implicit", "winograd", "im2col")
+    assert algorithms("2d_pad1") == ("implicit", "winograd", "im2col")
     assert algorithms("2d_1x1_stride2") == ("im2col",)
     with nc.use_backend("cpu"):
         x = np.ones((2, 16, 5, 5), np.float32)

@@ -3,7 +3,8 @@
 Algorithms: ``gemm`` (the convolution is a matrix product over x itself: 1x1 kernels with
 stride 1 and no padding, or kernels as large as the unpadded input), ``im2col`` (pack windows,
 then one BLAS product per tile; any problem), ``implicit`` (stride 1, one group: the
-micro-kernel reads the windows in a padded copy of x's rows, see ``_implicit``) and
+micro-kernel reads the windows in a padded copy of x's rows, see ``_implicit``),
+``winograd`` (2D 3x3, stride 1, one group: Winograd F(2x2, 3x3), see ``_winograd``) and
 ``direct`` (Numba loops for grouped convolutions with few channels per group, where GEMM
 wastes work).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _direct, _gemm, _implicit
+from . import _direct, _gemm, _implicit, _winograd
 from ._layout import Geom, geom
 
 
@@ -30,6 +31,12 @@ def run(problem, operands, out, algorithm):
         if g.stride != (1, 1, 1) or g.g != 1:
             raise ValueError("algorithm: 'implicit' needs stride 1 and one group")
         _implicit.forward(g, x, _gemm.weight_cl(g, w)[0].T, y, False)
+    elif algorithm == "winograd":
+        if not _winograd.applies(g):
+            raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel, stride and "
+                             "dilation 1 and one group")
+        if not _winograd.forward(g, x, _winograd.transformed_weights(g, w, False), y):
+            im2col_forward(g, x, w, y)          # a value not finite: see _winograd
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a forward algorithm")
     if bias is not None:

@@ -2,7 +2,9 @@
 
 ``im2col`` here is its mirror image: one BLAS product per tile gives the packed gradient of
 every window (``W^T @ dy``), which col2im adds back into dx; ``gemm`` writes the product
-straight into dx when the packing would be the identity.
+straight into dx when the packing would be the identity; ``implicit`` and ``winograd`` (and
+``im2col`` with stride 1) compute the stride-1 data gradient as the forward convolution of
+dy with the flipped, transposed kernel.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import functools
 import numpy as np
 
 from .._geometry import dgrad_as_conv
-from . import _direct, _gemm, _implicit
+from . import _direct, _gemm, _implicit, _winograd
 from ._im2col import col2im_cf, col2im_cl, zero_rows
 from ._layout import Geom, geom
 from .conv import im2col_forward, add_channel_vector
@@ -60,6 +62,15 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
             return
         _implicit.forward(_stride1_as_forward(g), dy, _flipped_matrix(g, w, True)[0], dx,
                           accumulate)
+    elif algorithm == "winograd":
+        forward = _stride1_as_forward(g)
+        if g.stride != (1, 1, 1) or not _winograd.applies(forward):
+            raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel, stride and "
+                             "dilation 1 and one group")
+        # With accumulate, or where a value is not finite (see _winograd), col2im.
+        if accumulate or not _winograd.forward(
+                forward, dy, _winograd.transformed_weights(forward, w, True), dx):
+            _im2col_dgrad(g, dy, w, dx, accumulate)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")
 

@@ -1,0 +1,503 @@
+"""Winograd F(2x2, 3x3): 2D 3x3 convolutions with stride and dilation 1, one group.
+
+Each 2x2 block of output pixels (a *tile*) needs the 4x4 input patch above it. With the
+transforms of Lavin & Gray (2015), U = B^T d B of the patch and V = G g G^T of each 3x3
+kernel, the tile is Y = A^T (sum over input channels of U ⊙ V) A: for each of the 16
+positions xi of the transformed 4x4, one matrix product over channels,
+
+    M[xi] (tiles x K) = U[xi] (tiles x C) @ V[xi] (C x K)          (channels-last)
+    M[xi] (K x tiles) = V[xi] (K x C) @ U[xi] (C x tiles)          (channels-first)
+
+16 products of 16 * tiles * C * K multiply-adds in all, where im2col's one product has
+36 * tiles * C * K (4 pixels of 9 taps per tile): 2.25 times fewer. The transforms are
+additions only (B, A) or done once per call (G, on the weights).
+
+The tiles of the problem (over images, tile rows, tile columns) are cut into jobs of
+consecutive tiles, shared out among the tile workers like im2col's tiles
+(:func:`._gemm.run_tiles`): each job transforms its input patches into U, multiplies, and
+transforms M into its output pixels, all in per-worker workspaces of a few MiB (U is 16/4
+times the job's input pixels, M 16/4 times its output pixels), so that they stay in cache.
+Patches that overlap the padding read clamped indices and multiply the values by zero
+there; the others read x as it lies.
+
+The stride-1 data gradient is the forward convolution of dy with the flipped, transposed
+kernel (see :mod:`.conv_backward_data`); the weight transform flips and transposes as it
+goes.
+
+Accuracy: the transforms add and subtract up to 16 values before the product (and the
+output transform 9 after it), so float32 results differ from direct summation by a few
+units in the last place more than im2col's (measured relative error about 1e-6 on ResNet
+layers, against 2e-7). The transforms also combine non-finite values differently from the
+reference's products (inf - inf is NaN where the reference may keep inf), so a job's output
+transform reports whether any output it wrote is not finite, and the caller then computes
+the problem again by im2col, which multiplies as the reference does.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange, uint64
+
+from ..config import jit_options
+from . import _gemm
+from ._layout import Geom
+
+#: The transforms are parallel kernels (called on one thread in a tile worker, see
+#: :func:`._gemm.run_tiles`): Numba marks the arrays of a ``prange`` body's function
+#: ``noalias``, which lets LLVM vectorise their inner loops over channels or tiles.
+_parallel = numba.njit(**jit_options())
+_inline = numba.njit(**jit_options(parallel=False), inline="always")
+#: Flat indices are uint64 throughout the transforms, so that Numba adds no negative-index
+#: wraparound (which keeps LLVM from vectorising): mixed with a signed int, even a literal,
+#: Numba's arithmetic is signed again, hence these constants.
+_0, _1, _2, _3 = np.uint64(0), np.uint64(1), np.uint64(2), np.uint64(3)
+
+#: U's bytes per job (16 transformed values per tile and input channel) that the jobs aim
+#: at, so that a job's U and M stay in the L2/L3 caches between transform and product.
+JOB_BYTES = 2 * 2**20
+#: But at least this many tiles per job (the products' rows).
+MIN_JOB_TILES = 64
+
+
+def applies(g: Geom) -> bool:
+    """Whether the forward-form geometry ``g`` is a 2D 3x3 convolution with stride and
+    dilation 1 and one group (any padding)."""
+    return (g.g == 1 and g.r == (1, 3, 3) and g.s[0] == 1 and g.p[0] == 1
+            and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1))
+
+
+def tile_grid(g: Geom) -> tuple:
+    """Tile rows and tile columns of one image: ceil(output size / 2) each."""
+    return -(-g.p[1] // 2), -(-g.p[2] // 2)
+
+
+def job_tiles(g: Geom, itemsize: int) -> int:
+    """Tiles per job: JOB_BYTES of U (or of M, whichever is larger), at least MIN_JOB_TILES."""
+    per_tile = 16 * max(g.c, g.k) * itemsize
+    return max(MIN_JOB_TILES, JOB_BYTES // per_tile)
+
+
+def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
+    """V for the forward-form geometry ``g``: channels-last (16, C, K), channels-first
+    (16, K, C). ``w`` is the forward weight (K, C, 3, 3) of ``g``, or, with ``flipped``, the
+    data gradient's (C, K, 3, 3) weight (whose output channels are g's input channels), each
+    tap flipped and each (K, C) block transposed on the fly."""
+    v = np.empty((16, g.c, g.k) if g.channels_last else (16, g.k, g.c), w.dtype)
+    # V's (middle, last) index is w's (first, second), or (second, first) with ``swap``.
+    swap = g.channels_last != flipped
+    middle = v.shape[1]
+    workers = _gemm.tile_workers(middle) if w.nbytes > _gemm.SHARED_RELAYOUT_ABOVE else 1
+    step = -(-middle // workers)
+
+    def part(start, pick):
+        pick(_weights)(w.reshape(-1), v.reshape(-1), start, min(middle, start + step),
+                       v.shape[2], swap, flipped, w.dtype.type(0.5))
+
+    _gemm.run_tiles(part, list(range(0, middle, step)))
+    return v
+
+
+@_parallel
+def _weights(wf, vf, first, last, width, swap, flipped, half):
+    """V[xi, a, b] = (G g G^T)[xi] for a in [first, last), b < width, where g is w[a, b]
+    (w[b, a] with ``swap``; each tap flipped with ``flipped``),
+    G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]."""
+    height = uint64(vf.size // (16 * width))
+    ws = uint64(width)
+    plane = height * ws
+    for a in prange(first, last):
+        out = uint64(a) * ws
+        for b in range(ws):
+            at = (b * height + uint64(a)) * uint64(9) if swap else (out + b) * uint64(9)
+            g00, g01, g02 = wf[at], wf[at + _1], wf[at + _2]
+            g10, g11, g12 = wf[at + _3], wf[at + uint64(4)], wf[at + uint64(5)]
+            g20, g21, g22 = wf[at + uint64(6)], wf[at + uint64(7)], wf[at + uint64(8)]
+            if flipped:
+                g00, g01, g02, g10, g12, g20, g21, g22 = g22, g21, g20, g12, g10, g02, g01, g00
+            # G g: along the kernel's columns, then (G g) G^T: along each row of that.
+            t0 = _g3(g00, g10, g20, half)
+            t1 = _g3(g01, g11, g21, half)
+            t2 = _g3(g02, g12, g22, half)
+            o = out + b
+            o = _store4(vf, o, plane, _g3(t0[0], t1[0], t2[0], half))
+            o = _store4(vf, o, plane, _g3(t0[1], t1[1], t2[1], half))
+            o = _store4(vf, o, plane, _g3(t0[2], t1[2], t2[2], half))
+            _store4(vf, o, plane, _g3(t0[3], t1[3], t2[3], half))
+
+
+@_inline
+def _store4(vf, o, step, values):
+    """vf[o + i * step] = values[i]; returns o + 4 * step."""
+    vf[o] = values[0]
+    o += step
+    vf[o] = values[1]
+    o += step
+    vf[o] = values[2]
+    o += step
+    vf[o] = values[3]
+    return o + step
+
+
+@_inline
+def _g3(a, b, c, half):
+    """G applied to three values (``half``: 0.5 in their type)."""
+    return a, (a + b + c) * half, (a - b + c) * half, c
+
+
+def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
+    """y = conv(x, w) for the geometry ``g`` (see :func:`applies`), V the transformed
+    weights (:func:`transformed_weights`). Returns False, with y partly written, when some
+    output is not finite (then recompute it another way; see the module's docstring)."""
+    th, tw = tile_grid(g)
+    total = g.n * th * tw
+    per_job = job_tiles(g, x.itemsize)
+    jobs = [(t0, min(total, t0 + per_job)) for t0 in range(0, total, per_job)]
+    b1, b2 = g.before[1], g.before[2]
+    one, zero = x.dtype.type(1), x.dtype.type(0)
+    big = np.finfo(x.dtype).max
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    if g.channels_last:
+        def job(span, pick):
+            t0, t1 = span
+            u, uf, ustep = _planes((t1 - t0, g.c), x.dtype, "packed")
+            m, mf, mstep = _planes((t1 - t0, g.k), x.dtype, "rows")
+            pick(_input_cl)(xf, uf, ustep, t0, t1, th, tw, b1, b2, g.s[1], g.s[2], g.c,
+                            one, zero)
+            np.matmul(u, v, out=m)
+            return pick(_output_cl)(mf, mstep, yf, t0, t1, th, tw, g.p[1], g.p[2], g.k,
+                                    big)
+    else:
+        def job(span, pick):
+            t0, t1 = span
+            u, uf, ustep = _planes((g.c, t1 - t0), x.dtype, "packed")
+            m, mf, mstep = _planes((g.k, t1 - t0), x.dtype, "rows")
+            pick(_input_cf)(xf, uf, ustep, t0, t1, th, tw, b1, b2, g.s[1], g.s[2], g.c,
+                            one, zero)
+            np.matmul(v, u, out=m)
+            return pick(_output_cf)(mf, mstep, yf, t0, t1, th, tw, g.p[1], g.p[2], g.k,
+                                    big)
+    return sum(_gemm.run_tiles(job, jobs)) == 0
+
+
+#: U's and M's 16 planes lie this many bytes past a multiple of 4 KiB apart: the transforms
+#: read or write all 16 at once, and at a power-of-two distance (a job's planes are often
+#: 128 KiB) they would all fall into the same L1 cache sets, evicting each other on every
+#: access. Measured on Zen 3, one thread, 64 channels at 56x56, 8 images, jobs of 512
+#: tiles: the channels-first output transform 5.9 ms with planes 128 KiB apart, 3.2 ms
+#: with this skew; the input transform 6.2 and 4.4 ms.
+PLANE_SKEW = 64
+
+
+def _planes(shape: tuple, dtype, slot: str) -> tuple:
+    """A (16, *shape) array from the workspace ``slot``, its planes PLANE_SKEW bytes past a
+    multiple of 4 KiB apart, with its flat view and its plane stride (in elements)."""
+    itemsize = np.dtype(dtype).itemsize
+    size = shape[0] * shape[1]
+    step = (-(-size * itemsize // 4096) * 4096 + PLANE_SKEW) // itemsize
+    flat = _gemm.workspace((16 * step,), dtype, slot)
+    planes = np.lib.stride_tricks.as_strided(flat, (16,) + shape,
+                                             (step * itemsize, shape[1] * itemsize, itemsize))
+    return planes, flat, np.uint64(step)
+
+
+@_inline
+def _tile(j, th, tw):
+    """Image, tile row and tile column of global tile j."""
+    per_image = th * tw
+    n = j // per_image
+    rest = j - n * per_image
+    ty = rest // tw
+    return n, ty, rest - ty * tw
+
+
+@_inline
+def _segment(j, t1, th, tw):
+    """The image n, tile row ty and tile columns [tx0, tx1) of the run of tiles from
+    global tile j (at most to t1) that stays in one tile row."""
+    n, ty, tx0 = _tile(j, th, tw)
+    return n, ty, tx0, min(tw, tx0 + t1 - j)
+
+
+@_inline
+def _clamped(start, size, one, zero):
+    """Of the four indices start + 0..3: each clamped into [0, size), and a factor, ``one``
+    where it was inside, else ``zero``, that the value read there is multiplied by (a
+    branch or select per value kept LLVM from vectorising the loops)."""
+    return (min(max(start, 0), size - 1), min(max(start + 1, 0), size - 1),
+            min(max(start + 2, 0), size - 1), min(max(start + 3, 0), size - 1),
+            one if 0 <= start < size else zero, one if 0 <= start + 1 < size else zero,
+            one if 0 <= start + 2 < size else zero, one if 0 <= start + 3 < size else zero)
+
+
+@_inline
+def _columns(d0, d1, d2, d3):
+    """B^T applied to four values, B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0],
+    [0, 1, 0, -1]]."""
+    return d0 - d2, d1 + d2, d2 - d1, d1 - d3
+
+
+@_inline
+def _patch_row(xf, base, q0, q1, q2, q3):
+    """B^T along one row of a patch: its four values at xf[base + q*]."""
+    return _columns(xf[base + q0], xf[base + q1], xf[base + q2], xf[base + q3])
+
+
+@_inline
+def _masked_row(xf, base, q0, q1, q2, q3, f0, f1, f2, f3):
+    """:func:`_patch_row` of the values times the factors f* (zero for padding; a
+    non-finite value read in its place makes NaN, and the problem is recomputed)."""
+    return _columns(xf[base + q0] * f0, xf[base + q1] * f1, xf[base + q2] * f2,
+                    xf[base + q3] * f3)
+
+
+@_inline
+def _store_u(uf, at, step, a, b, c, d):
+    """U's 16 values of one patch at uf[at + xi * step], from its rows' B^T transforms a,
+    b, c, d (B^T again, across the rows)."""
+    r0 = _columns(a[0], b[0], c[0], d[0])
+    r1 = _columns(a[1], b[1], c[1], d[1])
+    r2 = _columns(a[2], b[2], c[2], d[2])
+    r3 = _columns(a[3], b[3], c[3], d[3])
+    uf[at] = r0[0]
+    at += step
+    uf[at] = r1[0]
+    at += step
+    uf[at] = r2[0]
+    at += step
+    uf[at] = r3[0]
+    at += step
+    uf[at] = r0[1]
+    at += step
+    uf[at] = r1[1]
+    at += step
+    uf[at] = r2[1]
+    at += step
+    uf[at] = r3[1]
+    at += step
+    uf[at] = r0[2]
+    at += step
+    uf[at] = r1[2]
+    at += step
+    uf[at] = r2[2]
+    at += step
+    uf[at] = r3[2]
+    at += step
+    uf[at] = r0[3]
+    at += step
+    uf[at] = r1[3]
+    at += step
+    uf[at] = r2[3]
+    at += step
+    uf[at] = r3[3]
+
+
+@_parallel
+def _input_cl(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero):
+    """U (16, tiles, C) of the tiles [t0, t1), channels-last x (N, H, W, C), both flat."""
+    tiles = t1 - t0
+    cs = uint64(channels)
+    for at in prange(tiles):
+        n, ty, tx = _tile(t0 + at, th, tw)
+        i0, i1, i2, i3, r0, r1, r2, r3 = _clamped(2 * ty - b1, h, one, zero)
+        j0, j1, j2, j3, f0, f1, f2, f3 = _clamped(2 * tx - b2, w, one, zero)
+        q0, q1, q2, q3 = uint64(j0) * cs, uint64(j1) * cs, uint64(j2) * cs, uint64(j3) * cs
+        row0 = uint64((n * h + i0) * w) * cs
+        row1 = uint64((n * h + i1) * w) * cs
+        row2 = uint64((n * h + i2) * w) * cs
+        row3 = uint64((n * h + i3) * w) * cs
+        out = uint64(at) * cs
+        if r0 * r3 * f0 * f3 == one:                # the whole patch lies in x
+            for c in range(cs):
+                _store_u(uf, out + c, step, _patch_row(xf, row0 + c, q0, q1, q2, q3),
+                         _patch_row(xf, row1 + c, q0, q1, q2, q3),
+                         _patch_row(xf, row2 + c, q0, q1, q2, q3),
+                         _patch_row(xf, row3 + c, q0, q1, q2, q3))
+        else:
+            for c in range(cs):
+                _store_u(uf, out + c, step,
+                         _masked_row(xf, row0 + c, q0, q1, q2, q3, r0 * f0, r0 * f1, r0 * f2,
+                                     r0 * f3),
+                         _masked_row(xf, row1 + c, q0, q1, q2, q3, r1 * f0, r1 * f1, r1 * f2,
+                                     r1 * f3),
+                         _masked_row(xf, row2 + c, q0, q1, q2, q3, r2 * f0, r2 * f1, r2 * f2,
+                                     r2 * f3),
+                         _masked_row(xf, row3 + c, q0, q1, q2, q3, r3 * f0, r3 * f1, r3 * f2,
+                                     r3 * f3))
+
+
+@_parallel
+def _input_cf(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero):
+    """U (16, C, tiles) of the tiles [t0, t1), channels-first x (N, C, H, W), both flat."""
+    tiles = t1 - t0
+    # Tile columns whose four input columns 2 tx - b2 + 0..3 all lie in x.
+    inner_lo = (b2 + 1) // 2 if b2 > 0 else 0
+    inner_hi = (w - 4 + b2) // 2 + 1
+    for c in prange(channels):
+        j = t0
+        while j < t1:
+            n, ty, tx0, tx1 = _segment(j, t1, th, tw)
+            i0, i1, i2, i3, r0, r1, r2, r3 = _clamped(2 * ty - b1, h, one, zero)
+            plane = (n * channels + c) * h
+            row0 = uint64((plane + i0) * w)
+            row1 = uint64((plane + i1) * w)
+            row2 = uint64((plane + i2) * w)
+            row3 = uint64((plane + i3) * w)
+            out = uint64(c * tiles + j - t0 - tx0)      # U's column of tile column 0
+            lo = min(max(tx0, inner_lo), tx1)
+            hi = max(min(tx1, inner_hi), lo)
+            # The inner tile columns: no clamping, loads in stride-2 runs.
+            col = uint64(2 * lo - b2) if hi > lo else _0
+            if r0 * r3 == one:
+                for tx in range(uint64(lo), uint64(hi)):
+                    _store_u(uf, out + tx, step, _patch_row(xf, row0 + col, _0, _1, _2, _3),
+                             _patch_row(xf, row1 + col, _0, _1, _2, _3),
+                             _patch_row(xf, row2 + col, _0, _1, _2, _3),
+                             _patch_row(xf, row3 + col, _0, _1, _2, _3))
+                    col += _2
+            else:
+                for tx in range(uint64(lo), uint64(hi)):
+                    _store_u(uf, out + tx, step,
+                             _masked_row(xf, row0 + col, _0, _1, _2, _3, r0, r0, r0, r0),
+                             _masked_row(xf, row1 + col, _0, _1, _2, _3, r1, r1, r1, r1),
+                             _masked_row(xf, row2 + col, _0, _1, _2, _3, r2, r2, r2, r2),
+                             _masked_row(xf, row3 + col, _0, _1, _2, _3, r3, r3, r3, r3))
+                    col += _2
+            for tx in range(tx0, tx1):                  # the clamped tile columns
+                if lo <= tx < hi:
+                    continue
+                j0, j1, j2, j3, f0, f1, f2, f3 = _clamped(2 * tx - b2, w, one, zero)
+                q0, q1, q2, q3 = uint64(j0), uint64(j1), uint64(j2), uint64(j3)
+                _store_u(uf, out + uint64(tx), step,
+                         _masked_row(xf, row0, q0, q1, q2, q3, r0 * f0, r0 * f1, r0 * f2,
+                                     r0 * f3),
+                         _masked_row(xf, row1, q0, q1, q2, q3, r1 * f0, r1 * f1, r1 * f2,
+                                     r1 * f3),
+                         _masked_row(xf, row2, q0, q1, q2, q3, r2 * f0, r2 * f1, r2 * f2,
+                                     r2 * f3),
+                         _masked_row(xf, row3, q0, q1, q2, q3, r3 * f0, r3 * f1, r3 * f2,
+                                     r3 * f3))
+            j += tx1 - tx0
+
+
+@_inline
+def _out(value, big):
+    """1 where ``value`` is not finite (NaN fails the comparison too), else 0."""
+    return 0 if abs(value) <= big else 1
+
+
+@_inline
+def _output_tile(mf, at, step):
+    """A^T M A of one tile's 16 values mf[at + xi * step], A^T = [[1, 1, 1, 0],
+    [0, 1, -1, -1]]: (y00, y01, y10, y11)."""
+    m0 = mf[at]
+    m1 = mf[at + step]
+    at2 = at + step + step
+    m2 = mf[at2]
+    m3 = mf[at2 + step]
+    at4 = at2 + step + step
+    m4 = mf[at4]
+    m5 = mf[at4 + step]
+    at6 = at4 + step + step
+    m6 = mf[at6]
+    m7 = mf[at6 + step]
+    at8 = at6 + step + step
+    m8 = mf[at8]
+    m9 = mf[at8 + step]
+    at10 = at8 + step + step
+    m10 = mf[at10]
+    m11 = mf[at10 + step]
+    at12 = at10 + step + step
+    m12 = mf[at12]
+    m13 = mf[at12 + step]
+    at14 = at12 + step + step
+    m14 = mf[at14]
+    m15 = mf[at14 + step]
+    s0, s1, s2, s3 = m0 + m4 + m8, m1 + m5 + m9, m2 + m6 + m10, m3 + m7 + m11
+    e0, e1, e2, e3 = m4 - m8 - m12, m5 - m9 - m13, m6 - m10 - m14, m7 - m11 - m15
+    return s0 + s1 + s2, s1 - s2 - s3, e0 + e1 + e2, e1 - e2 - e3
+
+
+@_parallel
+def _output_cl(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big):
+    """y's tiles [t0, t1) from M (16, tiles, K), channels-last y (N, P1, P2, K), both flat;
+    returns how many of the values written are not finite (``big``: the dtype's largest
+    finite value; a comparison, which fast-math's reassociation leaves alone, where a sum
+    of v - v was folded to 0)."""
+    tiles = t1 - t0
+    ks = uint64(channels)
+    bad = 0
+    for at in prange(tiles):
+        n, ty, tx = _tile(t0 + at, th, tw)
+        r, col = 2 * ty, 2 * tx
+        two_rows, two_cols = r + 1 < ph, col + 1 < pw
+        top = uint64((n * ph + r) * pw + col) * ks
+        bottom = top + uint64(pw) * ks
+        src = uint64(at) * ks
+        part = 0
+        if two_rows and two_cols:
+            for k in range(ks):
+                y00, y01, y10, y11 = _output_tile(mf, src + k, step)
+                yf[top + k] = y00
+                yf[top + ks + k] = y01
+                yf[bottom + k] = y10
+                yf[bottom + ks + k] = y11
+                part += (_out(y00, big) + _out(y01, big) + _out(y10, big)
+                         + _out(y11, big))
+        else:
+            for k in range(ks):
+                y00, y01, y10, y11 = _output_tile(mf, src + k, step)
+                yf[top + k] = y00
+                part += _out(y00, big)
+                if two_cols:
+                    yf[top + ks + k] = y01
+                    part += _out(y01, big)
+                if two_rows:
+                    yf[bottom + k] = y10
+                    part += _out(y10, big)
+        bad += part
+    return bad
+
+
+@_parallel
+def _output_cf(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big):
+    """y's tiles [t0, t1) from M (16, K, tiles), channels-first y (N, K, P1, P2), both flat
+    (see :func:`_output_cl`)."""
+    tiles = t1 - t0
+    full_columns = pw // 2                          # tile columns with both columns in y
+    bad = 0
+    for k in prange(channels):
+        part = 0
+        j = t0
+        while j < t1:
+            n, ty, tx0, tx1 = _segment(j, t1, th, tw)
+            r = 2 * ty
+            top = uint64(((n * channels + k) * ph + r) * pw)
+            bottom = top + uint64(pw)
+            src = uint64(k * tiles + j - t0 - tx0)
+            full = max(min(tx1, full_columns), tx0)
+            if r + 1 < ph:
+                for tx in range(uint64(tx0), uint64(full)):
+                    y00, y01, y10, y11 = _output_tile(mf, src + tx, step)
+                    yf[top + tx + tx] = y00
+                    yf[top + tx + tx + _1] = y01
+                    yf[bottom + tx + tx] = y10
+                    yf[bottom + tx + tx + _1] = y11
+                    part += (_out(y00, big) + _out(y01, big) + _out(y10, big)
+                         + _out(y11, big))
+            else:
+                for tx in range(uint64(tx0), uint64(full)):
+                    y00, y01, y10, y11 = _output_tile(mf, src + tx, step)
+                    yf[top + tx + tx] = y00
+                    yf[top + tx + tx + _1] = y01
+                    part += _out(y00, big) + _out(y01, big)
+            if full < tx1:                          # the last column of an odd width
+                y00, y01, y10, y11 = _output_tile(mf, src + uint64(full), step)
+                yf[top + uint64(2 * full)] = y00
+                part += _out(y00, big)
+                if r + 1 < ph:
+                    yf[bottom + uint64(2 * full)] = y10
+                    part += _out(y10, big)
+            j += tx1 - tx0
+        bad += part
+    return bad

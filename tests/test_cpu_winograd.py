@@ -1,0 +1,219 @@
+"""The cpu backend's ``winograd`` algorithm (F(2x2, 3x3) for 2D 3x3 convolutions with stride
+and dilation 1, one group): the forward (with bias), the data gradient (written over NaN,
+and accumulated) and the transposed convolution against the reference, in both layouts and
+both dtypes, over odd and even sizes, symmetric, asymmetric, ``same`` and wide padding (a
+data gradient whose forward form reads past its input), one-pixel outputs; jobs of one or a
+few tiles that cut tile rows and images; non-finite values (recomputed by im2col); the
+transformed weights; the workspace planes' skew; the heuristic's choice and its errors.
+"""
+
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import dispatch
+from numbaconv import problem as pb
+from numbaconv.testing import relative_error
+
+TOL = {"float32": 2e-5, "float64": 1e-11}
+
+# (name, x shape channels-first, padding, out channels)
+CASES = [
+    ("even", (2, 3, 8, 6), 1, 4),
+    ("odd", (2, 5, 9, 7), 1, 3),
+    ("valid", (1, 4, 7, 10), 0, 6),
+    ("asymmetric", (2, 3, 6, 9), ((2, 0), (1, 2)), 5),
+    ("same", (1, 6, 5, 5), "same", 2),
+    ("wide-padding", (1, 2, 4, 5), 3, 3),
+    ("one-pixel", (3, 4, 3, 3), 0, 7),
+    ("one-row", (2, 3, 3, 11), ((0, 0), (2, 1)), 4),
+]
+
+
+def _backend():
+    return dispatch.get_backend("cpu")
+
+
+def _arrays(case, dtype, layout, seed=0):
+    _, x_shape, padding, k = case
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, x_shape[1], 3, 3)).astype(dtype)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    dy = rng.standard_normal(nc.conv_output_shape(x_shape, w.shape, padding=padding)).astype(
+        dtype)
+    bias = rng.standard_normal(k).astype(dtype)
+    if layout == "channels_last":
+        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+    return x, dy, w, bias, dict(padding=padding, layout=layout)
+
+
+def _check_all_ops(case, dtype, layout):
+    x, dy, w, bias, kw = _arrays(case, dtype, layout)
+    backend = _backend()
+    with nc.use_backend("reference"):
+        y_ref = nc.conv(x, w, bias, **kw)
+        dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
+        t_ref = nc.conv_transpose(dy, w, np.full(w.shape[1], 0.5, dtype), **kw)
+    p = pb.conv_problem(x, w, bias, **kw)
+    assert "winograd" in backend.algorithms("conv", p)
+    y = backend.run("conv", p, (x, w, bias), None, "winograd")
+    assert y.dtype == dtype and relative_error(y, y_ref) < TOL[dtype], case[0]
+    # The data gradient over NaN (every value written), then accumulated onto ones.
+    p = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
+    dx = np.full(x.shape, np.nan, dtype)
+    backend.run("conv_backward_data", p, (dy, w), dx, "winograd")
+    assert relative_error(dx, dx_ref) < TOL[dtype], case[0]
+    p = pb.conv_backward_data_problem(dy, w, x.shape, out=np.ones_like(x), accumulate=True,
+                                      **kw)
+    acc = np.ones_like(x)
+    backend.run("conv_backward_data", p, (dy, w), acc, "winograd")
+    assert relative_error(acc, dx_ref + 1) < TOL[dtype], case[0]
+    t_bias = np.full(w.shape[1], 0.5, dtype)             # over the transposed output's C
+    p = pb.conv_transpose_problem(dy, w, t_bias, **kw)
+    t = backend.run("conv_transpose", p, (dy, w, t_bias), None, "winograd")
+    assert relative_error(t, t_ref) < TOL[dtype], case[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_winograd_matches_the_reference(case, layout, dtype):
+    _check_all_ops(case, dtype, layout)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("tiles", [1, 3, 7])
+def test_jobs_that_cut_tile_rows_and_images(monkeypatch, layout, tiles):
+    from numbaconv.cpu import _winograd
+    monkeypatch.setattr(_winograd, "MIN_JOB_TILES", tiles)
+    monkeypatch.setattr(_winograd, "JOB_BYTES", 1)
+    x, dy, w, bias, kw = _arrays(("jobs", (3, 4, 7, 9), 1, 5), "float64", layout)
+    # 4 x 5 tiles an image: jobs of 3 or 7 tiles end inside tile rows and inside images.
+    assert tiles == 1 or (5 % tiles and 20 % tiles)
+    with nc.use_backend("reference"):
+        y_ref = nc.conv(x, w, bias, **kw)
+        dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
+    p = pb.conv_problem(x, w, bias, **kw)
+    y = _backend().run("conv", p, (x, w, bias), None, "winograd")
+    assert relative_error(y, y_ref) < TOL["float64"]
+    p = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
+    dx = _backend().run("conv_backward_data", p, (dy, w), None, "winograd")
+    assert relative_error(dx, dx_ref) < TOL["float64"]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_non_finite_values_propagate_like_the_reference(layout):
+    # The transforms would turn inf into NaN (inf - inf) where the reference keeps inf: a
+    # problem with a non-finite output is computed again by im2col.
+    x, dy, w, bias, kw = _arrays(("nan", (1, 3, 6, 7), 1, 4), "float64", "channels_first")
+    x[0, 1, 2, 3], x[0, 0, 0, 0] = np.inf, np.nan
+    dy[0, 2, 5, 6] = -np.inf
+    if layout == "channels_last":
+        x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+        kw["layout"] = layout
+    w_inf = w.copy()
+    w_inf[1, 2, 0, 0] = np.inf
+    backend = _backend()
+    for name, weights in (("finite w", w), ("infinite w", w_inf)):
+        with nc.use_backend("reference"):
+            want = {"conv": nc.conv(x, weights, **kw),
+                    "dgrad": nc.conv_backward_data(dy, weights, x.shape, **kw)}
+        got = {"conv": backend.run("conv", pb.conv_problem(x, weights, **kw),
+                                   (x, weights, None), None, "winograd"),
+               "dgrad": backend.run("conv_backward_data",
+                                    pb.conv_backward_data_problem(dy, weights, x.shape, **kw),
+                                    (dy, weights), None, "winograd")}
+        for op in want:
+            label = f"{name} {op}"
+            assert np.isinf(want[op]).any(), label
+            np.testing.assert_array_equal(np.isnan(got[op]), np.isnan(want[op]), label)
+            np.testing.assert_array_equal(got[op][np.isinf(want[op])],
+                                          want[op][np.isinf(want[op])], label)
+            finite = np.isfinite(want[op])
+            np.testing.assert_allclose(got[op][finite], want[op][finite], rtol=1e-9,
+                                       atol=1e-9, err_msg=label)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_the_transformed_weights_are_g_w_g_transposed(layout):
+    from numbaconv.cpu import _winograd
+    from numbaconv.cpu._layout import geom
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 3, 3, 3))
+    x = np.zeros((1, 3, 4, 4)) if layout == "channels_first" else np.zeros((1, 4, 4, 3))
+    g = geom(pb.conv_problem(x, w, layout=layout))
+    G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    expected = np.einsum("ai,kcij,bj->abkc", G, w, G).reshape(16, 5, 3)
+    v = _winograd.transformed_weights(g, w, False)
+    np.testing.assert_allclose(v, expected.transpose(0, 2, 1) if layout == "channels_last"
+                               else expected, rtol=1e-14, atol=1e-14)
+    # Flipped: the data gradient's weight (w's (K, C) blocks transposed, taps reversed)
+    # for the forward form over dy, whose input channels are w's K.
+    gd = g._replace(c=5, k=3)
+    flipped = np.einsum("ai,ckij,bj->abck", G, w.transpose(1, 0, 2, 3)[..., ::-1, ::-1],
+                        G).reshape(16, 3, 5)
+    v = _winograd.transformed_weights(gd, w, True)
+    np.testing.assert_allclose(v, flipped.transpose(0, 2, 1) if layout == "channels_last"
+                               else flipped, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_workspace_planes_are_skewed_off_4k_multiples(dtype):
+    from numbaconv.cpu import _winograd
+    for shape in ((256, 64), (64, 512), (3, 5)):
+        planes, flat, step = _winograd._planes(shape, dtype, "packed")
+        assert planes.shape == (16,) + shape
+        distance = planes.strides[0]
+        assert distance == int(step) * np.dtype(dtype).itemsize
+        assert distance % 4096 == _winograd.PLANE_SKEW
+        assert distance >= shape[0] * shape[1] * np.dtype(dtype).itemsize
+        assert np.shares_memory(planes, flat) and flat.size >= 16 * int(step)
+
+
+def test_the_heuristic_picks_winograd_for_resnet_layers_only():
+    backend = _backend()
+
+    def choice(op, c, size, n=8, k=None, kernel=3, stride=1, groups=1):
+        x = np.zeros((n, c, size, size), np.float32)
+        w = np.zeros((k or c, c // groups, kernel, kernel), np.float32)
+        if op == "conv":
+            p = pb.conv_problem(x, w, stride=stride, padding=1, groups=groups)
+        else:
+            dy_shape = nc.conv_output_shape(x.shape, w.shape, stride=stride, padding=1,
+                                            groups=groups)
+            p = pb.conv_backward_data_problem(np.zeros(dy_shape, np.float32), w, x.shape,
+                                              stride=stride, padding=1, groups=groups)
+        return backend.choose(op, p)
+
+    for op in ("conv", "conv_backward_data"):
+        for c, size in ((64, 56), (128, 28), (256, 14), (512, 7)):
+            algorithm, why = choice(op, c, size)
+            assert algorithm == "winograd" and "Winograd" in why, (op, c)
+        assert choice(op, 8, 56)[0] != "winograd"              # few channels
+        assert choice(op, 64, 56, k=8)[0] != "winograd"
+        assert choice(op, 64, 9, n=2)[0] != "winograd"         # few tiles
+        assert choice(op, 64, 56, stride=2)[0] != "winograd"
+        assert choice(op, 64, 56, kernel=5)[0] != "winograd"
+        assert choice(op, 64, 56, groups=2)[0] != "winograd"
+    with nc.use_backend("cpu"):
+        explained = nc.explain("conv_backward_data", np.zeros((8, 64, 56, 56), np.float32),
+                               np.zeros((64, 64, 3, 3), np.float32), (8, 64, 56, 56),
+                               padding=1)
+    assert explained.algorithm == "winograd"
+
+
+def test_forcing_winograd_where_it_does_not_apply_names_the_argument():
+    backend = _backend()
+    x = np.zeros((1, 2, 8, 8))
+    w = np.zeros((3, 2, 3, 3))
+    for kw in (dict(stride=2), dict(dilation=2)):
+        p = pb.conv_problem(x, w, **kw)
+        assert "winograd" not in backend.algorithms("conv", p)
+        with pytest.raises(ValueError, match="algorithm: 'winograd'"):
+            backend.run("conv", p, (x, w, None), None, "winograd")
+    w5 = np.zeros((3, 2, 5, 5))
+    dy = np.zeros(nc.conv_output_shape(x.shape, w5.shape))
+    p = pb.conv_backward_data_problem(dy, w5, x.shape)
+    with pytest.raises(ValueError, match="algorithm: 'winograd'"):
+        backend.run("conv_backward_data", p, (dy, w5), None, "winograd")
