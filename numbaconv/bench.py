@@ -820,8 +820,9 @@ def dispatch_overhead(ops: Sequence[str] = CONV_OPS, *, repeat: int = 31,
 
 #: The problem of :func:`first_call_latency`: small, so that its first call measures
 #: compilation (or loading from Numba's cache), not arithmetic, and shaped like a ResNet
-#: layer, so that the cpu backend picks the algorithms it picks there (``implicit``: rows of
-#: 16 pixels, 64 channels; the forward and data gradient only with AVX-512).
+#: layer, so that the cpu backend picks the algorithms it picks there (``winograd`` for the
+#: forward and the data gradient: 64 channels, 128 tiles; ``implicit`` for the weight
+#: gradient: rows of 16 pixels).
 FIRST_CALL_CASE = BenchCase("first_call_3x3_64c_16", (2, 64, 16, 16), (64, 64, 3, 3),
                             padding=1, group="resnet3x3")
 
