@@ -4,7 +4,8 @@ and accumulated) and the transposed convolution against the reference, in both l
 both dtypes, over odd and even sizes, symmetric, asymmetric, ``same`` and wide padding (a
 data gradient whose forward form reads past its input), one-pixel outputs; jobs of one or a
 few tiles that cut tile rows and images; non-finite values (recomputed by im2col); the
-transformed weights; the workspace planes' skew; the heuristic's choice and its errors.
+transformed weights; the workspace planes' skew; the heuristic's choice and its errors; a
+NUMBA_BOUNDSCHECK=1 pass.
 """
 
 import numpy as np
@@ -217,3 +218,16 @@ def test_forcing_winograd_where_it_does_not_apply_names_the_argument():
     p = pb.conv_backward_data_problem(dy, w5, x.shape)
     with pytest.raises(ValueError, match="algorithm: 'winograd'"):
         backend.run("conv_backward_data", p, (dy, w5), None, "winograd")
+
+
+def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
+    """Every case in both layouts, whole and in jobs of 3 tiles, compiled with
+    NUMBA_BOUNDSCHECK=1 (the transforms read clamped indices at the borders)."""
+    run_under_boundscheck("from test_cpu_winograd import CASES, _check_all_ops\n"
+                          "from numbaconv.cpu import _winograd\n"
+                          "for tiles in (None, 3):\n"
+                          "    if tiles:\n"
+                          "        _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = tiles, 1\n"
+                          "    for c in CASES:\n"
+                          "        for layout in ('channels_first', 'channels_last'):\n"
+                          "            _check_all_ops(c, 'float64', layout)\n")
