@@ -231,3 +231,17 @@ def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
                           "    for c in CASES:\n"
                           "        for layout in ('channels_first', 'channels_last'):\n"
                           "            _check_all_ops(c, 'float64', layout)\n")
+
+
+def test_numbaconv_winograd_0_takes_it_off_the_table(monkeypatch):
+    backend = _backend()
+    x = np.zeros((8, 64, 28, 28), np.float32)
+    w = np.zeros((64, 64, 3, 3), np.float32)
+    p = pb.conv_problem(x, w, padding=1)
+    assert backend.choose("conv", p)[0] == "winograd"
+    monkeypatch.setenv("NUMBACONV_WINOGRAD", "0")
+    assert "winograd" not in backend.algorithms("conv", p)
+    assert backend.choose("conv", p)[0] != "winograd"
+    monkeypatch.setenv("NUMBACONV_WINOGRAD", "yes")
+    with pytest.raises(ValueError, match="NUMBACONV_WINOGRAD"):
+        backend.algorithms("conv", p)

@@ -129,8 +129,12 @@ def implicit_applies(op, problem) -> bool:
 
 def winograd_applies(op, problem) -> bool:
     """The ``winograd`` algorithm: a 2D 3x3 kernel, stride and dilation 1, one group, for the
-    forward and the data gradient (a forward convolution of dy; any padding)."""
-    return (op in ("conv", "conv_backward_data", "conv_transpose") and problem.ndim == 2
+    forward and the data gradient (a forward convolution of dy; any padding), unless
+    ``NUMBACONV_WINOGRAD=0`` (its float32 results carry about 1e-6 relative error, where
+    im2col's carry 2e-7)."""
+    from ..config import winograd_enabled
+    return (op in ("conv", "conv_backward_data", "conv_transpose") and winograd_enabled()
+            and problem.ndim == 2
             and problem.groups == 1 and tuple(problem.kernel_size) == (3, 3)
             and tuple(problem.stride) == (1, 1) and tuple(problem.dilation) == (1, 1))
 
