@@ -103,7 +103,7 @@ def test_gemm_and_direct_are_offered_where_they_apply():
     assert algorithms("2d_kernel_is_input", "conv_backward_weight") == \
         ("gemm", "implicit", "im2col")
     assert algorithms("2d_pad1", "conv_backward_weight", "channels_last") == \
-        ("implicit", "im2col")
+        ("implicit", "winograd", "im2col")
     assert algorithms("2d_depthwise") == ("direct", "im2col")
     assert algorithms("2d_pad1", "conv_backward_data", "channels_last") == \
         ("implicit", "winograd", "im2col")

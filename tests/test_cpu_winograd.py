@@ -1,11 +1,12 @@
 """The cpu backend's ``winograd`` algorithm (F(2x2, 3x3) for 2D 3x3 convolutions with stride
 and dilation 1, one group): the forward (with bias), the data gradient (written over NaN,
-and accumulated) and the transposed convolution against the reference, in both layouts and
-both dtypes, over odd and even sizes, symmetric, asymmetric, ``same`` and wide padding (a
-data gradient whose forward form reads past its input), one-pixel outputs; jobs of one or a
-few tiles that cut tile rows and images; non-finite values (recomputed by im2col); the
-transformed weights; the workspace planes' skew; the heuristic's choice and its errors; a
-NUMBA_BOUNDSCHECK=1 pass.
+and accumulated), the transposed convolution and the weight gradient (and accumulated)
+against the reference, in both layouts and both dtypes, over odd and even sizes,
+symmetric, asymmetric, ``same`` and wide padding (a data gradient whose forward form reads
+past its input), one-pixel outputs; jobs of one or a few tiles that cut tile rows and
+images; non-finite values (recomputed by im2col); the transformed weights; the workspace
+planes' skew; the heuristic's choice and its errors; a NUMBA_BOUNDSCHECK=1 pass; the weight
+gradient bit for bit the same on one thread or two.
 """
 
 import numpy as np
@@ -55,6 +56,7 @@ def _check_all_ops(case, dtype, layout):
         y_ref = nc.conv(x, w, bias, **kw)
         dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
         t_ref = nc.conv_transpose(dy, w, np.full(w.shape[1], 0.5, dtype), **kw)
+        dw_ref = nc.conv_backward_weight(x, dy, w.shape, **kw)
     p = pb.conv_problem(x, w, bias, **kw)
     assert "winograd" in backend.algorithms("conv", p)
     y = backend.run("conv", p, (x, w, bias), None, "winograd")
@@ -73,6 +75,15 @@ def _check_all_ops(case, dtype, layout):
     p = pb.conv_transpose_problem(dy, w, t_bias, **kw)
     t = backend.run("conv_transpose", p, (dy, w, t_bias), None, "winograd")
     assert relative_error(t, t_ref) < TOL[dtype], case[0]
+    # The weight gradient, and accumulated onto ones.
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    dw = backend.run("conv_backward_weight", p, (x, dy), None, "winograd")
+    assert dw.dtype == dtype and relative_error(dw, dw_ref) < TOL[dtype], case[0]
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, out=np.ones_like(w),
+                                        accumulate=True, **kw)
+    acc = np.ones_like(w)
+    backend.run("conv_backward_weight", p, (x, dy), acc, "winograd")
+    assert relative_error(acc, dw_ref + 1) < TOL[dtype], case[0]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -100,6 +111,12 @@ def test_jobs_that_cut_tile_rows_and_images(monkeypatch, layout, tiles):
     p = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
     dx = _backend().run("conv_backward_data", p, (dy, w), None, "winograd")
     assert relative_error(dx, dx_ref) < TOL["float64"]
+    # The weight gradient's jobs go to 8 partial sums, several jobs each.
+    with nc.use_backend("reference"):
+        dw_ref = nc.conv_backward_weight(x, dy, w.shape, **kw)
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    dw = _backend().run("conv_backward_weight", p, (x, dy), None, "winograd")
+    assert relative_error(dw, dw_ref) < TOL["float64"]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -119,12 +136,17 @@ def test_non_finite_values_propagate_like_the_reference(layout):
     for name, weights in (("finite w", w), ("infinite w", w_inf)):
         with nc.use_backend("reference"):
             want = {"conv": nc.conv(x, weights, **kw),
-                    "dgrad": nc.conv_backward_data(dy, weights, x.shape, **kw)}
+                    "dgrad": nc.conv_backward_data(dy, weights, x.shape, **kw),
+                    "wgrad": nc.conv_backward_weight(x, dy, weights.shape, **kw)}
         got = {"conv": backend.run("conv", pb.conv_problem(x, weights, **kw),
                                    (x, weights, None), None, "winograd"),
                "dgrad": backend.run("conv_backward_data",
                                     pb.conv_backward_data_problem(dy, weights, x.shape, **kw),
-                                    (dy, weights), None, "winograd")}
+                                    (dy, weights), None, "winograd"),
+               "wgrad": backend.run("conv_backward_weight",
+                                    pb.conv_backward_weight_problem(x, dy, weights.shape,
+                                                                    **kw),
+                                    (x, dy), None, "winograd")}
         for op in want:
             label = f"{name} {op}"
             assert np.isinf(want[op]).any(), label
@@ -180,6 +202,11 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only():
         w = np.zeros((k or c, c // groups, kernel, kernel), np.float32)
         if op == "conv":
             p = pb.conv_problem(x, w, stride=stride, padding=1, groups=groups)
+        elif op == "conv_backward_weight":
+            dy_shape = nc.conv_output_shape(x.shape, w.shape, stride=stride, padding=1,
+                                            groups=groups)
+            p = pb.conv_backward_weight_problem(x, np.zeros(dy_shape, np.float32), w.shape,
+                                                stride=stride, padding=1, groups=groups)
         else:
             dy_shape = nc.conv_output_shape(x.shape, w.shape, stride=stride, padding=1,
                                             groups=groups)
@@ -187,6 +214,10 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only():
                                               stride=stride, padding=1, groups=groups)
         return backend.choose(op, p)
 
+    for c, size in ((64, 56), (128, 28), (256, 14)):
+        assert choice("conv_backward_weight", c, size)[0] == "winograd", c
+    assert choice("conv_backward_weight", 512, 7)[0] != "winograd"     # 128 tiles
+    assert choice("conv_backward_weight", 32, 56)[0] != "winograd"     # 32 channels
     for op in ("conv", "conv_backward_data"):
         for c, size in ((64, 56), (128, 28), (256, 14), (512, 7)):
             algorithm, why = choice(op, c, size)
@@ -245,3 +276,23 @@ def test_numbaconv_winograd_0_takes_it_off_the_table(monkeypatch):
     monkeypatch.setenv("NUMBACONV_WINOGRAD", "yes")
     with pytest.raises(ValueError, match="NUMBACONV_WINOGRAD"):
         backend.algorithms("conv", p)
+
+
+def test_the_weight_gradient_is_the_same_bit_for_bit_on_one_thread_or_two():
+    import numba
+    x, dy, w, _, kw = _arrays(("det", (4, 6, 12, 10), 1, 5), "float32", "channels_last")
+    x *= 10.0 ** np.random.default_rng(1).integers(-4, 4, x.shape)   # rounding-sensitive
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    from numbaconv.cpu import _winograd
+    previous = numba.get_num_threads(), _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES
+    _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = 5, 1        # 24 jobs into 8 slots
+    try:
+        runs = []
+        for threads in (2, 1, 2):
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+            runs.append(_backend().run("conv_backward_weight", p, (x, dy), None, "winograd"))
+    finally:
+        numba.set_num_threads(previous[0])
+        _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = previous[1:]
+    for other in runs[1:]:
+        np.testing.assert_array_equal(runs[0], other)

@@ -24,10 +24,11 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     window features deep. Chosen for rows of at least ``IMPLICIT_MIN_WIDTH`` pixels, with
     the conditions given there.
 ``winograd``
-    2D 3x3 kernels with stride and dilation 1, one group: the forward and the stride-1 data
-    gradient by Winograd F(2x2, 3x3) (:mod:`._winograd`): per 2x2 output tile, 16 products
-    over channels of transformed 4x4 input patches and transformed weights, BLAS products
-    over jobs of tiles shared among the tile workers; 2.25 times fewer multiplications.
+    2D 3x3 kernels with stride and dilation 1, one group: the forward, the data gradient and
+    the weight gradient by Winograd F(2x2, 3x3) (:mod:`._winograd`): per 2x2 output tile,
+    16 products over channels of transformed 4x4 input patches and transformed weights (or
+    transformed dy, for the weight gradient), BLAS products over jobs of tiles shared among
+    the tile workers; 2.25 times fewer multiplications.
 ``direct``
     Numba loops without packing, for grouped convolutions with few channels per group
     (depthwise above all), where a GEMM would multiply one-column matrices.
@@ -111,6 +112,15 @@ IMPLICIT_OUTPUT_BLOCK = 64
 #: bound, max(64 MiB, the largest operand) (``_gemm.WORKSPACE_BYTES``).
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_TILES = 128
+#: The weight gradient by ``winograd`` is chosen from these: its products are one job of
+#: tiles deep and add into a 16/9 dw-sized sum per job. Measured the same way (another run,
+#: beside a CI job), winograd against implicit and im2col, channels-first / channels-last:
+#: ResNet 64c 56x56 18.7 / 16.5 ms against 24.0 / 22.6 and 28.3 / 31.6; 128c 28x28 11.7 /
+#: 15.5 against 25.9 / 24.9 and 22.1 / 39.8; 256c 14x14 18.8 / 17.9 against 33.4 / 33.9
+#: and 27.5 / 26.7; but 512c 7x7 (128 tiles) 27.6 / 47.8 against im2col's 29.2 / 28.4,
+#: and implicit wins below 64 channels (32c 56x56 6.5 / 4.1 against 7.6 / 9.3 ms).
+WINOGRAD_WGRAD_MIN_CHANNELS = 64
+WINOGRAD_WGRAD_MIN_TILES = 256
 
 #: Channels per group up to which the direct kernels are offered (and chosen when grouped).
 DIRECT_MAX_CHANNELS_PER_GROUP = 16
@@ -129,11 +139,12 @@ def implicit_applies(op, problem) -> bool:
 
 def winograd_applies(op, problem) -> bool:
     """The ``winograd`` algorithm: a 2D 3x3 kernel, stride and dilation 1, one group, for the
-    forward and the data gradient (a forward convolution of dy; any padding), unless
-    ``NUMBACONV_WINOGRAD=0`` (its float32 results carry about 1e-6 relative error, where
+    forward, the data gradient (a forward convolution of dy) and the weight gradient (any
+    padding), unless ``NUMBACONV_WINOGRAD=0`` (its float32 results carry about 1e-6 relative error, where
     im2col's carry 2e-7)."""
     from ..config import winograd_enabled
-    return (op in ("conv", "conv_backward_data", "conv_transpose") and winograd_enabled()
+    return (op in ("conv", "conv_backward_data", "conv_transpose", "conv_backward_weight")
+            and winograd_enabled()
             and problem.ndim == 2
             and problem.groups == 1 and tuple(problem.kernel_size) == (3, 3)
             and tuple(problem.stride) == (1, 1) and tuple(problem.dilation) == (1, 1))
@@ -144,19 +155,28 @@ def _winograd_reason(op, problem) -> Optional[str]:
     if not winograd_applies(op, problem):
         return None
     tiles = problem.batch
-    for size in problem.output_size if op == "conv" else problem.input_size:
+    for size in problem.input_size if op in ("conv_backward_data", "conv_transpose") \
+            else problem.output_size:
         tiles *= -(-size // 2)
     channels = min(problem.in_channels, problem.out_channels)
-    if channels < WINOGRAD_MIN_CHANNELS or tiles < WINOGRAD_MIN_TILES:
+    if op == "conv_backward_weight":
+        if channels < WINOGRAD_WGRAD_MIN_CHANNELS or tiles < WINOGRAD_WGRAD_MIN_TILES:
+            return None
+    elif channels < WINOGRAD_MIN_CHANNELS or tiles < WINOGRAD_MIN_TILES:
         return None
-    # The transformed weights (16 values for 9) count against the workspace bound.
+    # The transformed weights (16 values for 9) count against the workspace bound: once,
+    # or for the weight gradient once per partial sum and once per worker's buffer.
+    import numba
+
     from ._gemm import WORKSPACE_BYTES
+    from .conv_backward_weight import SLOTS
     itemsize = problem.numpy_dtype.itemsize
     weights = problem.in_channels * problem.out_channels * 9 * itemsize
     largest = max(weights, itemsize * problem.batch * max(
         problem.in_channels * math.prod(problem.input_size),
         problem.out_channels * math.prod(problem.output_size)))
-    if weights * 16 // 9 > max(WORKSPACE_BYTES, largest):
+    copies = SLOTS + numba.get_num_threads() if op == "conv_backward_weight" else 1
+    if weights * 16 // 9 * copies > max(WORKSPACE_BYTES, largest):
         return None
     return (f"2D 3x3, stride 1, one group, {channels}+ channels, {tiles} 2x2 output tiles: "
             f"Winograd F(2x2, 3x3), 2.25 times fewer multiplications than a direct "

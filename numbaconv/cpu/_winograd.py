@@ -1,4 +1,5 @@
-"""Winograd F(2x2, 3x3): 2D 3x3 convolutions with stride and dilation 1, one group.
+"""Winograd F(2x2, 3x3): 2D 3x3 convolutions with stride and dilation 1, one group (the
+forward, the data gradient and the weight gradient).
 
 Each 2x2 block of output pixels (a *tile*) needs the 4x4 input patch above it. With the
 transforms of Lavin & Gray (2015), U = B^T d B of the patch and V = G g G^T of each 3x3
@@ -22,7 +23,8 @@ there; the others read x as it lies.
 
 The stride-1 data gradient is the forward convolution of dy with the flipped, transposed
 kernel (see :mod:`.conv_backward_data`); the weight transform flips and transposes as it
-goes.
+goes. The weight gradient runs the same jobs backwards (:func:`weight_gradient`): U of x,
+dy's tiles transformed by A, 16 products per job summed over tiles, G^T on the sum.
 
 Accuracy: the transforms add and subtract up to 16 values before the product (and the
 output transform 9 after it), so float32 results differ from direct summation by a few
@@ -504,3 +506,167 @@ def _output_cf(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big):
             j += tx1 - tx0
         bad += part
     return bad
+
+
+# --- the weight gradient -----------------------------------------------------------------
+
+def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
+    """dw (K, C, 3, 3) of the geometry ``g`` (see :func:`applies`), or None where some value
+    of it is not finite (then compute it another way; see the module's docstring).
+
+    By the chain rule through Y = A^T (U ⊙ V) A and V = G g G^T: each tile's dy (2x2) is
+    transformed into A dy A^T (4x4, D), the 16 products dV[xi] = sum over tiles of
+    U[xi]^T D[xi] (C x K) are BLAS products per job, and dw = G^T dV G. Jobs are dealt
+    round-robin into ``slots`` partial sums (fewer when there are fewer jobs), each summed
+    in job order, then added in slot order: the same dw, bit for bit, on every run.
+    """
+    th, tw = tile_grid(g)
+    total = g.n * th * tw
+    per_job = job_tiles(g, x.itemsize)
+    jobs = [(t0, min(total, t0 + per_job)) for t0 in range(0, total, per_job)]
+    slots = min(slots, len(jobs))
+    b1, b2 = g.before[1], g.before[2]
+    one, zero = x.dtype.type(1), x.dtype.type(0)
+    xf, dyf = x.reshape(-1), dy.reshape(-1)
+    # dV as channels-last (16, C, K), channels-first (16, K, C): V's layouts.
+    shape = (16, g.c, g.k) if g.channels_last else (16, g.k, g.c)
+
+    def job(span, pick, out):
+        t0, t1 = span
+        if g.channels_last:
+            u, uf, ustep = _planes((t1 - t0, g.c), x.dtype, "packed")
+            d, df, dstep = _planes((t1 - t0, g.k), x.dtype, "rows")
+            pick(_input_cl)(xf, uf, ustep, t0, t1, th, tw, b1, b2, g.s[1], g.s[2], g.c,
+                            one, zero)
+            pick(_grad_cl)(dyf, df, dstep, t0, t1, th, tw, g.p[1], g.p[2], g.k, one, zero)
+            return np.matmul(u.transpose(0, 2, 1), d, out=out)
+        u, uf, ustep = _planes((g.c, t1 - t0), x.dtype, "packed")
+        d, df, dstep = _planes((g.k, t1 - t0), x.dtype, "rows")
+        pick(_input_cf)(xf, uf, ustep, t0, t1, th, tw, b1, b2, g.s[1], g.s[2], g.c,
+                        one, zero)
+        pick(_grad_cf)(dyf, df, dstep, t0, t1, th, tw, g.p[1], g.p[2], g.k, one, zero)
+        return np.matmul(d, u.transpose(0, 2, 1), out=out)
+
+    def slot(first, pick):
+        part = job(jobs[first], pick, np.empty(shape, x.dtype))
+        for span in jobs[first + slots::slots]:
+            # A reused buffer (a fresh array per job costs page faults), then the sum.
+            part += job(span, pick, _gemm.workspace(shape, x.dtype, "product"))
+        return part
+
+    parts = _gemm.run_tiles(slot, list(range(slots)))
+    dv = parts[0]
+    for part in parts[1:]:
+        dv += part
+    dw = np.empty((g.k, g.c, 3, 3), x.dtype)
+    _weights_back(dv.reshape(-1), dw.reshape(-1), g.k, g.c, g.channels_last,
+                  x.dtype.type(0.5))
+    return dw if np.isfinite(dw).all() else None
+
+
+@_helper
+def _clamped2(start, size, one, zero):
+    """:func:`_clamped` for the two indices start + 0..1."""
+    return (min(start, size - 1), min(start + 1, size - 1),
+            one if start < size else zero, one if start + 1 < size else zero)
+
+
+@_helper
+def _a2(a, b):
+    """A applied to two values, A = [[1, 0], [1, 1], [1, -1], [0, -1]]."""
+    return a, a + b, a - b, -b
+
+
+@_helper
+def _store_d(df, at, step, d00, d01, d10, d11):
+    """D = A d A^T of one tile's 2x2 d at df[at + xi * step]: A along d's rows, then each
+    row of that (two values) along its columns."""
+    at = _store4(df, at, step, _a2(d00, d01))
+    at = _store4(df, at, step, _a2(d00 + d10, d01 + d11))
+    at = _store4(df, at, step, _a2(d00 - d10, d01 - d11))
+    _store4(df, at, step, _a2(-d10, -d11))
+
+
+_4, _8, _12 = np.uint64(4), np.uint64(8), np.uint64(12)
+
+
+@_parallel
+def _grad_cl(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
+    """D (16, tiles, K) of the tiles [t0, t1), channels-last dy (N, P1, P2, K), both flat;
+    dy's values past its edge read as zero."""
+    tiles = t1 - t0
+    ks = uint64(channels)
+    for at in prange(tiles):
+        n, ty, tx = _tile(t0 + at, th, tw)
+        i0, i1, r0, r1 = _clamped2(2 * ty, ph, one, zero)
+        j0, j1, f0, f1 = _clamped2(2 * tx, pw, one, zero)
+        a00 = uint64((n * ph + i0) * pw + j0) * ks
+        a01 = uint64((n * ph + i0) * pw + j1) * ks
+        a10 = uint64((n * ph + i1) * pw + j0) * ks
+        a11 = uint64((n * ph + i1) * pw + j1) * ks
+        out = uint64(at) * ks
+        if r1 * f1 == one:
+            for k in range(ks):
+                _store_d(df, out + k, step, dyf[a00 + k], dyf[a01 + k], dyf[a10 + k],
+                         dyf[a11 + k])
+        else:
+            for k in range(ks):
+                _store_d(df, out + k, step, dyf[a00 + k] * (r0 * f0),
+                         dyf[a01 + k] * (r0 * f1), dyf[a10 + k] * (r1 * f0),
+                         dyf[a11 + k] * (r1 * f1))
+
+
+@_parallel
+def _grad_cf(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
+    """D (16, K, tiles) of the tiles [t0, t1), channels-first dy (N, K, P1, P2), both flat."""
+    tiles = t1 - t0
+    full_columns = pw // 2                          # tile columns with both columns in dy
+    for k in prange(channels):
+        j = t0
+        while j < t1:
+            n, ty, tx0, tx1 = _segment(j, t1, th, tw)
+            i0, i1, r0, r1 = _clamped2(2 * ty, ph, one, zero)
+            top = uint64(((n * channels + k) * ph + i0) * pw)
+            bottom = uint64(((n * channels + k) * ph + i1) * pw)
+            out = uint64(k * tiles + j - t0 - tx0)
+            full = max(min(tx1, full_columns), tx0)
+            for tx in range(uint64(tx0), uint64(full)):
+                _store_d(df, out + tx, step, dyf[top + tx + tx], dyf[top + tx + tx + _1],
+                         dyf[bottom + tx + tx] * r1, dyf[bottom + tx + tx + _1] * r1)
+            if full < tx1:                          # the last column of an odd width
+                c = uint64(2 * full)
+                _store_d(df, out + uint64(full), step, dyf[top + c], zero,
+                         dyf[bottom + c] * r1, zero)
+            j += tx1 - tx0
+
+
+@_parallel
+def _weights_back(vf, wf, kernels, channels, channels_last, half):
+    """dw[k, c] = G^T dV[:, k, c] G (dV channels-last: (16, C, K); else (16, K, C)), with
+    G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]]."""
+    plane = uint64(kernels * channels)
+    for k in prange(kernels):
+        for c in range(channels):
+            at = uint64(c * kernels + k) if channels_last else uint64(k * channels + c)
+            # G^T along dV's rows (i), for each of its columns j, then along the columns.
+            t = _gt(vf[at], vf[at + _4 * plane], vf[at + _8 * plane], vf[at + _12 * plane],
+                    half)
+            u = _gt(vf[at + plane], vf[at + uint64(5) * plane], vf[at + uint64(9) * plane],
+                    vf[at + uint64(13) * plane], half)
+            v = _gt(vf[at + _2 * plane], vf[at + uint64(6) * plane],
+                    vf[at + uint64(10) * plane], vf[at + uint64(14) * plane], half)
+            z = _gt(vf[at + _3 * plane], vf[at + uint64(7) * plane],
+                    vf[at + uint64(11) * plane], vf[at + uint64(15) * plane], half)
+            o = uint64((k * channels + c) * 9)
+            r = _gt(t[0], u[0], v[0], z[0], half)
+            wf[o], wf[o + _1], wf[o + _2] = r[0], r[1], r[2]
+            r = _gt(t[1], u[1], v[1], z[1], half)
+            wf[o + _3], wf[o + _4], wf[o + uint64(5)] = r[0], r[1], r[2]
+            r = _gt(t[2], u[2], v[2], z[2], half)
+            wf[o + uint64(6)], wf[o + uint64(7)], wf[o + _8] = r[0], r[1], r[2]
+
+
+@_helper
+def _gt(v0, v1, v2, v3, half):
+    """G^T applied to four values."""
+    return v0 + (v1 + v2) * half, (v1 - v2) * half, (v1 + v2) * half + v3

@@ -11,7 +11,7 @@ import numpy as np
 
 from numbaconv.backend import store
 
-from . import _direct, _gemm, _implicit
+from . import _direct, _gemm, _implicit, _winograd
 from . import implicit_applies
 from ._layout import Geom, geom
 from ._microkernel import gram
@@ -30,6 +30,13 @@ def run(problem, operands, out, algorithm):
         if not implicit_applies(problem.op, problem):
             raise ValueError("algorithm: 'implicit' needs one group")
         dw = _implicit.weight_gradient(g, x, dy)
+    elif algorithm == "winograd":
+        if not _winograd.applies(g):
+            raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel, stride and "
+                             "dilation 1 and one group")
+        dw = _winograd.weight_gradient(g, x, dy, SLOTS)
+        if dw is None:                          # a value not finite: see _winograd
+            dw = _im2col_wgrad(g, x, dy)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a weight-gradient algorithm")
     return store(dw.reshape(problem.w_shape), out, problem.accumulate)
