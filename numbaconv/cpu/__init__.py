@@ -140,8 +140,7 @@ def implicit_applies(op, problem) -> bool:
 def winograd_applies(op, problem) -> bool:
     """The ``winograd`` algorithm: a 2D 3x3 kernel, stride and dilation 1, one group, for the
     forward, the data gradient (a forward convolution of dy) and the weight gradient (any
-    padding), unless ``NUMBACONV_WINOGRAD=0`` (its float32 results carry about 1e-6 relative error, where
-    im2col's carry 2e-7)."""
+    padding), unless ``NUMBACONV_WINOGRAD=0``."""
     from ..config import winograd_enabled
     return (op in ("conv", "conv_backward_data", "conv_transpose", "conv_backward_weight")
             and winograd_enabled()
