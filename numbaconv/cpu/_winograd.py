@@ -265,37 +265,10 @@ def _store_u(uf, at, step, a, b, c, d):
     r1 = _columns(a[1], b[1], c[1], d[1])
     r2 = _columns(a[2], b[2], c[2], d[2])
     r3 = _columns(a[3], b[3], c[3], d[3])
-    uf[at] = r0[0]
-    at += step
-    uf[at] = r1[0]
-    at += step
-    uf[at] = r2[0]
-    at += step
-    uf[at] = r3[0]
-    at += step
-    uf[at] = r0[1]
-    at += step
-    uf[at] = r1[1]
-    at += step
-    uf[at] = r2[1]
-    at += step
-    uf[at] = r3[1]
-    at += step
-    uf[at] = r0[2]
-    at += step
-    uf[at] = r1[2]
-    at += step
-    uf[at] = r2[2]
-    at += step
-    uf[at] = r3[2]
-    at += step
-    uf[at] = r0[3]
-    at += step
-    uf[at] = r1[3]
-    at += step
-    uf[at] = r2[3]
-    at += step
-    uf[at] = r3[3]
+    at = _store4(uf, at, step, (r0[0], r1[0], r2[0], r3[0]))
+    at = _store4(uf, at, step, (r0[1], r1[1], r2[1], r3[1]))
+    at = _store4(uf, at, step, (r0[2], r1[2], r2[2], r3[2]))
+    _store4(uf, at, step, (r0[3], r1[3], r2[3], r3[3]))
 
 
 @_parallel
@@ -387,6 +360,18 @@ def _input_cf(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero):
 
 
 @_helper
+def _load4(mf, at, step):
+    """mf[at + i * step] for i < 4, and at + 4 * step."""
+    a = mf[at]
+    at += step
+    b = mf[at]
+    at += step
+    c = mf[at]
+    at += step
+    return a, b, c, mf[at], at + step
+
+
+@_helper
 def _out(value, big):
     """1 where ``value`` is not finite (NaN fails the comparison too), else 0."""
     return 0 if abs(value) <= big else 1
@@ -396,29 +381,10 @@ def _out(value, big):
 def _output_tile(mf, at, step):
     """A^T M A of one tile's 16 values mf[at + xi * step], A^T = [[1, 1, 1, 0],
     [0, 1, -1, -1]]: (y00, y01, y10, y11)."""
-    m0 = mf[at]
-    m1 = mf[at + step]
-    at2 = at + step + step
-    m2 = mf[at2]
-    m3 = mf[at2 + step]
-    at4 = at2 + step + step
-    m4 = mf[at4]
-    m5 = mf[at4 + step]
-    at6 = at4 + step + step
-    m6 = mf[at6]
-    m7 = mf[at6 + step]
-    at8 = at6 + step + step
-    m8 = mf[at8]
-    m9 = mf[at8 + step]
-    at10 = at8 + step + step
-    m10 = mf[at10]
-    m11 = mf[at10 + step]
-    at12 = at10 + step + step
-    m12 = mf[at12]
-    m13 = mf[at12 + step]
-    at14 = at12 + step + step
-    m14 = mf[at14]
-    m15 = mf[at14 + step]
+    m0, m1, m2, m3, at = _load4(mf, at, step)
+    m4, m5, m6, m7, at = _load4(mf, at, step)
+    m8, m9, m10, m11, at = _load4(mf, at, step)
+    m12, m13, m14, m15, _ = _load4(mf, at, step)
     s0, s1, s2, s3 = m0 + m4 + m8, m1 + m5 + m9, m2 + m6 + m10, m3 + m7 + m11
     e0, e1, e2, e3 = m4 - m8 - m12, m5 - m9 - m13, m6 - m10 - m14, m7 - m11 - m15
     return s0 + s1 + s2, s1 - s2 - s3, e0 + e1 + e2, e1 - e2 - e3
