@@ -34,8 +34,9 @@ Read once, at first use, from the environment:
     ``1`` (default): the cpu backend offers, and chooses for the layers it suits, its
     ``winograd`` algorithm (2D 3x3 convolutions of stride 1: the forward and the data and
     weight gradients, 1.3-2.2x faster on ResNet's layers, float32 errors of the same order
-    as im2col's); ``0`` takes it off the table, for results summed as the reference sums. Read when an algorithm is chosen for a new problem shape
-    (choices are remembered per shape).
+    as im2col's); ``0`` takes it off the table, for results summed as the reference sums.
+    Read when an algorithm is chosen for a new problem shape (choices are remembered per
+    shape).
 """
 
 from __future__ import annotations

@@ -405,3 +405,12 @@ def output_columns(g: Geom, a: np.ndarray, n0: int, nb: int, q0: int, q1: int) -
 def positions_in(q0: int, q1: int, g: Geom) -> int:
     return (q1 - q0) * g.p[2]
 
+
+def sum_in_order(parts) -> np.ndarray:
+    """Sum over the first axis, or of a list, one part after another (a fixed order): a
+    list's parts are the caller's own fresh arrays, summed into the first; an array's
+    slices into a copy of the first (a view would keep the whole array alive)."""
+    total = parts[0] if isinstance(parts, list) else parts[0].copy()
+    for i in range(1, len(parts)):
+        total += parts[i]
+    return total

@@ -58,6 +58,7 @@ _helper = numba.njit(**jit_options(parallel=False))
 #: wraparound (which keeps LLVM from vectorising): mixed with a signed int, even a literal,
 #: Numba's arithmetic is signed again, hence these constants.
 _0, _1, _2, _3 = np.uint64(0), np.uint64(1), np.uint64(2), np.uint64(3)
+_4, _8, _12 = np.uint64(4), np.uint64(8), np.uint64(12)
 
 #: U's bytes per job (16 transformed values per tile and input channel) that the jobs aim
 #: at, so that a job's U and M stay in the L2/L3 caches between transform and product.
@@ -71,6 +72,14 @@ def applies(g: Geom) -> bool:
     dilation 1 and one group (any padding)."""
     return (g.g == 1 and g.r == (1, 3, 3) and g.s[0] == 1 and g.p[0] == 1
             and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1))
+
+
+def require(g: Geom) -> None:
+    """The ValueError of ``winograd`` forced on a geometry where it does not apply (the
+    data gradient's geometry applies exactly where its forward form over dy does)."""
+    if not applies(g):
+        raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel, stride and dilation 1 "
+                         "and one group")
 
 
 def tile_grid(g: Geom) -> tuple:
@@ -117,8 +126,8 @@ def _weights(wf, vf, first, last, width, swap, flipped, half):
         for b in range(ws):
             at = (b * height + uint64(a)) * uint64(9) if swap else (out + b) * uint64(9)
             g00, g01, g02 = wf[at], wf[at + _1], wf[at + _2]
-            g10, g11, g12 = wf[at + _3], wf[at + uint64(4)], wf[at + uint64(5)]
-            g20, g21, g22 = wf[at + uint64(6)], wf[at + uint64(7)], wf[at + uint64(8)]
+            g10, g11, g12 = wf[at + _3], wf[at + _4], wf[at + uint64(5)]
+            g20, g21, g22 = wf[at + uint64(6)], wf[at + uint64(7)], wf[at + _8]
             if flipped:
                 g00, g01, g02, g10, g12, g20, g21, g22 = g22, g21, g20, g12, g10, g02, g01, g00
             # G g: along the kernel's columns, then (G g) G^T: along each row of that.
@@ -155,35 +164,48 @@ def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     """y = conv(x, w) for the geometry ``g`` (see :func:`applies`), V the transformed
     weights (:func:`transformed_weights`). Returns False, with y partly written, when some
     output is not finite (then recompute it another way; see the module's docstring)."""
-    th, tw = tile_grid(g)
-    total = g.n * th * tw
-    per_job = job_tiles(g, x.itemsize)
-    jobs = [(t0, min(total, t0 + per_job)) for t0 in range(0, total, per_job)]
-    b1, b2 = g.before[1], g.before[2]
-    one, zero = x.dtype.type(1), x.dtype.type(0)
+    th, tw, jobs = _jobs(g, x.itemsize)
     big = np.finfo(x.dtype).max
     xf, yf = x.reshape(-1), y.reshape(-1)
-    if g.channels_last:
-        def job(span, pick):
-            t0, t1 = span
-            u, uf, ustep = _planes((t1 - t0, g.c), x.dtype, "packed")
+
+    def job(span, pick):
+        t0, t1 = span
+        u = _transformed_input(g, xf, span, th, tw, pick)
+        if g.channels_last:
             m, mf, mstep = _planes((t1 - t0, g.k), x.dtype, "rows")
-            pick(_input_cl)(xf, uf, ustep, t0, t1, th, tw, b1, b2, g.s[1], g.s[2], g.c,
-                            one, zero)
             np.matmul(u, v, out=m)
-            return pick(_output_cl)(mf, mstep, yf, t0, t1, th, tw, g.p[1], g.p[2], g.k,
-                                    big)
-    else:
-        def job(span, pick):
-            t0, t1 = span
-            u, uf, ustep = _planes((g.c, t1 - t0), x.dtype, "packed")
+            output = _output_cl
+        else:
             m, mf, mstep = _planes((g.k, t1 - t0), x.dtype, "rows")
-            pick(_input_cf)(xf, uf, ustep, t0, t1, th, tw, b1, b2, g.s[1], g.s[2], g.c,
-                            one, zero)
             np.matmul(v, u, out=m)
-            return pick(_output_cf)(mf, mstep, yf, t0, t1, th, tw, g.p[1], g.p[2], g.k,
-                                    big)
+            output = _output_cf
+        return pick(output)(mf, mstep, yf, t0, t1, th, tw, g.p[1], g.p[2], g.k, big)
+
     return sum(_gemm.run_tiles(job, jobs)) == 0
+
+
+def _jobs(g: Geom, itemsize: int) -> tuple:
+    """Tile rows and columns of an image, and the jobs: (t0, t1) runs of consecutive tiles
+    over the batch (:func:`job_tiles` each)."""
+    th, tw = tile_grid(g)
+    total = g.n * th * tw
+    per_job = job_tiles(g, itemsize)
+    return th, tw, [(t0, min(total, t0 + per_job)) for t0 in range(0, total, per_job)]
+
+
+def _transformed_input(g: Geom, xf: np.ndarray, span: tuple, th: int, tw: int, pick):
+    """U of a job's tiles from x (flat), in the "packed" workspace: channels-last
+    (16, tiles, C), channels-first (16, C, tiles)."""
+    t0, t1 = span
+    if g.channels_last:
+        u, uf, step = _planes((t1 - t0, g.c), xf.dtype, "packed")
+        kernel = _input_cl
+    else:
+        u, uf, step = _planes((g.c, t1 - t0), xf.dtype, "packed")
+        kernel = _input_cf
+    pick(kernel)(xf, uf, step, t0, t1, th, tw, g.before[1], g.before[2], g.s[1], g.s[2],
+                 g.c, xf.dtype.type(1), xf.dtype.type(0))
+    return u
 
 
 #: U's and M's 16 planes lie this many bytes past a multiple of 4 KiB apart: the transforms
@@ -487,12 +509,8 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
     round-robin into ``slots`` partial sums (fewer when there are fewer jobs), each summed
     in job order, then added in slot order: the same dw, bit for bit, on every run.
     """
-    th, tw = tile_grid(g)
-    total = g.n * th * tw
-    per_job = job_tiles(g, x.itemsize)
-    jobs = [(t0, min(total, t0 + per_job)) for t0 in range(0, total, per_job)]
+    th, tw, jobs = _jobs(g, x.itemsize)
     slots = min(slots, len(jobs))
-    b1, b2 = g.before[1], g.before[2]
     one, zero = x.dtype.type(1), x.dtype.type(0)
     xf, dyf = x.reshape(-1), dy.reshape(-1)
     # dV as channels-last (16, C, K), channels-first (16, K, C): V's layouts.
@@ -500,17 +518,12 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
 
     def job(span, pick, out):
         t0, t1 = span
+        u = _transformed_input(g, xf, span, th, tw, pick)
         if g.channels_last:
-            u, uf, ustep = _planes((t1 - t0, g.c), x.dtype, "packed")
             d, df, dstep = _planes((t1 - t0, g.k), x.dtype, "rows")
-            pick(_input_cl)(xf, uf, ustep, t0, t1, th, tw, b1, b2, g.s[1], g.s[2], g.c,
-                            one, zero)
             pick(_grad_cl)(dyf, df, dstep, t0, t1, th, tw, g.p[1], g.p[2], g.k, one, zero)
             return np.matmul(u.transpose(0, 2, 1), d, out=out)
-        u, uf, ustep = _planes((g.c, t1 - t0), x.dtype, "packed")
         d, df, dstep = _planes((g.k, t1 - t0), x.dtype, "rows")
-        pick(_input_cf)(xf, uf, ustep, t0, t1, th, tw, b1, b2, g.s[1], g.s[2], g.c,
-                        one, zero)
         pick(_grad_cf)(dyf, df, dstep, t0, t1, th, tw, g.p[1], g.p[2], g.k, one, zero)
         return np.matmul(d, u.transpose(0, 2, 1), out=out)
 
@@ -521,10 +534,7 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
             part += job(span, pick, _gemm.workspace(shape, x.dtype, "product"))
         return part
 
-    parts = _gemm.run_tiles(slot, list(range(slots)))
-    dv = parts[0]
-    for part in parts[1:]:
-        dv += part
+    dv = _gemm.sum_in_order(_gemm.run_tiles(slot, list(range(slots))))
     dw = np.empty((g.k, g.c, 3, 3), x.dtype)
     _weights_back(dv.reshape(-1), dw.reshape(-1), g.k, g.c, g.channels_last,
                   x.dtype.type(0.5))
@@ -553,8 +563,6 @@ def _store_d(df, at, step, d00, d01, d10, d11):
     at = _store4(df, at, step, _a2(d00 - d10, d01 - d11))
     _store4(df, at, step, _a2(-d10, -d11))
 
-
-_4, _8, _12 = np.uint64(4), np.uint64(8), np.uint64(12)
 
 
 @_parallel
@@ -616,14 +624,10 @@ def _weights_back(vf, wf, kernels, channels, channels_last, half):
         for c in range(channels):
             at = uint64(c * kernels + k) if channels_last else uint64(k * channels + c)
             # G^T along dV's rows (i), for each of its columns j, then along the columns.
-            t = _gt(vf[at], vf[at + _4 * plane], vf[at + _8 * plane], vf[at + _12 * plane],
-                    half)
-            u = _gt(vf[at + plane], vf[at + uint64(5) * plane], vf[at + uint64(9) * plane],
-                    vf[at + uint64(13) * plane], half)
-            v = _gt(vf[at + _2 * plane], vf[at + uint64(6) * plane],
-                    vf[at + uint64(10) * plane], vf[at + uint64(14) * plane], half)
-            z = _gt(vf[at + _3 * plane], vf[at + uint64(7) * plane],
-                    vf[at + uint64(11) * plane], vf[at + uint64(15) * plane], half)
+            t = _gt_at(vf, at, _4 * plane, half)
+            u = _gt_at(vf, at + plane, _4 * plane, half)
+            v = _gt_at(vf, at + _2 * plane, _4 * plane, half)
+            z = _gt_at(vf, at + _3 * plane, _4 * plane, half)
             o = uint64((k * channels + c) * 9)
             r = _gt(t[0], u[0], v[0], z[0], half)
             wf[o], wf[o + _1], wf[o + _2] = r[0], r[1], r[2]
@@ -631,6 +635,13 @@ def _weights_back(vf, wf, kernels, channels, channels_last, half):
             wf[o + _3], wf[o + _4], wf[o + uint64(5)] = r[0], r[1], r[2]
             r = _gt(t[2], u[2], v[2], z[2], half)
             wf[o + uint64(6)], wf[o + uint64(7)], wf[o + _8] = r[0], r[1], r[2]
+
+
+@_helper
+def _gt_at(vf, at, step, half):
+    """G^T applied to the four values vf[at + i * step]."""
+    v0, v1, v2, v3, _ = _load4(vf, at, step)
+    return _gt(v0, v1, v2, v3, half)
 
 
 @_helper

@@ -32,9 +32,7 @@ def run(problem, operands, out, algorithm):
             raise ValueError("algorithm: 'implicit' needs stride 1 and one group")
         _implicit.forward(g, x, _gemm.weight_cl(g, w)[0].T, y, False)
     elif algorithm == "winograd":
-        if not _winograd.applies(g):
-            raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel, stride and "
-                             "dilation 1 and one group")
+        _winograd.require(g)
         if not _winograd.forward(g, x, _winograd.transformed_weights(g, w, False), y):
             im2col_forward(g, x, w, y)          # a value not finite: see _winograd
     else:

@@ -63,10 +63,8 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
         _implicit.forward(_stride1_as_forward(g), dy, _flipped_matrix(g, w, True)[0], dx,
                           accumulate)
     elif algorithm == "winograd":
+        _winograd.require(g)
         forward = _stride1_as_forward(g)
-        if g.stride != (1, 1, 1) or not _winograd.applies(forward):
-            raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel, stride and "
-                             "dilation 1 and one group")
         # With accumulate, or where a value is not finite (see _winograd), col2im.
         if accumulate or not _winograd.forward(
                 forward, dy, _winograd.transformed_weights(forward, w, True), dx):

@@ -31,9 +31,7 @@ def run(problem, operands, out, algorithm):
             raise ValueError("algorithm: 'implicit' needs one group")
         dw = _implicit.weight_gradient(g, x, dy)
     elif algorithm == "winograd":
-        if not _winograd.applies(g):
-            raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel, stride and "
-                             "dilation 1 and one group")
+        _winograd.require(g)
         dw = _winograd.weight_gradient(g, x, dy, SLOTS)
         if dw is None:                          # a value not finite: see _winograd
             dw = _im2col_wgrad(g, x, dy)
@@ -48,7 +46,7 @@ def _gemm_wgrad(g: Geom, x, dy) -> np.ndarray:
             dy.reshape(g.n, g.g, g.kg, g.positions),
             x.reshape(g.n, g.g, g.cg, g.positions).transpose(0, 1, 3, 2),
             np.empty((g.n, g.g, g.kg, g.cg), x.dtype))
-        return _sum_in_order(per_image)
+        return _gemm.sum_in_order(per_image)
     if g.pointwise:
         rows = dy.reshape(-1, g.g, g.kg).transpose(1, 2, 0)      # (G, Kg, N * S)
         return _gemm.matmul(rows, x.reshape(-1, g.g, g.cg).transpose(1, 0, 2),
@@ -111,7 +109,8 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
                 return dot(col, rows.reshape(g.g, g.kg, -1), out)
             if nb == 1:
                 return dot(col[0], _gemm.output_columns(g, dy, n0, nb, q0, q1)[0], out)
-            return _sum_in_order(dot(col, _gemm.output_columns(g, dy, n0, nb, q0, q1)))
+            return _gemm.sum_in_order(
+                dot(col, _gemm.output_columns(g, dy, n0, nb, q0, q1)))
     elif in_place:
         # The windows (M, F) and dy's rows (M, K) are the operands of _microkernel.gram as
         # they lie; later tiles add straight into their slot's sum (``out``).
@@ -143,18 +142,8 @@ def _im2col_wgrad(g: Geom, x, dy) -> np.ndarray:
                                  _gemm.workspace(total.shape, total.dtype, "product"))
         return total
 
-    total = _sum_in_order(_gemm.run_tiles(slot, list(range(slots))))
+    total = _gemm.sum_in_order(_gemm.run_tiles(slot, list(range(slots))))
     if transposed:
         total = total.transpose(0, 2, 1)
     return _gemm.weight_from_cl(g, total) if g.channels_last else \
         np.ascontiguousarray(total)
-
-
-def _sum_in_order(parts) -> np.ndarray:
-    """Sum over the first axis, or of a list, one part after another (a fixed order): a
-    list's parts are the caller's own fresh arrays, summed into the first; an array's
-    slices into a copy of the first (a view would keep the whole array alive)."""
-    total = parts[0] if isinstance(parts, list) else parts[0].copy()
-    for i in range(1, len(parts)):
-        total += parts[i]
-    return total
