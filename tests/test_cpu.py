@@ -399,6 +399,40 @@ def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     np.testing.assert_allclose(results[3], results[1], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("channels, groups", [((3, 5), 1), ((5, 3), 1), ((4, 4), 1),
+                                               ((6, 4), 2)])
+def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels, groups):
+    """Channels-last 1x1 weight gradients with many positions per channel are summed over
+    SLOTS runs of positions (whichever side the wider product's columns): the reference's
+    result, bitwise the same for one or two tile workers, and the one-product path's
+    result when the split is switched off."""
+    from numbaconv.cpu import _gemm, conv_backward_weight as wgrad
+    c, k = channels
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 7, 5, c))               # 105 positions: runs of 14, last 7
+    dy = rng.standard_normal((3, 7, 5, k))
+    shape = (k, c // groups, 1, 1)
+    assert 3 * 7 * 5 >= wgrad.POSITION_SPLIT_FROM * max(c, k) // groups
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_weight(x, dy, shape, groups=groups, layout="channels_last")
+    results = []
+    with nc.use_backend("cpu"):
+        assert nc.explain("conv_backward_weight", x, dy, shape, groups=groups,
+                          layout="channels_last").algorithm == "gemm"
+        for workers in (1, 2):
+            _force_tile_workers(monkeypatch, workers)
+            results.append(nc.conv_backward_weight(x, dy, shape, groups=groups,
+                                                   layout="channels_last"))
+        monkeypatch.setattr(wgrad, "POSITION_SPLIT_FROM", 2**62)
+        one_product = nc.conv_backward_weight(x, dy, shape, groups=groups,
+                                              layout="channels_last")
+    assert relative_error(results[0], expected) < TOL["float64"]
+    if _gemm._blas() is not None:
+        assert np.array_equal(results[0], results[1])
+    assert results[0].flags.c_contiguous
+    np.testing.assert_allclose(one_product, results[0], rtol=1e-12, atol=1e-12)
+
+
 def _channels_last(*arrays):
     return tuple(np.moveaxis(a, 1, -1).copy() for a in arrays)
 
