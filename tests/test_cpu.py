@@ -433,6 +433,45 @@ def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels,
     np.testing.assert_allclose(one_product, results[0], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("op", ["conv", "conv_backward_data", "conv_transpose"])
+def test_pointwise_products_reading_rows_in_place(monkeypatch, op):
+    """Channels-last 1x1 forward, data gradient and transposed convolution with many rows
+    per channel go to _microkernel.rows_gemm (rows shared out in whole micro-kernel bands):
+    the reference's result, bitwise the same on one or two tile workers, close to BLAS's
+    when the rule is switched off."""
+    from numbaconv.cpu import _gemm
+    calls = []
+    monkeypatch.setattr(_gemm, "rows_matmul",
+                        lambda *args, real=_gemm.rows_matmul: calls.append(1) or real(*args))
+    rng = np.random.default_rng(17)
+    c, k = 24, 40                          # columns: whole tiles and an edge either way
+    x = rng.standard_normal((2, 23, 16, c)).astype(np.float32)     # 736 rows: bands + 4
+    w = rng.standard_normal((k, c, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((2, 23, 16, k)).astype(np.float32)
+    kw = dict(layout="channels_last")
+    if op == "conv":
+        args = (x, w)
+    elif op == "conv_backward_data":
+        args = (dy, w, x.shape)
+    else:
+        args = (dy, w)
+    fn = getattr(nc, op)
+    with nc.use_backend("reference"):
+        expected = fn(*args, **kw)
+    results = []
+    with nc.use_backend("cpu"):
+        for workers in (1, 2):
+            _force_tile_workers(monkeypatch, workers)
+            results.append(fn(*args, **kw))
+        assert calls
+        monkeypatch.setattr(_gemm, "ROWS_GEMM_FROM", 2**62)
+        blas = fn(*args, **kw)
+    assert relative_error(results[0], expected) < TOL["float32"]
+    if _gemm._blas() is not None:
+        assert np.array_equal(results[0], results[1])
+    np.testing.assert_allclose(blas, results[0], rtol=1e-5, atol=1e-5)
+
+
 def _channels_last(*arrays):
     return tuple(np.moveaxis(a, 1, -1).copy() for a in arrays)
 

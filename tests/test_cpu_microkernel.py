@@ -1,7 +1,9 @@
-"""numbaconv.cpu._microkernel: ``gemm`` (packed; not yet used by an algorithm) and ``gram``
-(in place; the channels-last weight gradient's product) against NumPy's: edge tiles in every
-direction, more than one block of the shared dimension, strided operands, an empty shared
-dimension, adding, bitwise repeatability, and nothing written outside ``out``."""
+"""numbaconv.cpu._microkernel: ``gemm`` (packed; not yet used by an algorithm), ``gram`` (in
+place; the channels-last weight gradient's product) and ``rows_gemm`` (in place; the
+channels-last 1x1 forward and data gradient's) against NumPy's: edge tiles in every
+direction, more than one block of the shared dimension and of the columns, strided operands,
+an empty shared dimension, adding, bitwise repeatability, and nothing written outside
+``out``."""
 
 import os
 import subprocess
@@ -106,10 +108,45 @@ def test_gram_rejects_bad_operands():
         mk.gram(a, np.ones((4, 2)), np.empty((3, 2), np.float32))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_rows_gemm_matches_numpy_inside_a_guarded_output(dtype):
+    mr, nv = mk.strided_shape(dtype)
+    nr = nv * mk.vector_lanes(dtype)
+    kc, nc = mk.ROWS_KC, mk.ROWS_NC
+    rng = np.random.default_rng(6)
+    for m, k, n in ((1, 1, 1), (mr, kc, nr), (mr - 1, 3, nr + 1), (3 * mr + 5, 2 * kc + 3, nc + nr),
+                    (4 * mr, 7, 2 * nc + 3), (mr + 1, 9, nr - 1), (50, 64, 3 * nr), (0, 4, 3),
+                    (5, 4, 0), (2 * mr, 0, nr + 2)):
+        # a's and out's rows as slices of wider arrays (row stride above the row length).
+        a = rng.standard_normal((m, k + 3)).astype(dtype)[:, 1:k + 1]
+        b = rng.standard_normal((k, n + 2)).astype(dtype)[:, 2:]
+        frame = np.full((m + 2, n + 5), np.nan, dtype)
+        out = frame[1:m + 1, 2:n + 2]
+        assert mk.rows_gemm(a, b, out) is out
+        expected = a.astype(np.float64) @ b.astype(np.float64)
+        scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64) + 1e-300
+        assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), (m, k, n)
+        inside = np.zeros(frame.shape, bool)
+        inside[1:m + 1, 2:n + 2] = True
+        assert np.isnan(frame[~inside]).all(), (m, k, n)
+        assert np.array_equal(mk.rows_gemm(a, b, np.empty_like(out)), out)
+
+
+def test_rows_gemm_rejects_bad_operands():
+    a = np.ones((4, 3), np.float32)
+    with pytest.raises(ValueError, match="do not match"):
+        mk.rows_gemm(a, np.ones((4, 2), np.float32), np.empty((4, 2), np.float32))
+    with pytest.raises(ValueError, match="unit stride"):
+        mk.rows_gemm(np.ones((4, 6), np.float32)[:, ::2], np.ones((3, 2), np.float32),
+                     np.empty((4, 2), np.float32))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        mk.rows_gemm(a, np.ones((3, 2)), np.empty((4, 2), np.float32))
+
+
 def test_gemm_built_for_narrower_vectors():
-    """``gemm`` and ``gram`` as a CPU with 256- or 128-bit vectors gets them (other tile
-    shapes), in a fresh process with the host's vector width overridden before the first
-    compilation."""
+    """``gemm``, ``gram`` and ``rows_gemm`` as a CPU with 256- or 128-bit vectors gets them
+    (other tile shapes), in a fresh process with the host's vector width overridden before
+    the first compilation."""
     script = (
         "import numpy as np\n"
         "from numbaconv.cpu import _microkernel as mk\n"
@@ -125,7 +162,10 @@ def test_gemm_built_for_narrower_vectors():
         "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gemm', dtype, m, k, n)\n"
         "        out = np.full((m, n), np.nan, dtype)\n"
         "        mk.gram(a.T.copy(), b, out)\n"
-        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gram', dtype, m, k, n)\n")
+        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gram', dtype, m, k, n)\n"
+        "        out = np.full((m, n), np.nan, dtype)\n"
+        "        mk.rows_gemm(a, b, out)\n"
+        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('rows', dtype, m, k, n)\n")
     for bits in (256, 128):
         done = subprocess.run([sys.executable, "-c", f"BITS = {bits}\n" + script],
                               capture_output=True, text=True, timeout=600,

@@ -8,7 +8,9 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
 
 ``gemm``
     The convolution is a plain matrix product over x: 1x1 kernels with stride 1 and no
-    padding, or kernels exactly as large as the unpadded input. No packing at all.
+    padding, or kernels exactly as large as the unpadded input. No packing at all: BLAS,
+    or, for channels-last 1x1 forwards and data gradients with many rows per channel,
+    numbaconv's micro-kernel reading the rows in place (``_microkernel.rows_gemm``).
 ``im2col``
     Any problem: windows packed by a Numba kernel into a matrix (col2im for the strided data
     gradient; a stride-1 data gradient is the forward convolution of dy with the flipped

@@ -117,6 +117,37 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+#: One-group channels-last 1x1 forward and data-gradient products whose rows (N * S) number
+#: at least this many times the larger channel count run through
+#: :func:`._microkernel.rows_gemm` (:func:`rows_matmul`), which reads the activations' rows
+#: in place; fewer, longer rows go to BLAS (figures at rows_gemm).
+ROWS_GEMM_FROM = 16
+
+
+def rows_in_place(g: Geom) -> bool:
+    """Whether the channels-last 1x1 product of ``g`` goes to :func:`rows_matmul`."""
+    return (g.pointwise and g.channels_last and g.g == 1
+            and g.n * g.positions >= ROWS_GEMM_FROM * max(g.c, g.k))
+
+
+def rows_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[...] = a @ b`` (2D) by :func:`._microkernel.rows_gemm`, a's rows shared out
+    among the tile workers in runs of whole micro-kernel bands (so that only the last
+    M % MR rows go to NumPy, whatever the number of workers: the same bits on any thread
+    count), four runs a worker."""
+    from ._microkernel import rows_gemm, strided_shape
+    mr = strided_shape(out.dtype)[0]
+    bands = -(-a.shape[0] // mr)
+    workers = tile_workers(bands)
+    step = -(-bands // min(bands, 4 * workers)) * mr if bands else 1
+
+    def part(start, pick):
+        rows_gemm(a[start:start + step], b, out[start:start + step])
+
+    run_tiles(part, list(range(0, a.shape[0], step)) or [0])
+    return out
+
+
 def tiles(g: Geom, per_position_bytes: int, largest_operand_bytes: int):
     """(n0, nb, q0, q1) tiles: several whole images, or one image's run of output rows
     (q = p0 * P1 + p1, each P2 positions).

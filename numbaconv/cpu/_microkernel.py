@@ -370,6 +370,118 @@ def _gram_tiles(a, b, out, add, mr, nr, kc):
                             depth, ldc, adding, lda, ldb)
 
 
+@_serial
+def _band(src, at, lda, b, c, ci, ldc, depth, j0, j1, mr, nr, kc, tile, edge, rows):
+    """C's rows ci .. ci + rows (rows <= MR) times b's columns j0 .. j1 (j1 - j0 a multiple
+    of NR): A's band at ``src``'s element ``at`` (MR rows, ``lda`` apart), KC-deep chunks into the band's
+    tiles, which stay in L1 from chunk to chunk. ``edge`` (rows < MR): each tile goes
+    through the scratch ``tile`` and its first ``rows`` rows are copied out."""
+    ldb = b.strides[0] // b.itemsize
+    for p0 in range(0, depth, kc):
+        chunk = min(kc, depth - p0)
+        add = 1 if p0 > 0 else 0
+        for j in range(j0, j1, nr):
+            if edge:
+                _micro_tile_strided(_at(src, at + p0), lda, _at(b, p0 * ldb + j),
+                                    _at(tile, (j - j0) * mr), chunk, nr, add, 1, ldb)
+            else:
+                _micro_tile_strided(_at(src, at + p0), lda, _at(b, p0 * ldb + j),
+                                    _at(c, ci * ldc + j), chunk, ldc, add, 1, ldb)
+    if edge:
+        for j in range(j0, j1, nr):
+            for i in range(rows):
+                for q in range(nr):
+                    c[ci + i, j + q] = tile[(j - j0) * mr + i * nr + q]
+
+
+@_serial
+def _rows_product(a, b, bedge, c, mr, nr, kc, nc):
+    """c = a @ b, every value through the micro-kernel: whole MR x NR tiles in place, the
+    last N % NR columns from ``bedge`` (K x NR: those columns of b, zero-padded) and the last
+    M % MR rows from a zero-padded copy, both through a scratch tile."""
+    m, depth = a.shape
+    n = b.shape[1]
+    lda = a.strides[0] // a.itemsize
+    ldc = c.strides[0] // c.itemsize
+    whole_rows, whole_cols = m - m % mr, n - n % nr
+    rest = n - whole_cols
+    tile = np.empty(max(nc, nr) * mr, c.dtype)
+    last = np.zeros((mr, depth), c.dtype)
+    for i in range(m - whole_rows):
+        for p in range(depth):
+            last[i, p] = a[whole_rows + i, p]
+    for j0 in range(0, whole_cols, nc):
+        j1 = min(whole_cols, j0 + nc)
+        for i in range(0, whole_rows, mr):
+            _band(a, i * lda, lda, b, c, i, ldc, depth, j0, j1, mr, nr, kc, tile, False, mr)
+        if whole_rows < m:
+            _band(last, 0, depth, b, c, whole_rows, ldc, depth, j0, j1, mr, nr, kc, tile,
+                  True, m - whole_rows)
+    if rest:
+        scratch = np.empty((m, nr), c.dtype)
+        for i in range(0, whole_rows, mr):
+            _band(a, i * lda, lda, bedge, scratch, i, nr, depth, 0, nr, mr, nr, kc, tile,
+                  False, mr)
+        if whole_rows < m:
+            _band(last, 0, depth, bedge, scratch, whole_rows, nr, depth, 0, nr, mr, nr, kc,
+                  tile, True, m - whole_rows)
+        for i in range(m):
+            for q in range(rest):
+                c[i, whole_cols + q] = scratch[i, q]
+
+
+#: rows_gemm's blocks: KC of the shared dimension, NC columns of b (a 128 KiB block of b
+#: in L2, float32).
+ROWS_KC = 256
+ROWS_NC = 128
+
+
+def rows_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[...] = a @ b`` on the calling thread, without packing either operand.
+
+    The channels-last 1x1 data gradient's product, dy's rows (M, K) times the weights
+    (K, C): the strided micro-kernel (:func:`strided_shape`) reads MR rows of a where they
+    lie, MR values of one step a row apart, and b's rows in place; the last M % MR rows and
+    N % NR columns go through zero-padded copies and a scratch tile. Every value is one
+    micro-kernel sum, so a row's result does not depend on which other rows share the call
+    (rows may be shared out among threads in any runs: the same bits). BLAS packs a, each
+    value of which is used only N times; where M is long and K, N short, reading it in
+    place wins. Measured on two cores (Zen 3, AVX2, float32, rows split among the tile
+    workers, medians of 25 alternating rounds), M x K x N against np.matmul: 25,086 x 256 x
+    64 133 against 120 GFLOP/s, 25,086 x 64 x 256 156 against 102, 25,086 x 64 x 64 95
+    against 60, 25,086 x 128 x 128 81 against 73, 6,270 x 128 x 512 155 against 144; but
+    6,270 x 512 x 128 153 against 156, 6,270 x 256 x 128 78 against 82, 1,566 x 256 x 1,024
+    89 against 135, 390 x 512 x 2,048 58 against 108 (few rows, each re-read for every
+    block of columns).
+
+    Parameters
+    ----------
+    a : ndarray, (M, K)
+    b : ndarray, (K, N)
+        float32 or float64, one dtype; unit stride along rows.
+    out : ndarray, (M, N)
+        Same dtype, unit stride along rows; nothing outside it is written.
+
+    Returns
+    -------
+    out
+    """
+    dtype = _check("rows_gemm", f"{a.shape} @ {b.shape}", a, b, out,
+                   (a.shape[0], b.shape[-1]), a.shape[-1] == b.shape[0],
+                   {"a": a, "b": b, "out": out})
+    if a.shape[1] == 0:
+        out[...] = 0
+        return out
+    mr, nv = strided_shape(dtype)
+    nr = nv * vector_lanes(dtype)
+    columns = b.shape[1] - b.shape[1] % nr
+    bedge = np.zeros((b.shape[0], nr), dtype)
+    bedge[:, :b.shape[1] - columns] = b[:, columns:]
+    if out.size:
+        _rows_product(a, b, bedge, out, mr, nr, ROWS_KC, ROWS_NC)
+    return out
+
+
 def _check(name: str, product: str, a, b, out, out_shape: tuple, shared: bool,
            rows: dict) -> np.dtype:
     """Validate a product's operands: 2D, one float dtype, matching shapes (``shared``: the

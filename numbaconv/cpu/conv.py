@@ -55,6 +55,10 @@ def _gemm_forward(g: Geom, x, w, y) -> None:
         # y[n] (G, Kg, S) = W (G, Kg, Cg) @ x[n] (G, Cg, S), per image.
         _gemm.matmul(_gemm.weight_cf(g, w), x.reshape(g.n, g.g, g.cg, g.positions),
                      y.reshape(g.n, g.g, g.kg, g.positions))
+    elif _gemm.rows_in_place(g):
+        # x's rows read in place; w^T (C, K) copied (small next to x).
+        _gemm.rows_matmul(x.reshape(-1, g.c), np.ascontiguousarray(w.reshape(g.k, g.c).T),
+                          y.reshape(-1, g.k))
     elif g.pointwise:
         # Every position of every image is a row: one product per group.
         _gemm.grouped_matmul(x.reshape(-1, g.g, g.cg),

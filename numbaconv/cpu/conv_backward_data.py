@@ -100,6 +100,8 @@ def _gemm_dgrad(g: Geom, dy, w, dx, accumulate: bool) -> None:
         _gemm.matmul(_gemm.weight_cf(g, w).transpose(0, 2, 1),
                      dy.reshape(g.n, g.g, g.kg, g.positions),
                      target.reshape(g.n, g.g, g.cg, g.positions))
+    elif _gemm.rows_in_place(g):
+        _gemm.rows_matmul(dy.reshape(-1, g.k), w.reshape(g.k, g.c), target.reshape(-1, g.c))
     elif g.pointwise:
         _gemm.grouped_matmul(dy.reshape(-1, g.g, g.kg), _gemm.weight_cf(g, w),
                              target.reshape(-1, g.g, g.cg))
