@@ -132,9 +132,9 @@ def rows_in_place(g: Geom) -> bool:
 
 def rows_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out[...] = a @ b`` (2D) by :func:`._microkernel.rows_gemm`, a's rows shared out
-    among the tile workers in runs of whole micro-kernel bands (so that only the last
-    M % MR rows go to NumPy, whatever the number of workers: the same bits on any thread
-    count), four runs a worker."""
+    among the tile workers, four runs a worker, each a whole number of micro-kernel bands
+    (so that only the last run has a part band to pad; every row gets the same bits
+    whatever the split)."""
     from ._microkernel import rows_gemm, strided_shape
     mr = strided_shape(out.dtype)[0]
     bands = -(-a.shape[0] // mr)
