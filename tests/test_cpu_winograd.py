@@ -6,7 +6,9 @@ symmetric, asymmetric, ``same`` and wide padding (a data gradient whose forward 
 past its input), one-pixel outputs; jobs of one or a few tiles that cut tile rows and
 images; non-finite values (recomputed by im2col); the transformed weights; the workspace
 planes' skew; the heuristic's choice and its errors; a NUMBA_BOUNDSCHECK=1 pass; the weight
-gradient bit for bit the same on one thread or two.
+gradient bit for bit the same on one thread or two. 3D 3x3x3 forwards, data gradients and
+transposed convolutions (F(2x2, 3x3) per depth slice, summed over the depth
+taps) likewise, with jobs that split depth slices.
 """
 
 import numpy as np
@@ -194,6 +196,106 @@ def test_workspace_planes_are_skewed_off_4k_multiples(dtype):
         assert np.shares_memory(planes, flat) and flat.size >= 16 * int(step)
 
 
+# 3D: (name, x shape channels-first, padding, out channels)
+CASES_3D = [
+    ("3d-same", (2, 3, 4, 6, 7), 1, 5),
+    ("3d-valid", (1, 4, 5, 5, 4), 0, 3),
+    ("3d-asymmetric", (2, 2, 3, 9, 8), ((2, 0), (1, 1), (0, 2)), 4),
+    ("3d-wide-depth-padding", (1, 3, 2, 4, 5), ((3, 3), (1, 1), (1, 1)), 2),
+    ("3d-one-slice", (3, 2, 1, 5, 6), 1, 3),
+]
+
+
+def _check_3d(case, dtype, layout):
+    """The forward (with bias), the data gradient (over NaN, and accumulated) and the
+    transposed convolution of a 3D case by ``winograd``."""
+    _, x_shape, padding, k = case
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    if layout == "channels_last":
+        x = np.moveaxis(x, 1, -1).copy()
+    w = rng.standard_normal((k, x_shape[1], 3, 3, 3)).astype(dtype)
+    bias = rng.standard_normal(k).astype(dtype)
+    kw = dict(padding=padding, layout=layout)
+    dy = rng.standard_normal(nc.conv_output_shape(x.shape, w.shape, **kw)).astype(dtype)
+    t_bias = np.full(w.shape[1], 0.5, dtype)
+    with nc.use_backend("reference"):
+        y_ref = nc.conv(x, w, bias, **kw)
+        dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
+        t_ref = nc.conv_transpose(dy, w, t_bias, **kw)
+    backend = _backend()
+    p = pb.conv_problem(x, w, bias, **kw)
+    assert "winograd" in backend.algorithms("conv", p)
+    y = backend.run("conv", p, (x, w, bias), None, "winograd")
+    assert y.dtype == dtype and relative_error(y, y_ref) < TOL[dtype], case[0]
+    p = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
+    dx = np.full(x.shape, np.nan, dtype)
+    backend.run("conv_backward_data", p, (dy, w), dx, "winograd")
+    assert relative_error(dx, dx_ref) < TOL[dtype], case[0]
+    p = pb.conv_backward_data_problem(dy, w, x.shape, out=np.ones_like(x), accumulate=True,
+                                      **kw)
+    acc = np.ones_like(x)
+    backend.run("conv_backward_data", p, (dy, w), acc, "winograd")
+    assert relative_error(acc, dx_ref + 1) < TOL[dtype], case[0]
+    p = pb.conv_transpose_problem(dy, w, t_bias, **kw)
+    t = backend.run("conv_transpose", p, (dy, w, t_bias), None, "winograd")
+    assert relative_error(t, t_ref) < TOL[dtype], case[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("case", CASES_3D, ids=[c[0] for c in CASES_3D])
+def test_3d_matches_the_reference(case, layout, dtype):
+    """3x3x3 kernels: F(2x2, 3x3) on each depth slice, summed over the depth taps inside x
+    (padding slices on either side, or every tap in the padding)."""
+    _check_3d(case, dtype, layout)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("tiles", [1, 3])
+def test_3d_jobs_split_each_depth_slice(monkeypatch, layout, tiles):
+    from numbaconv.cpu import _winograd
+    monkeypatch.setattr(_winograd, "MIN_JOB_TILES", tiles)
+    monkeypatch.setattr(_winograd, "JOB_BYTES", 1)
+    _check_3d(("3d-jobs", (2, 3, 3, 7, 9), 1, 4), "float64", layout)  # 4 x 5 tiles a slice
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_3d_non_finite_values_propagate_like_the_reference(layout):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 2, 3, 5, 6))
+    x[0, 1, 1, 2, 3], x[0, 0, 2, 0, 0] = np.inf, np.nan
+    if layout == "channels_last":
+        x = np.moveaxis(x, 1, -1).copy()
+    w = rng.standard_normal((3, 2, 3, 3, 3))
+    kw = dict(padding=1, layout=layout)
+    with nc.use_backend("reference"):
+        want = nc.conv(x, w, **kw)
+    got = _backend().run("conv", pb.conv_problem(x, w, **kw), (x, w, None), None, "winograd")
+    assert np.isinf(want).any() and np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-9, atol=1e-9)
+
+
+def test_3d_winograd_is_not_a_weight_gradient_algorithm():
+    backend = _backend()
+    x = np.zeros((1, 2, 4, 6, 6))
+    w = np.zeros((3, 2, 3, 3, 3))
+    dy = np.zeros(nc.conv_output_shape(x.shape, w.shape, padding=1))
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, padding=1)
+    assert "winograd" not in backend.algorithms("conv_backward_weight", p)
+    with pytest.raises(ValueError, match="but for the weight gradient, a 3D 3x3x3"):
+        backend.run("conv_backward_weight", p, (x, dy), None, "winograd")
+    w = np.zeros((3, 2, 3, 3, 5))
+    p = pb.conv_problem(x, w, padding=1)
+    assert "winograd" not in backend.algorithms("conv", p)
+    with pytest.raises(ValueError, match="algorithm: 'winograd'"):
+        backend.run("conv", p, (x, w, None), None, "winograd")
+
+
 def test_the_heuristic_picks_winograd_for_resnet_layers_only():
     backend = _backend()
 
@@ -235,6 +337,36 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only():
     assert explained.algorithm == "winograd"
 
 
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_the_heuristic_picks_winograd_for_3d_layers(layout):
+    """3D 3x3x3 layers of stride 1 from 16 channels, forward and data gradient (not the
+    weight gradient, nor stride 2)."""
+    backend = _backend()
+
+    def problems(stride, c=64):
+        x = np.zeros((2, 8, 28, 28, c) if layout == "channels_last" else (2, c, 8, 28, 28),
+                     np.float32)
+        w = np.zeros((c, c, 3, 3, 3), np.float32)
+        kw = dict(stride=stride, padding=1, layout=layout)
+        dy = np.zeros(nc.conv_output_shape(x.shape, w.shape, **kw), np.float32)
+        return {"conv": pb.conv_problem(x, w, **kw),
+                "conv_backward_data": pb.conv_backward_data_problem(dy, w, x.shape, **kw),
+                "conv_backward_weight": pb.conv_backward_weight_problem(x, dy, w.shape, **kw)}
+
+    for op, p in problems(1).items():
+        algorithm, why = backend.choose(op, p)
+        assert (algorithm == "winograd") == (op != "conv_backward_weight"), (op, why)
+        if algorithm == "winograd":
+            assert "3D 3x3x3" in why
+    for op, p in problems(2).items():
+        assert backend.choose(op, p)[0] != "winograd", op
+    assert backend.choose("conv", problems(1, c=8)["conv"])[0] != "winograd"
+    x = np.zeros((8, 4, 6, 6, 64) if layout == "channels_last" else (8, 64, 4, 6, 6),
+                 np.float32)                                      # 9 tiles a depth slice
+    p = pb.conv_problem(x, np.zeros((64, 64, 3, 3, 3), np.float32), padding=1, layout=layout)
+    assert backend.choose("conv", p)[0] != "winograd"
+
+
 def test_forcing_winograd_where_it_does_not_apply_names_the_argument():
     backend = _backend()
     x = np.zeros((1, 2, 8, 8))
@@ -254,14 +386,18 @@ def test_forcing_winograd_where_it_does_not_apply_names_the_argument():
 def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
     """Every case in both layouts, whole and in jobs of 3 tiles, compiled with
     NUMBA_BOUNDSCHECK=1 (the transforms read clamped indices at the borders)."""
-    run_under_boundscheck("from test_cpu_winograd import CASES, _check_all_ops\n"
+    run_under_boundscheck("from test_cpu_winograd import CASES, CASES_3D, _check_all_ops, "
+                          "_check_3d\n"
                           "from numbaconv.cpu import _winograd\n"
                           "for tiles in (None, 3):\n"
                           "    if tiles:\n"
                           "        _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = tiles, 1\n"
                           "    for c in CASES:\n"
                           "        for layout in ('channels_first', 'channels_last'):\n"
-                          "            _check_all_ops(c, 'float64', layout)\n")
+                          "            _check_all_ops(c, 'float64', layout)\n"
+                          "    for c in CASES_3D:\n"
+                          "        for layout in ('channels_first', 'channels_last'):\n"
+                          "            _check_3d(c, 'float64', layout)\n")
 
 
 def test_numbaconv_winograd_0_takes_it_off_the_table(monkeypatch):

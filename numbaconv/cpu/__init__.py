@@ -30,7 +30,9 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     the weight gradient by Winograd F(2x2, 3x3) (:mod:`._winograd`): per 2x2 output tile,
     16 products over channels of transformed 4x4 input patches and transformed weights (or
     transformed dy, for the weight gradient), BLAS products over jobs of tiles shared among
-    the tile workers; 2.25 times fewer multiplications.
+    the tile workers; 2.25 times fewer multiplications. 3D 3x3x3 kernels likewise for the
+    forward and the data gradient, per depth slice, the three depth taps summed in the
+    products.
 ``direct``
     Numba loops without packing, for grouped convolutions with few channels per group
     (depthwise above all), where a GEMM would multiply one-column matrices.
@@ -112,8 +114,20 @@ IMPLICIT_OUTPUT_BLOCK = 64
 #: also chosen over ``implicit`` (its products are BLAS's, 2.25 times fewer multiply-adds).
 #: Nor is it chosen where its transformed weights (16/9 of w) would pass the workspace
 #: bound, max(64 MiB, the largest operand) (``_gemm.WORKSPACE_BYTES``).
+#: 3D 3x3x3 layers (forward and data gradient, per depth slice, tiles counted over every
+#: slice) follow the same rule. Measured the same way (medians of 9), winograd against
+#: im2col, channels-first / channels-last, data gradient and forward: N = 2, 64c 8x28x28
+#: 16.6 / 14.4 against 25.6 / 24.4 ms and 14.7 / 15.1 against 25.2 / 29.9; 32c 16x56x56
+#: 43.8 / 47.2 against 64.6 / 98.3 and 45.0 / 26.7 against 67.8 / 48.9; 128c 8x14x14 13.0 /
+#: 11.3 against 21.6 / 20.4; N = 4, 64c 4x14x14 7.5 / 6.1 against 9.7 / 9.2; N = 1, 16c
+#: 16x32x32 4.3 / 3.7 against 4.5 / 4.6 (forward 5.3 / 3.8 against 5.2 / 4.9). But a job
+#: is one slice's tiles at most, so slices of fewer than WINOGRAD_3D_MIN_SLICE_TILES tiles
+#: are left to the others: N = 8, 64c 4x6x6 (9 tiles a slice) 7.5 / 7.6 against 6.1 / 4.0
+#: ms; at 16 tiles a slice, N = 4, 128c 8x8x8 15.6 / 13.9 against 18.8 / 18.7, N = 8, 256c
+#: 4x7x7 60.4 / 47.9 against 58.1 / 53.9.
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_TILES = 128
+WINOGRAD_3D_MIN_SLICE_TILES = 16
 #: The weight gradient by ``winograd`` is chosen from these: its products are one job of
 #: tiles deep and add into a 16/9 dw-sized sum per job. Measured the same way (another run,
 #: beside a CI job), winograd against implicit and im2col, channels-first / channels-last:
@@ -142,23 +156,26 @@ def implicit_applies(op, problem) -> bool:
 def winograd_applies(op, problem) -> bool:
     """The ``winograd`` algorithm: a 2D 3x3 kernel, stride and dilation 1, one group, for the
     forward, the data gradient (a forward convolution of dy) and the weight gradient (any
-    padding), unless ``NUMBACONV_WINOGRAD=0``."""
+    padding); and a 3D 3x3x3 kernel likewise, for the forward and the data gradient; unless
+    ``NUMBACONV_WINOGRAD=0``."""
     from ..config import winograd_enabled
+    kernel = tuple(problem.kernel_size)
+    shape = kernel == (3, 3) or (kernel == (3, 3, 3) and op != "conv_backward_weight")
     return (op in ("conv", "conv_backward_data", "conv_transpose", "conv_backward_weight")
-            and winograd_enabled()
-            and problem.ndim == 2
-            and problem.groups == 1 and tuple(problem.kernel_size) == (3, 3)
-            and tuple(problem.stride) == (1, 1) and tuple(problem.dilation) == (1, 1))
+            and winograd_enabled() and shape and problem.groups == 1
+            and all(s == 1 for s in problem.stride) and all(d == 1 for d in problem.dilation))
 
 
 def _winograd_reason(op, problem) -> Optional[str]:
     """Why ``winograd`` is the choice for this problem, or None where it is not."""
     if not winograd_applies(op, problem):
         return None
-    tiles = problem.batch
-    for size in problem.input_size if op in ("conv_backward_data", "conv_transpose") \
-            else problem.output_size:
-        tiles *= -(-size // 2)
+    sizes = problem.input_size if op in ("conv_backward_data", "conv_transpose") \
+        else problem.output_size
+    per_slice = math.prod(-(-size // 2) for size in sizes[-2:])
+    tiles = problem.batch * math.prod(sizes[:-2]) * per_slice     # 3D: every depth slice
+    if len(sizes) == 3 and per_slice < WINOGRAD_3D_MIN_SLICE_TILES:
+        return None
     channels = min(problem.in_channels, problem.out_channels)
     if op == "conv_backward_weight":
         if channels < WINOGRAD_WGRAD_MIN_CHANNELS or tiles < WINOGRAD_WGRAD_MIN_TILES:
@@ -172,14 +189,16 @@ def _winograd_reason(op, problem) -> Optional[str]:
     from ._gemm import WORKSPACE_BYTES
     from .conv_backward_weight import SLOTS
     itemsize = problem.numpy_dtype.itemsize
-    weights = problem.in_channels * problem.out_channels * 9 * itemsize
+    weights = problem.in_channels * problem.out_channels * math.prod(problem.kernel_size) \
+        * itemsize
     largest = max(weights, itemsize * problem.batch * max(
         problem.in_channels * math.prod(problem.input_size),
         problem.out_channels * math.prod(problem.output_size)))
     copies = SLOTS + numba.get_num_threads() if op == "conv_backward_weight" else 1
     if weights * 16 // 9 * copies > max(WORKSPACE_BYTES, largest):
         return None
-    return (f"2D 3x3, stride 1, one group, {channels}+ channels, {tiles} 2x2 output tiles: "
+    shape = "2D 3x3" if problem.ndim == 2 else "3D 3x3x3 (summed over the depth taps)"
+    return (f"{shape}, stride 1, one group, {channels}+ channels, {tiles} 2x2 output tiles: "
             f"Winograd F(2x2, 3x3), 2.25 times fewer multiplications than a direct "
             f"product, in 16 BLAS products per job of tiles")
 

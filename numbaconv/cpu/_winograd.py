@@ -1,5 +1,7 @@
 """Winograd F(2x2, 3x3): 2D 3x3 convolutions with stride and dilation 1, one group (the
-forward, the data gradient and the weight gradient).
+forward, the data gradient and the weight gradient), and 3D 3x3x3 ones (the forward and the
+data gradient: F(2x2, 3x3) on each depth slice, summed over the three depth taps in one
+product, see :func:`_forward3`).
 
 Each 2x2 block of output pixels (a *tile*) needs the 4x4 input patch above it. With the
 transforms of Lavin & Gray (2015), U = B^T d B of the patch and V = G g G^T of each 3x3
@@ -30,7 +32,8 @@ Accuracy: the transforms add and subtract up to 16 values before the products an
 them; measured in float32 against float64 results (ResNet 64c 56x56, 256c 14x14, 512c 7x7,
 channels-last, the largest difference over the largest value), the data gradient 3.1-6.1e-7
 and the weight gradient 4.5-5.8e-7, where im2col's are 3.5-4.1e-7 and 3.9-5.2e-7: the
-same order. The transforms also combine non-finite values differently from the
+same order (3D, 64c 8x28x28, both layouts: forward and data gradient 5.0-6.3e-7 against
+4.1-5.1e-7). The transforms also combine non-finite values differently from the
 reference's products (inf - inf is NaN where the reference may keep inf), so a job's output
 transform reports whether any output it wrote is not finite, and the caller then computes
 the problem again by im2col, which multiplies as the reference does.
@@ -67,19 +70,21 @@ JOB_BYTES = 2 * 2**20
 MIN_JOB_TILES = 64
 
 
-def applies(g: Geom) -> bool:
-    """Whether the forward-form geometry ``g`` is a 2D 3x3 convolution with stride and
-    dilation 1 and one group (any padding)."""
-    return (g.g == 1 and g.r == (1, 3, 3) and g.s[0] == 1 and g.p[0] == 1
-            and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1))
+def applies(g: Geom, weight_gradient: bool = False) -> bool:
+    """Whether the forward-form geometry ``g`` is a 2D 3x3 convolution, or (not for the
+    weight gradient) a 3D 3x3x3 one (see :func:`forward`), with stride and dilation 1 and
+    one group (any padding)."""
+    return (g.g == 1 and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
+            and (g.r == (1, 3, 3) and g.s[0] == 1 and g.p[0] == 1
+                 or g.r == (3, 3, 3) and not weight_gradient))
 
 
-def require(g: Geom) -> None:
+def require(g: Geom, weight_gradient: bool = False) -> None:
     """The ValueError of ``winograd`` forced on a geometry where it does not apply (the
     data gradient's geometry applies exactly where its forward form over dy does)."""
-    if not applies(g):
-        raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel, stride and dilation 1 "
-                         "and one group")
+    if not applies(g, weight_gradient):
+        raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel (or, but for the weight "
+                         "gradient, a 3D 3x3x3 one), stride and dilation 1 and one group")
 
 
 def tile_grid(g: Geom) -> tuple:
@@ -97,7 +102,20 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
     """V for the forward-form geometry ``g``: channels-last (16, C, K), channels-first
     (16, K, C). ``w`` is the forward weight (K, C, 3, 3) of ``g``, or, with ``flipped``, the
     data gradient's (C, K, 3, 3) weight (whose output channels are g's input channels), each
-    tap flipped and each (K, C) block transposed on the fly."""
+    tap flipped and each (K, C) block transposed on the fly. A 3D geometry's V is the three
+    depth taps' V side by side, (16, 3 * C, K) or (16, K, 3 * C) (depth tap kd's channels
+    kd * C to (kd + 1) * C; with ``flipped``, from w's depth tap 2 - kd)."""
+    if g.r[0] == 3:
+        v3 = np.empty((16, 3 * g.c, g.k) if g.channels_last else (16, g.k, 3 * g.c), w.dtype)
+        for kd in range(3):
+            plane = np.ascontiguousarray(w[:, :, 2 - kd if flipped else kd])
+            v = transformed_weights(g._replace(r=(1, 3, 3)), plane, flipped)
+            taps = slice(kd * g.c, (kd + 1) * g.c)
+            if g.channels_last:
+                v3[:, taps] = v
+            else:
+                v3[:, :, taps] = v
+        return v3
     v = np.empty((16, g.c, g.k) if g.channels_last else (16, g.k, g.c), w.dtype)
     # V's (middle, last) index is w's (first, second), or (second, first) with ``swap``.
     swap = g.channels_last != flipped
@@ -164,6 +182,8 @@ def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     """y = conv(x, w) for the geometry ``g`` (see :func:`applies`), V the transformed
     weights (:func:`transformed_weights`). Returns False, with y partly written, when some
     output is not finite (then recompute it another way; see the module's docstring)."""
+    if g.r[0] == 3:
+        return _forward3(g, x, v, y)
     th, tw, jobs = _jobs(g, x.itemsize)
     big = np.finfo(x.dtype).max
     xf, yf = x.reshape(-1), y.reshape(-1)
@@ -171,15 +191,14 @@ def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     def job(span, pick):
         t0, t1 = span
         u = _transformed_input(g, xf, span, th, tw, pick)
+        args = (t0, t1, th, tw, g.p[1], g.p[2], g.k, big)
         if g.channels_last:
             m, mf, mstep = _planes((t1 - t0, g.k), x.dtype, "rows")
             np.matmul(u, v, out=m)
-            output = _output_cl
-        else:
-            m, mf, mstep = _planes((g.k, t1 - t0), x.dtype, "rows")
-            np.matmul(v, u, out=m)
-            output = _output_cf
-        return pick(output)(mf, mstep, yf, t0, t1, th, tw, g.p[1], g.p[2], g.k, big)
+            return pick(_output_cl)(mf, mstep, yf, *args)
+        m, mf, mstep = _planes((g.k, t1 - t0), x.dtype, "rows")
+        np.matmul(v, u, out=m)
+        return pick(_output_cf)(mf, mstep, yf, *args, 1)
 
     return sum(_gemm.run_tiles(job, jobs)) == 0
 
@@ -193,18 +212,74 @@ def _jobs(g: Geom, itemsize: int) -> tuple:
     return th, tw, [(t0, min(total, t0 + per_job)) for t0 in range(0, total, per_job)]
 
 
+def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
+    """:func:`forward` of a 3D 3x3x3 geometry: F(2x2, 3x3) on each output depth slice,
+    summed over the three depth taps. x's depth slices are read as N * D 2D images (and
+    y's written as N * Do); a job is a run of tiles of one output slice (n, od), whose
+    depth taps kd read input slice od + kd - pad (those inside x: the others are the depth
+    padding and add nothing). Each tap's U goes into its third of one buffer, channels-last
+    (16, tiles, 3 * C), channels-first (16, 3 * C, tiles), so the products are one per job
+    and position over the taps inside x: U (tiles, 3C) @ V (3C, K), or V (K, 3C) @ U (3C,
+    tiles)."""
+    th, tw = tile_grid(g)
+    per_slice = th * tw
+    parts = -(-per_slice // max(MIN_JOB_TILES, JOB_BYTES // (
+        16 * max(3 * g.c, g.k) * x.itemsize)))
+    step = -(-per_slice // parts)
+    depth, out_depth, pad = g.s[0], g.p[0], g.before[0]
+    jobs = [(s, s * per_slice + a, s * per_slice + min(per_slice, a + step))
+            for s in range(g.n * out_depth) for a in range(0, per_slice, step)]
+    big = np.finfo(x.dtype).max
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    c = g.c
+    args = (th, tw, g.before[1], g.before[2], g.s[1], g.s[2], c, x.dtype.type(1),
+            x.dtype.type(0))
+
+    def job(span, pick):
+        s, t0, t1 = span
+        tiles = t1 - t0
+        n, od = divmod(s, out_depth)
+        lo, hi = max(0, pad - od), min(3, depth + pad - od)
+        shape = (tiles, g.k) if g.channels_last else (g.k, tiles)
+        m, mf, mstep = _planes(shape, x.dtype, "rows")
+        if lo >= hi:                                    # every depth tap in the padding
+            m[...] = 0
+        else:
+            shape = (tiles, 3 * c) if g.channels_last else (3 * c, tiles)
+            u, uf, ustep = _planes(shape, x.dtype, "packed")
+            for kd in range(lo, hi):
+                shift = (n * depth + od + kd - pad - s) * per_slice
+                if g.channels_last:
+                    pick(_input_cl)(xf, uf[kd * c:], ustep, t0 + shift, t1 + shift, *args,
+                                    3 * c)
+                else:
+                    pick(_input_cf)(xf, uf[kd * c * tiles:], ustep, t0 + shift, t1 + shift,
+                                    *args, depth)
+            taps = slice(lo * c, hi * c)
+            if g.channels_last:
+                np.matmul(u[:, :, taps], v[:, taps], out=m)
+            else:
+                np.matmul(v[:, :, taps], u[:, taps], out=m)
+        out = (mf, mstep, yf, t0, t1, th, tw, g.p[1], g.p[2], g.k, big)
+        if g.channels_last:
+            return pick(_output_cl)(*out)
+        return pick(_output_cf)(*out, out_depth)
+
+    return sum(_gemm.run_tiles(job, jobs)) == 0
+
+
 def _transformed_input(g: Geom, xf: np.ndarray, span: tuple, th: int, tw: int, pick):
     """U of a job's tiles from x (flat), in the "packed" workspace: channels-last
     (16, tiles, C), channels-first (16, C, tiles)."""
     t0, t1 = span
+    args = (th, tw, g.before[1], g.before[2], g.s[1], g.s[2], g.c, xf.dtype.type(1),
+            xf.dtype.type(0))
     if g.channels_last:
         u, uf, step = _planes((t1 - t0, g.c), xf.dtype, "packed")
-        kernel = _input_cl
+        pick(_input_cl)(xf, uf, step, t0, t1, *args, g.c)
     else:
         u, uf, step = _planes((g.c, t1 - t0), xf.dtype, "packed")
-        kernel = _input_cf
-    pick(kernel)(xf, uf, step, t0, t1, th, tw, g.before[1], g.before[2], g.s[1], g.s[2],
-                 g.c, xf.dtype.type(1), xf.dtype.type(0))
+        pick(_input_cf)(xf, uf, step, t0, t1, *args, 1)
     return u
 
 
@@ -294,8 +369,9 @@ def _store_u(uf, at, step, a, b, c, d):
 
 
 @_parallel
-def _input_cl(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero):
-    """U (16, tiles, C) of the tiles [t0, t1), channels-last x (N, H, W, C), both flat."""
+def _input_cl(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero, pitch):
+    """U (16, tiles, C) of the tiles [t0, t1), channels-last x (N, H, W, C), both flat; U's
+    tiles ``pitch`` (>= C) values apart."""
     tiles = t1 - t0
     cs = uint64(channels)
     for at in prange(tiles):
@@ -307,7 +383,7 @@ def _input_cl(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero):
         row1 = uint64((n * h + i1) * w) * cs
         row2 = uint64((n * h + i2) * w) * cs
         row3 = uint64((n * h + i3) * w) * cs
-        out = uint64(at) * cs
+        out = uint64(at) * uint64(pitch)
         if r0 * r3 * f0 * f3 == one:                # the whole patch lies in x
             for c in range(cs):
                 _store_u(uf, out + c, step, _patch_row(xf, row0 + c, q0, q1, q2, q3),
@@ -328,8 +404,9 @@ def _input_cl(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero):
 
 
 @_parallel
-def _input_cf(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero):
-    """U (16, C, tiles) of the tiles [t0, t1), channels-first x (N, C, H, W), both flat."""
+def _input_cf(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero, depth):
+    """U (16, C, tiles) of the tiles [t0, t1), channels-first x (N, C, H, W), both flat; or
+    x (N, C, depth, H, W), its depth slices the images (tiles n * depth + d)."""
     tiles = t1 - t0
     # Tile columns whose four input columns 2 tx - b2 + 0..3 all lie in x.
     inner_lo = (b2 + 1) // 2 if b2 > 0 else 0
@@ -339,7 +416,7 @@ def _input_cf(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero):
         while j < t1:
             n, ty, tx0, tx1 = _segment(j, t1, th, tw)
             i0, i1, i2, i3, r0, r1, r2, r3 = _clamped(2 * ty - b1, h, one, zero)
-            plane = (n * channels + c) * h
+            plane = ((n // depth * channels + c) * depth + n % depth) * h
             row0 = uint64((plane + i0) * w)
             row1 = uint64((plane + i1) * w)
             row2 = uint64((plane + i2) * w)
@@ -454,9 +531,9 @@ def _output_cl(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big):
 
 
 @_parallel
-def _output_cf(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big):
-    """y's tiles [t0, t1) from M (16, K, tiles), channels-first y (N, K, P1, P2), both flat
-    (see :func:`_output_cl`)."""
+def _output_cf(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big, depth):
+    """y's tiles [t0, t1) from M (16, K, tiles), channels-first y (N, K, P1, P2), both flat,
+    or y (N, K, depth, P1, P2) (see :func:`_input_cf`; and :func:`_output_cl`)."""
     tiles = t1 - t0
     full_columns = pw // 2                          # tile columns with both columns in y
     bad = 0
@@ -466,7 +543,7 @@ def _output_cf(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big):
         while j < t1:
             n, ty, tx0, tx1 = _segment(j, t1, th, tw)
             r = 2 * ty
-            top = uint64(((n * channels + k) * ph + r) * pw)
+            top = uint64((((n // depth * channels + k) * depth + n % depth) * ph + r) * pw)
             bottom = top + uint64(pw)
             src = uint64(k * tiles + j - t0 - tx0)
             full = max(min(tx1, full_columns), tx0)

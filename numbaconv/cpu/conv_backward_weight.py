@@ -31,7 +31,7 @@ def run(problem, operands, out, algorithm):
             raise ValueError("algorithm: 'implicit' needs one group")
         dw = _implicit.weight_gradient(g, x, dy)
     elif algorithm == "winograd":
-        _winograd.require(g)
+        _winograd.require(g, weight_gradient=True)
         dw = _winograd.weight_gradient(g, x, dy, SLOTS)
         if dw is None:                          # a value not finite: see _winograd
             dw = _im2col_wgrad(g, x, dy)
