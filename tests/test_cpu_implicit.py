@@ -4,7 +4,8 @@ both layouts over strides, dilations, asymmetric padding, 1D/2D/3D, output chann
 fill whole micro-kernel tiles (dy read in place, channels-last) or not (dy copied),
 channels-first rows transposed in whole register blocks and edges, tiles split by rows;
 the forward (with bias) and the stride-1 data gradient (written over NaN and accumulated)
-over the stride-1 cases, with rows that end inside a tile and one-pixel rows; the register
+over the stride-1 cases, with rows that end inside a tile and one-pixel rows; the strided
+data gradient by stride phases (channels-last) and the transposed convolution; the register
 transpose itself; long rows split into parts; NaN and infinity at the borders; bitwise determinism across thread
 counts; the heuristic's choice; a build for 256-bit vectors; a NUMBA_BOUNDSCHECK=1 pass."""
 
@@ -104,6 +105,16 @@ STRIDE_1 = [c for c in CASES if c[3] == 1] + [
     ("2d-wide-strided-positions", (2, 24, 5, 29), (3, 3), 1, 1, 1, 70),
     ("2d-one-pixel-rows", (2, 17, 6, 1), (3, 1), 1, (1, 0), 1, "nr"),
 ]
+#: Strided data gradients (channels-last, by stride phases): dx channels (C, the tiles'
+#: columns) in whole tiles and not, phase runs that end inside a micro-kernel tile, rows and
+#: phases no tap reaches (stride above the kernel), dilation with a stride.
+STRIDED = [c for c in CASES if c[3] != 1] + [
+    ("2d-s2-resnet", (2, 32, 9, 14), (3, 3), 2, 1, 1, 12),
+    ("2d-s2-edge-channels", (1, 21, 7, 19), (3, 3), 2, 1, 1, 5),
+    ("2d-s3-gaps", (2, 17, 10, 11), (2, 2), 3, 0, 1, 6),
+    ("2d-s2-dilated", (1, 16, 12, 13), (3, 3), 2, 2, 2, 8),
+    ("3d-s2", (2, 16, 5, 6, 7), (3, 3, 3), 2, 1, 1, 9),
+]
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
@@ -135,6 +146,90 @@ def _check_data_gradient(x, dy, w, kw, dtype):
         assert "implicit" in backend.algorithms("conv_backward_data", problem)
         backend.run("conv_backward_data", problem, (dy, w), out, "implicit")
         assert relative_error(out, expected + (1 if accumulate else 0)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", STRIDED, ids=[c[0] for c in STRIDED])
+def test_implicit_strided_data_gradient_matches_the_reference(case, dtype):
+    """Channels-last, by stride phases: written over NaN, accumulated, and the transposed
+    convolution."""
+    x, dy, w_shape, kw = _arrays(case, dtype)
+    w = np.random.default_rng(5).standard_normal(w_shape).astype(dtype)
+    _check_data_gradient(x, dy, w, kw, dtype)
+    backend = dispatch.get_backend("cpu")
+    bias = np.full(w_shape[1], 0.25, dtype)
+    padding = _output_padding(x, dy, w, kw)
+    with nc.use_backend("reference"):
+        expected = nc.conv_transpose(dy, w, bias, output_padding=padding, **kw)
+    problem = pb.conv_transpose_problem(dy, w, bias, output_padding=padding, **kw)
+    assert "implicit" in backend.algorithms("conv_transpose", problem)
+    got = backend.run("conv_transpose", problem, (dy, w, bias), None, "implicit")
+    assert got.shape == x.shape and relative_error(got, expected) < TOL[dtype]
+
+
+def _output_padding(x, dy, w, kw):
+    """The transposed convolution's output_padding that gives back x's shape."""
+    with nc.use_backend("reference"):
+        plain = nc.conv_transpose(dy, w, None, **kw).shape[1:-1]
+    return tuple(a - b for a, b in zip(x.shape[1:-1], plain))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_strided_data_gradient_with_non_finite_values_like_the_reference():
+    """dy's zero columns are multiplied: an infinite weight sends the problem to col2im;
+    NaN and inf in dy propagate through the phases."""
+    x, dy, w_shape, kw = _arrays(("nan", (1, 17, 9, 8), (3, 3), 2, 1, 1, 6), "float64")
+    w = np.random.default_rng(5).standard_normal(w_shape)
+    dy[0, 0, 0, 1], dy[0, 4, 3, 2] = np.inf, np.nan
+    w_inf = w.copy()
+    w_inf[1, 2, 0, 0] = np.inf
+    backend = dispatch.get_backend("cpu")
+    for weights in (w, w_inf):
+        with nc.use_backend("reference"):
+            want = nc.conv_backward_data(dy, weights, x.shape, **kw)
+        got = backend.run("conv_backward_data",
+                          pb.conv_backward_data_problem(dy, weights, x.shape, **kw),
+                          (dy, weights), None, "implicit")
+        assert np.isnan(want).any() and np.isinf(want).any()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-9, atol=1e-9)
+
+
+def test_the_strided_data_gradient_is_channels_last_only():
+    x, dy, w_shape, kw = _arrays(("cf", (1, 4, 8, 8), (3, 3), 2, 1, 1, 5), "float64",
+                                 layout="channels_first")
+    w = np.zeros(w_shape)
+    problem = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
+    backend = dispatch.get_backend("cpu")
+    assert "implicit" not in backend.algorithms("conv_backward_data", problem)
+    with pytest.raises(ValueError, match="channels-last with a stride"):
+        backend.run("conv_backward_data", problem, (dy, w), None, "implicit")
+
+
+def test_the_heuristic_picks_stride_phases_for_shallow_strided_data_gradients():
+    backend = dispatch.get_backend("cpu")
+
+    def choice(x_shape, w_shape, layout="channels_last", **kw):
+        dy = np.zeros(nc.conv_output_shape(x_shape, w_shape, layout=layout, **kw), np.float32)
+        problem = pb.conv_backward_data_problem(dy, np.zeros(w_shape, np.float32), x_shape,
+                                                layout=layout, **kw)
+        return backend.choose("conv_backward_data", problem)
+
+    algorithm, why = choice((8, 56, 56, 32), (32, 32, 3, 3), stride=2, padding=1)
+    assert algorithm == "implicit" and "stride phases" in why
+    assert choice((2, 16, 56, 56, 16), (16, 16, 3, 3, 3), stride=2, padding=1)[0] == \
+        "implicit"
+    for x_shape, w_shape in (((8, 28, 28, 256), (256, 256, 3, 3)),    # deep dy
+                             ((8, 56, 56, 8), (32, 8, 3, 3)),          # few dx channels
+                             ((2, 14, 14, 32), (32, 32, 3, 3)),        # few pixels
+                             ((8, 56, 56, 32), (32, 32, 1, 1))):       # one tap
+        assert choice(x_shape, w_shape, stride=2, padding=1 if w_shape[-1] == 3 else 0)[0] \
+            != "implicit", (x_shape, w_shape)
+    x_cf = (8, 32, 56, 56)
+    assert choice(x_cf, (32, 32, 3, 3), layout="channels_first", stride=2, padding=1)[0] != \
+        "implicit"
 
 
 def test_short_runs_take_seven_row_tiles_where_they_pad_less():
@@ -309,11 +404,16 @@ def test_implicit_stays_in_bounds_under_numba_boundscheck(run_under_boundscheck)
         "from test_cpu_implicit import STRIDE_1\n"
         "from test_cpu_implicit import \\\n"
         "    test_implicit_forward_and_data_gradient_match_the_reference as fwd\n"
+        "from test_cpu_implicit import STRIDED\n"
+        "from test_cpu_implicit import \\\n"
+        "    test_implicit_strided_data_gradient_matches_the_reference as strided\n"
         "for layout in ('channels_last', 'channels_first'):\n"
         "    for c in CASES:\n"
         "        test_implicit_weight_gradient_matches_the_reference(c, 'float64', layout)\n"
         "    for c in STRIDE_1:\n"
-        "        fwd(c, 'float64', layout)\n")
+        "        fwd(c, 'float64', layout)\n"
+        "for c in STRIDED:\n"
+        "    strided(c, 'float64')\n")
 
 
 def test_implicit_built_for_256_bit_vectors():

@@ -373,9 +373,9 @@ def _gram_tiles(a, b, out, add, mr, nr, kc):
 @_serial
 def _band(src, at, lda, b, c, ci, ldc, depth, j0, j1, mr, nr, kc, tile, edge, rows):
     """C's rows ci .. ci + rows (rows <= MR) times b's columns j0 .. j1 (j1 - j0 a multiple
-    of NR): A's band at ``src``'s element ``at`` (MR rows, ``lda`` apart), KC-deep chunks into the band's
-    tiles, which stay in L1 from chunk to chunk. ``edge`` (rows < MR): each tile goes
-    through the scratch ``tile`` and its first ``rows`` rows are copied out."""
+    of NR): A's band at ``src``'s element ``at`` (MR rows, ``lda`` apart), KC-deep chunks
+    into the band's tiles, which stay in L1 from chunk to chunk. ``edge`` (rows < MR): each
+    tile goes through the scratch ``tile`` and its first ``rows`` rows are copied out."""
     ldb = b.strides[0] // b.itemsize
     for p0 in range(0, depth, kc):
         chunk = min(kc, depth - p0)

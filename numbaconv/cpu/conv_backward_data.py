@@ -55,13 +55,17 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
     elif algorithm == "direct":
         _direct.data_gradient(g, dy, w, dx, accumulate)
     elif algorithm == "implicit":
-        if g.stride != (1, 1, 1) or g.g != 1:
-            raise ValueError("algorithm: 'implicit' needs stride 1 and one group")
+        if g.g != 1 or (g.stride != (1, 1, 1) and not g.channels_last):
+            raise ValueError("algorithm: 'implicit' needs one group, and channels-last with a "
+                             "stride")
         if not _direct.finite(w):                  # see im2col above
             _im2col_dgrad(g, dy, w, dx, accumulate)
-            return
-        _implicit.forward(_stride1_as_forward(g), dy, _flipped_matrix(g, w, True)[0], dx,
-                          accumulate)
+        elif g.stride != (1, 1, 1):
+            # By stride phases, dy read in place: dy's zero columns multiply the weights too.
+            _implicit.strided_data_gradient(g, dy, w, dx, accumulate)
+        else:
+            _implicit.forward(_stride1_as_forward(g), dy, _flipped_matrix(g, w, True)[0], dx,
+                              accumulate)
     elif algorithm == "winograd":
         _winograd.require(g)
         forward = _stride1_as_forward(g)
