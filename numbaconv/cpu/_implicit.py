@@ -20,6 +20,10 @@ are its window's features (one tap row: KW * C adjacent values, the next pixel's
 further on; :func:`._microkernel._micro_tile_strided`), B the weights of that tap row, and
 the depth one tap row's features, so the products are long.
 
+The channels-last data gradient with a stride runs by stride phases instead
+(:func:`strided_data_gradient`): dy's pixels are the A operand as they lie, each tap's
+weights B, and the products go straight into the dx pixels of the tap's phase.
+
 Against im2col + BLAS this saves writing and re-reading the packed matrix, KD*KH*KW /
 (stride product) times the input's size. The weight gradient's products are short,
 though: each one's depth is one output row, and the accumulator tile is loaded and stored
@@ -409,7 +413,7 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
 def _strided_rows(dyp, wt, dx, overrun, s, r, p, stride, dil, before, k, c, padded_c, pitch,
                   width, left, accumulate, mr, nr):
     """One dx row (n, z, y) a job (see :func:`strided_data_gradient`); dyp (N * P0 * P1,
-    width, K), wt (taps, K, C'), dx (N, S0, S1, S2, C), all flat. For each phase and block
+    width, K), wt (taps, K, pitch), dx (N, S0, S1, S2, C), all flat. For each phase and block
     of NR channels, tap after tap over the row's runs of MR pixels (the tap's weight panel
     stays in L1 through the row); runs that end past the row or channels past C go
     through scratch tiles, one per run."""
