@@ -61,7 +61,7 @@ _helper = numba.njit(**jit_options(parallel=False))
 #: wraparound (which keeps LLVM from vectorising): mixed with a signed int, even a literal,
 #: Numba's arithmetic is signed again, hence these constants.
 _0, _1, _2, _3 = np.uint64(0), np.uint64(1), np.uint64(2), np.uint64(3)
-_4, _8, _12 = np.uint64(4), np.uint64(8), np.uint64(12)
+_4, _8 = np.uint64(4), np.uint64(8)
 
 #: U's bytes per job (16 transformed values per tile and input channel) that the jobs aim
 #: at, so that a job's U and M stay in the L2/L3 caches between transform and product.
@@ -223,8 +223,8 @@ def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     tiles)."""
     th, tw = tile_grid(g)
     per_slice = th * tw
-    parts = -(-per_slice // max(MIN_JOB_TILES, JOB_BYTES // (
-        16 * max(3 * g.c, g.k) * x.itemsize)))
+    # A job's U holds all three taps' channels: job_tiles as if there were 3 * C of them.
+    parts = -(-per_slice // job_tiles(g._replace(c=3 * g.c), x.itemsize))
     step = -(-per_slice // parts)
     depth, out_depth, pad = g.s[0], g.p[0], g.before[0]
     jobs = [(s, s * per_slice + a, s * per_slice + min(per_slice, a + step))
@@ -232,8 +232,7 @@ def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     big = np.finfo(x.dtype).max
     xf, yf = x.reshape(-1), y.reshape(-1)
     c = g.c
-    args = (th, tw, g.before[1], g.before[2], g.s[1], g.s[2], c, x.dtype.type(1),
-            x.dtype.type(0))
+    args = _input_args(g, th, tw, x.dtype)
 
     def job(span, pick):
         s, t0, t1 = span
@@ -268,12 +267,18 @@ def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     return sum(_gemm.run_tiles(job, jobs)) == 0
 
 
+def _input_args(g: Geom, th: int, tw: int, dtype) -> tuple:
+    """The input transforms' arguments from ``th`` on (:func:`_input_cl`, :func:`_input_cf`;
+    each takes one more, U's pitch or x's depth)."""
+    return (th, tw, g.before[1], g.before[2], g.s[1], g.s[2], g.c, dtype.type(1),
+            dtype.type(0))
+
+
 def _transformed_input(g: Geom, xf: np.ndarray, span: tuple, th: int, tw: int, pick):
     """U of a job's tiles from x (flat), in the "packed" workspace: channels-last
     (16, tiles, C), channels-first (16, C, tiles)."""
     t0, t1 = span
-    args = (th, tw, g.before[1], g.before[2], g.s[1], g.s[2], g.c, xf.dtype.type(1),
-            xf.dtype.type(0))
+    args = _input_args(g, th, tw, xf.dtype)
     if g.channels_last:
         u, uf, step = _planes((t1 - t0, g.c), xf.dtype, "packed")
         pick(_input_cl)(xf, uf, step, t0, t1, *args, g.c)
