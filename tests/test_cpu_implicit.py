@@ -21,6 +21,8 @@ from numbaconv import dispatch
 from numbaconv import problem as pb
 from numbaconv.testing import relative_error
 
+from non_finite import assert_non_finite_like
+
 TOL = {"float32": 2e-5, "float64": 1e-11}
 
 
@@ -191,10 +193,7 @@ def test_strided_data_gradient_with_non_finite_values_like_the_reference():
                           pb.conv_backward_data_problem(dy, weights, x.shape, **kw),
                           (dy, weights), None, "implicit")
         assert np.isnan(want).any() and np.isinf(want).any()
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
-        finite = np.isfinite(want)
-        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-9, atol=1e-9)
+        assert_non_finite_like(got, want)
 
 
 def test_the_strided_data_gradient_is_channels_last_only():
@@ -266,10 +265,7 @@ def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout):
     expected = _reference(x, dy, w_shape, **kw)
     got = _implicit(x, dy, w_shape, **kw)
     assert np.isnan(expected).any() and np.isinf(expected).any()
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
-    np.testing.assert_array_equal(got[np.isinf(expected)], expected[np.isinf(expected)])
-    finite = np.isfinite(expected)
-    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-9, atol=1e-9)
+    assert_non_finite_like(got, expected)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -322,10 +318,7 @@ def test_non_finite_values_in_the_forward_and_data_gradient_propagate_like_the_r
     del expected["conv_backward_data"]
     for op, want in expected.items():
         assert np.isnan(want).any() and np.isinf(want).any(), op
-        np.testing.assert_array_equal(np.isnan(got[op]), np.isnan(want), err_msg=op)
-        np.testing.assert_array_equal(got[op][np.isinf(want)], want[np.isinf(want)])
-        finite = np.isfinite(want)
-        np.testing.assert_allclose(got[op][finite], want[finite], rtol=1e-9, atol=1e-9)
+        assert_non_finite_like(got[op], want, op)
 
 
 def test_the_same_dw_bit_for_bit_on_one_thread_or_two():
