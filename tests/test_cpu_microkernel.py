@@ -25,22 +25,34 @@ def _shapes(dtype):
             (7, 2 * kc + 3, 1), (1, 9, 70 * nr + 3), (13 * mr + 1, 5, 2), (0, 4, 3), (3, 4, 0)]
 
 
+def _guarded(shape, dtype, left=1, right=2):
+    """(out, outside): out of ``shape``, a view into a NaN-filled frame with a row above
+    and below, ``left`` columns before and ``right`` after it, and a function that gives
+    the frame's values outside out (all NaN while nothing was written there)."""
+    rows, columns = shape
+    frame = np.full((rows + 2, left + columns + right), np.nan, dtype)
+    inside = np.zeros(frame.shape, bool)
+    inside[1:rows + 1, left:left + columns] = True
+    return frame[1:rows + 1, left:left + columns], lambda: frame[~inside]
+
+
+def _assert_product(out, a, b, dtype, label):
+    """out == a @ b within TOL[dtype] of the sum of the products' magnitudes."""
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64) + 1e-300
+    assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), label
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_gemm_matches_numpy_inside_a_guarded_output(dtype):
     rng = np.random.default_rng(0)
     for m, k, n in _shapes(dtype):
         a = rng.standard_normal((m, k)).astype(dtype)
         b = rng.standard_normal((k, n)).astype(dtype)
-        # out is a view into a NaN-filled frame: any write outside it shows.
-        frame = np.full((m + 2, n + 3), np.nan, dtype)
-        out = frame[1:m + 1, 1:n + 1]
+        out, outside = _guarded((m, n), dtype)
         assert mk.gemm(a, b, out) is out
-        expected = a.astype(np.float64) @ b.astype(np.float64)
-        scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64) + 1e-300
-        assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), (m, k, n)
-        inside = np.zeros(frame.shape, bool)
-        inside[1:m + 1, 1:n + 1] = True
-        assert np.isnan(frame[~inside]).all(), (m, k, n)
+        _assert_product(out, a, b, dtype, (m, k, n))
+        assert np.isnan(outside()).all(), (m, k, n)
 
 
 def test_gemm_reads_strided_operands_and_overwrites_out():
@@ -82,16 +94,13 @@ def test_gram_matches_numpy_inside_a_guarded_output(dtype, add):
         a = rng.standard_normal((m, f + 3)).astype(dtype)[:, 2:f + 2]
         b = rng.standard_normal((m, k + 5)).astype(dtype)[:, 1:k + 1]
         start = rng.standard_normal((f, k)).astype(dtype)
-        frame = np.full((f + 2, k + 3), np.nan, dtype)
-        out = frame[1:f + 1, 1:k + 1]
+        out, outside = _guarded((f, k), dtype)
         out[...] = start if add else np.nan
         assert mk.gram(a, b, out, add=add) is out
         expected = a.T.astype(np.float64) @ b.astype(np.float64) + (start if add else 0)
         scale = np.abs(a.T).astype(np.float64) @ np.abs(b).astype(np.float64) + 1
         assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), (m, f, k)
-        inside = np.zeros(frame.shape, bool)
-        inside[1:f + 1, 1:k + 1] = True
-        assert np.isnan(frame[~inside]).all(), (m, f, k)
+        assert np.isnan(outside()).all(), (m, f, k)
         again = np.empty_like(out)
         again[...] = start if add else 0
         assert np.array_equal(mk.gram(a, b, again, add=add), out)
@@ -117,18 +126,13 @@ def test_rows_gemm_matches_numpy_inside_a_guarded_output(dtype):
     for m, k, n in ((1, 1, 1), (mr, kc, nr), (mr - 1, 3, nr + 1), (3 * mr + 5, 2 * kc + 3, nc + nr),
                     (4 * mr, 7, 2 * nc + 3), (mr + 1, 9, nr - 1), (50, 64, 3 * nr), (0, 4, 3),
                     (5, 4, 0), (2 * mr, 0, nr + 2)):
-        # a's and out's rows as slices of wider arrays (row stride above the row length).
+        # a's, b's and out's rows as slices of wider arrays (row stride above the length).
         a = rng.standard_normal((m, k + 3)).astype(dtype)[:, 1:k + 1]
         b = rng.standard_normal((k, n + 2)).astype(dtype)[:, 2:]
-        frame = np.full((m + 2, n + 5), np.nan, dtype)
-        out = frame[1:m + 1, 2:n + 2]
+        out, outside = _guarded((m, n), dtype, left=2, right=3)
         assert mk.rows_gemm(a, b, out) is out
-        expected = a.astype(np.float64) @ b.astype(np.float64)
-        scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64) + 1e-300
-        assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), (m, k, n)
-        inside = np.zeros(frame.shape, bool)
-        inside[1:m + 1, 2:n + 2] = True
-        assert np.isnan(frame[~inside]).all(), (m, k, n)
+        _assert_product(out, a, b, dtype, (m, k, n))
+        assert np.isnan(outside()).all(), (m, k, n)
         assert np.array_equal(mk.rows_gemm(a, b, np.empty_like(out)), out)
 
 

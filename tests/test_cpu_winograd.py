@@ -19,6 +19,8 @@ from numbaconv import dispatch
 from numbaconv import problem as pb
 from numbaconv.testing import relative_error
 
+from non_finite import assert_non_finite_like
+
 TOL = {"float32": 2e-5, "float64": 1e-11}
 
 # (name, x shape channels-first, padding, out channels)
@@ -51,32 +53,40 @@ def _arrays(case, dtype, layout, seed=0):
     return x, dy, w, bias, dict(padding=padding, layout=layout)
 
 
-def _check_all_ops(case, dtype, layout):
-    x, dy, w, bias, kw = _arrays(case, dtype, layout)
+def _check_forward_forms(label, x, dy, w, bias, kw, dtype):
+    """The forward (with bias), the data gradient (over NaN, so every value is written;
+    then accumulated onto ones) and the transposed convolution by ``winograd``, against
+    the reference."""
     backend = _backend()
+    t_bias = np.full(w.shape[1], 0.5, dtype)             # over the transposed output's C
     with nc.use_backend("reference"):
         y_ref = nc.conv(x, w, bias, **kw)
         dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
-        t_ref = nc.conv_transpose(dy, w, np.full(w.shape[1], 0.5, dtype), **kw)
-        dw_ref = nc.conv_backward_weight(x, dy, w.shape, **kw)
+        t_ref = nc.conv_transpose(dy, w, t_bias, **kw)
     p = pb.conv_problem(x, w, bias, **kw)
     assert "winograd" in backend.algorithms("conv", p)
     y = backend.run("conv", p, (x, w, bias), None, "winograd")
-    assert y.dtype == dtype and relative_error(y, y_ref) < TOL[dtype], case[0]
-    # The data gradient over NaN (every value written), then accumulated onto ones.
+    assert y.dtype == dtype and relative_error(y, y_ref) < TOL[dtype], label
     p = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
     dx = np.full(x.shape, np.nan, dtype)
     backend.run("conv_backward_data", p, (dy, w), dx, "winograd")
-    assert relative_error(dx, dx_ref) < TOL[dtype], case[0]
+    assert relative_error(dx, dx_ref) < TOL[dtype], label
     p = pb.conv_backward_data_problem(dy, w, x.shape, out=np.ones_like(x), accumulate=True,
                                       **kw)
     acc = np.ones_like(x)
     backend.run("conv_backward_data", p, (dy, w), acc, "winograd")
-    assert relative_error(acc, dx_ref + 1) < TOL[dtype], case[0]
-    t_bias = np.full(w.shape[1], 0.5, dtype)             # over the transposed output's C
+    assert relative_error(acc, dx_ref + 1) < TOL[dtype], label
     p = pb.conv_transpose_problem(dy, w, t_bias, **kw)
     t = backend.run("conv_transpose", p, (dy, w, t_bias), None, "winograd")
-    assert relative_error(t, t_ref) < TOL[dtype], case[0]
+    assert relative_error(t, t_ref) < TOL[dtype], label
+
+
+def _check_all_ops(case, dtype, layout):
+    x, dy, w, bias, kw = _arrays(case, dtype, layout)
+    _check_forward_forms(case[0], x, dy, w, bias, kw, dtype)
+    backend = _backend()
+    with nc.use_backend("reference"):
+        dw_ref = nc.conv_backward_weight(x, dy, w.shape, **kw)
     # The weight gradient, and accumulated onto ones.
     p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
     dw = backend.run("conv_backward_weight", p, (x, dy), None, "winograd")
@@ -152,12 +162,7 @@ def test_non_finite_values_propagate_like_the_reference(layout):
         for op in want:
             label = f"{name} {op}"
             assert np.isinf(want[op]).any(), label
-            np.testing.assert_array_equal(np.isnan(got[op]), np.isnan(want[op]), label)
-            np.testing.assert_array_equal(got[op][np.isinf(want[op])],
-                                          want[op][np.isinf(want[op])], label)
-            finite = np.isfinite(want[op])
-            np.testing.assert_allclose(got[op][finite], want[op][finite], rtol=1e-9,
-                                       atol=1e-9, err_msg=label)
+            assert_non_finite_like(got[op], want[op], label)
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
@@ -218,28 +223,7 @@ def _check_3d(case, dtype, layout):
     bias = rng.standard_normal(k).astype(dtype)
     kw = dict(padding=padding, layout=layout)
     dy = rng.standard_normal(nc.conv_output_shape(x.shape, w.shape, **kw)).astype(dtype)
-    t_bias = np.full(w.shape[1], 0.5, dtype)
-    with nc.use_backend("reference"):
-        y_ref = nc.conv(x, w, bias, **kw)
-        dx_ref = nc.conv_backward_data(dy, w, x.shape, **kw)
-        t_ref = nc.conv_transpose(dy, w, t_bias, **kw)
-    backend = _backend()
-    p = pb.conv_problem(x, w, bias, **kw)
-    assert "winograd" in backend.algorithms("conv", p)
-    y = backend.run("conv", p, (x, w, bias), None, "winograd")
-    assert y.dtype == dtype and relative_error(y, y_ref) < TOL[dtype], case[0]
-    p = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
-    dx = np.full(x.shape, np.nan, dtype)
-    backend.run("conv_backward_data", p, (dy, w), dx, "winograd")
-    assert relative_error(dx, dx_ref) < TOL[dtype], case[0]
-    p = pb.conv_backward_data_problem(dy, w, x.shape, out=np.ones_like(x), accumulate=True,
-                                      **kw)
-    acc = np.ones_like(x)
-    backend.run("conv_backward_data", p, (dy, w), acc, "winograd")
-    assert relative_error(acc, dx_ref + 1) < TOL[dtype], case[0]
-    p = pb.conv_transpose_problem(dy, w, t_bias, **kw)
-    t = backend.run("conv_transpose", p, (dy, w, t_bias), None, "winograd")
-    assert relative_error(t, t_ref) < TOL[dtype], case[0]
+    _check_forward_forms(case[0], x, dy, w, bias, kw, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -274,10 +258,7 @@ def test_3d_non_finite_values_propagate_like_the_reference(layout):
         want = nc.conv(x, w, **kw)
     got = _backend().run("conv", pb.conv_problem(x, w, **kw), (x, w, None), None, "winograd")
     assert np.isinf(want).any() and np.isnan(want).any()
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
-    finite = np.isfinite(want)
-    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-9, atol=1e-9)
+    assert_non_finite_like(got, want)
 
 
 def test_3d_winograd_is_not_a_weight_gradient_algorithm():
