@@ -664,6 +664,8 @@ def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
     """Every algorithm on every case once more, compiled with NUMBA_BOUNDSCHECK=1."""
     run_under_boundscheck("from test_cpu import check_every_algorithm\n"
                           "from numbaconv.testing import CASES\n"
+                          "from numbaconv.cpu import conv\n"
+                          "conv.PARALLEL_BIAS_FROM = 0  # every bias by the kernels\n"
                           "for c in CASES:\n"
                           "    for layout in ('channels_first', 'channels_last'):\n"
                           "        check_every_algorithm(c, layout, 'float64')\n")
@@ -692,6 +694,41 @@ def test_bias_gradient_of_many_rows(layout):
     assert np.isnan(got[2]) and np.isnan(expected[2])
     keep = np.arange(5) != 2
     assert relative_error(got[keep], expected[keep]) < TOL["float32"]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_bias_added_by_the_tile_workers_equals_numpy(monkeypatch, workers, layout, dtype):
+    """Above PARALLEL_BIAS_FROM the bias is added by a Numba kernel in chunks of rows shared
+    among the tile workers (channels-first chunks start at any plane, not only at a whole
+    image): bit for bit NumPy's broadcast add, NaN and infinities included."""
+    from numbaconv.cpu import conv as cpu_conv
+    _force_tile_workers(monkeypatch, workers)
+    monkeypatch.setattr(cpu_conv, "PARALLEL_BIAS_FROM", 0)
+    rng = np.random.default_rng(21)
+    for shape in ((1, 5, 3, 7), (3, 7, 2, 1), (2, 1, 4, 4)):       # (N, C, H, W)
+        a = rng.standard_normal(shape).astype(dtype)
+        a[0, -1, 0, 0], a.flat[-1] = np.inf, np.nan
+        v = rng.standard_normal(shape[1]).astype(dtype)
+        v[0] = -np.inf
+        if layout == "channels_last":
+            a = np.ascontiguousarray(np.moveaxis(a, 1, -1))
+        with np.errstate(invalid="ignore"):                # inf - inf
+            expected = a + (v if layout == "channels_last" else v[:, None, None])
+        cpu_conv.add_channel_vector(None, a, v, layout == "channels_last")
+        np.testing.assert_array_equal(a, expected)
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_forward_and_transposed_bias_by_the_tile_workers(monkeypatch, layout):
+    """Every forward and transposed algorithm with its bias added by the kernels (not
+    NumPy) still matches the reference."""
+    from numbaconv.cpu import conv as cpu_conv
+    _force_tile_workers(monkeypatch, 2)
+    monkeypatch.setattr(cpu_conv, "PARALLEL_BIAS_FROM", 0)
+    for c in CASES:
+        check_every_algorithm(c, layout, "float64", ops=("conv", "conv_transpose"))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -537,3 +537,22 @@ def zero_rows(a):
     flat = a.reshape(a.shape[0], -1)
     for i in prange(flat.shape[0]):
         flat[i, :] = 0
+
+
+@_njit
+def add_row_vector(a, v, first):
+    """a[i, :] += v for the rows of a (R, K) (a channels-last bias; ``first`` unused)."""
+    for i in prange(a.shape[0]):
+        for j in range(a.shape[1]):
+            a[i, j] += v[j]
+
+
+@_njit
+def add_row_scalars(a, v, first):
+    """a[i, :] += v[(first + i) % len(v)] for the rows of a (R, P) (a channels-first bias:
+    a's rows are planes from plane ``first`` of an (N * K, P) array)."""
+    k = v.shape[0]
+    for i in prange(a.shape[0]):
+        value = v[(first + i) % k]
+        for j in range(a.shape[1]):
+            a[i, j] += value
