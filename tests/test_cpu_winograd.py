@@ -413,3 +413,24 @@ def test_the_weight_gradient_is_the_same_bit_for_bit_on_one_thread_or_two():
         _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = previous[1:]
     for other in runs[1:]:
         np.testing.assert_array_equal(runs[0], other)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_weight_transforms_shared_among_the_workers(monkeypatch, layout, workers):
+    """Large weights are transformed (G g G^T) and large weight gradients transformed
+    back (G^T dV G) in ranges of output channels shared among the tile workers: every op
+    still matches the reference, and dw is bit for bit the one of a single job."""
+    from numbaconv.cpu import _gemm
+    if _gemm._blas() is None:
+        pytest.skip("NumPy's BLAS is not an OpenBLAS numbaconv can set the threads of")
+    x, dy, w, _, kw = _arrays(CASES[1], "float64", layout)
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    whole = _backend().run("conv_backward_weight", p, (x, dy), None, "winograd")
+    monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0)
+    monkeypatch.setattr(_gemm, "tile_workers",
+                        lambda jobs: 1 if _gemm.in_tile_worker() else min(workers, jobs))
+    shared = _backend().run("conv_backward_weight", p, (x, dy), None, "winograd")
+    np.testing.assert_array_equal(shared, whole)
+    for case in CASES:
+        _check_all_ops(case, "float64", layout)
