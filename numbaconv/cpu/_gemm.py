@@ -309,6 +309,13 @@ def tile_workers(jobs: int) -> int:
     return workers
 
 
+def worker_ranges(size: int, share: bool = True) -> list:
+    """[(start, stop), ...]: [0, size) cut into one range per tile worker (a single range
+    unless ``share``), the jobs of a kernel shared out by :func:`run_tiles`."""
+    step = max(1, -(-size // (tile_workers(size) if share else 1)))
+    return [(start, min(size, start + step)) for start in range(0, size, step)]
+
+
 @functools.lru_cache(maxsize=None)
 def serial(kernel):
     """The one-thread compilation of a parallel kernel (made once, on first use): for the

@@ -65,12 +65,11 @@ def add_channel_vector(g: Geom, a: np.ndarray, v: np.ndarray, channels_last: boo
     # Channels-last rows are pixels (+= v); channels-first rows are planes (+= v[plane % K]).
     rows, kernel = ((a.reshape(-1, channels), add_row_vector) if channels_last else
                     (a.reshape(a.shape[0] * channels, -1), add_row_scalars))
-    step = -(-rows.shape[0] // _gemm.tile_workers(rows.shape[0]))
 
-    def add(start, pick):
-        pick(kernel)(rows[start:start + step], v, start)
+    def add(span, pick):
+        pick(kernel)(rows[span[0]:span[1]], v, span[0])
 
-    _gemm.run_tiles(add, list(range(0, rows.shape[0], step)))
+    _gemm.run_tiles(add, _gemm.worker_ranges(rows.shape[0]))
 
 
 def _gemm_forward(g: Geom, x, w, y) -> None:
