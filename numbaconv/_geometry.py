@@ -122,6 +122,37 @@ def transpose_as_conv(size: int, out_size: int, kernel: int, stride: int, dilati
     return dgrad_as_conv(size, out_size, kernel, stride, dilation, before)
 
 
+class StridePhase(NamedTuple):
+    """The input positions ``first, first + stride, ...`` (``count`` of them) of a data
+    gradient whose ``i + before`` has one residue modulo the stride, and the taps that reach
+    them: ``(tap, delta)`` pairs, position ``first + stride*j`` reading dy at ``j + delta``."""
+    first: int
+    count: int
+    taps: tuple
+
+
+def stride_phases(size: int, out_size: int, kernel: int, stride: int, dilation: int,
+                  before: int) -> tuple:
+    """The data gradient of one dimension split by stride phases.
+
+    ``dx[i] = sum(w[t] * dy[o] for t if (i + before - t*dilation) == o*stride, 0 <= o <
+    out_size)``: for the positions of one phase only the taps with ``t*dilation`` congruent
+    to ``i + before`` take part, and ``o = j + delta`` is a stride-1 convolution over the
+    phase's ``j``. Phases without positions are left out; a phase may have no taps (its dx
+    is zero). ``delta`` may reach outside ``[0, out_size)``: readers check the bounds.
+    """
+    phases = []
+    for residue in range(stride):
+        first = (residue - before) % stride
+        count = len(range(first, size, stride))
+        if count == 0:
+            continue
+        taps = tuple((t, (first + before - t * dilation) // stride) for t in range(kernel)
+                     if (first + before - t * dilation) % stride == 0)
+        phases.append(StridePhase(first, count, taps))
+    return tuple(phases)
+
+
 def normalize_int_tuple(value, ndim: int, name: str, minimum: int) -> tuple[int, ...]:
     """An int or one int per spatial dim, each ``>= minimum``, as a tuple."""
     if _is_int(value):

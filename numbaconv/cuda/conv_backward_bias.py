@@ -7,10 +7,11 @@ split depends only on the shape and the configured threads per block: determinis
 
 from __future__ import annotations
 
+import math
+
 from ..config import cuda_threads_per_block
 from . import _kernels
 from ._layout import device_array, view5
-from .conv_backward_weight import _blocks, sum_partials
 
 #: Chunks to aim for over all channels (fixed, so the split never depends on the device).
 TARGET_BLOCKS = 1024
@@ -33,3 +34,15 @@ def run(problem, operands, out, algorithm):
     result = out if out is not None else device_array((k,), problem.dtype)
     sum_partials(partial, view5(result, 1), problem.dtype, problem.accumulate)
     return result
+
+
+def sum_partials(partial, out5, dtype, accumulate):
+    """out5 = [out5 +] partial summed over its first axis, in order."""
+    threads = cuda_threads_per_block()
+    elements = math.prod(partial.shape[1:])
+    _kernels.kernel("sum_partials", dtype)[_blocks(elements, threads), threads](
+        partial, out5, bool(accumulate))
+
+
+def _blocks(count: int, per_block: int) -> int:
+    return max(1, -(-count // per_block))

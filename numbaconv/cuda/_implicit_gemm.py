@@ -1,0 +1,899 @@
+"""The ``implicit_gemm`` algorithm of the cuda backend: register-tiled implicit GEMMs.
+
+Every convolution op that is a matrix product runs one of two kernels here:
+
+``conv_gemm`` (forward, data gradient, transposed convolution)
+    ``out[n, g*M + m, pos] = sum over (tap, r) of A[g, tap, r, m] * src[n, g*R + r, at(pos,
+    tap)]``. Forward: m = output channel, r = input channel, ``at = pos*stride - before +
+    tap*dilation``. Data gradient and transposed convolution: m = input channel, r = output
+    channel, and the input positions are split into **stride phases** (positions whose
+    ``i + before`` has one residue per dimension): in a phase only the taps that land on a
+    multiple of the stride take part, so no multiply-add meets a zero of the dilated dy. A
+    phase is a plain convolution with stride 1 over the phase's positions; the phases run
+    in one launch (grid z). The weights are first packed once per call into ``A[g, tap, r,
+    m]`` (r padded to the step, m fastest), so the main loop reads A at a pointer advanced
+    by a constant.
+``weight_gemm`` (weight gradient)
+    ``dw[g*Kg + m, c, tap] = sum over j = (image, output position) of dy[j, m] * x[j, c at
+    tap]``, the j range cut in chunks fixed by the shape (never by the device), each chunk
+    writing its own partial, which ``sum_chunks`` adds in chunk order: deterministic, no
+    atomics.
+
+Both are tiled CUTLASS-style: a block computes a ``BM x BN`` tile, each thread a ``TM x
+TN`` register tile (split in two halves of rows and of columns so that neighbouring threads
+read neighbouring shared words), the reduction advances ``BK`` at a time through two
+shared-memory buffers (the next step's global loads are issued before the current step's
+multiply-adds). Gathers use offsets computed once per thread and per tap and advanced by
+constants: the main loop has no division. Indices are 32-bit when every operand spans fewer
+than 2**31 elements (``wide=False``), else 64-bit. Operands are read through flat 1D views
+with element strides (:func:`._layout.flat`), so any strides work and channels-first and
+channels-last differ only in which threads load which elements (channels-last: a warp reads
+consecutive channels).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+import re
+import threading
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda  # the simulator swaps this module global for its fake module
+
+from .._geometry import stride_phases
+from ._layout import activation5, as_device, device_array, flat, geom, simulated, weight5
+
+#: Largest element offset the 32-bit kernels handle (below 2**31 with room for the padding
+#: reads whose offsets are formed before their bounds check).
+INDEX32_LIMIT = 2 ** 31 - 2 ** 24
+#: Thread blocks to aim for when splitting the weight gradient's reduction: enough to fill
+#: two waves of a 132-SM GPU; fixed, so the split (and the bits of dw) never depend on it.
+WEIGHT_TARGET_BLOCKS = 528
+#: Largest weight-gradient partial buffer, in accumulator elements (64 MiB of float32).
+MAX_PARTIAL_ELEMENTS = 1 << 24
+
+
+class Tile(NamedTuple):
+    """Block tile ``bm x bn``, reduction step ``bk``, register tile ``tm x tn``."""
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def check(self) -> "Tile":
+        bm, bn, bk, tm, tn = self
+        t = self.threads
+        ok = (tm % 2 == 0 and tn % 2 == 0 and bm % tm == 0 and bn % tn == 0
+              and t % bm == 0 and t % bn == 0 and t % bk == 0
+              and (bk * bm) % t == 0 and (bk * bn) % t == 0 and t <= 1024)
+        if not ok:
+            raise ValueError(f"NUMBACONV_CUDA_GEMM_TILE: {tuple(self)} is not a usable "
+                             f"(bm, bn, bk, tm, tn) tile")
+        return self
+
+
+#: The tiles the driver chooses from (float32/float16); float64 halves the register tile.
+TILES = (Tile(128, 128, 8, 8, 8), Tile(64, 128, 8, 8, 8), Tile(128, 64, 8, 8, 8),
+         Tile(64, 64, 8, 8, 8), Tile(32, 64, 8, 4, 8))
+TILES64 = (Tile(64, 64, 8, 4, 4), Tile(32, 64, 8, 4, 4), Tile(64, 32, 8, 4, 4),
+           Tile(32, 32, 8, 4, 4))
+
+
+def forced_tile():
+    """The tile NUMBACONV_CUDA_GEMM_TILE forces (tests use tiny ones), or None."""
+    raw = os.environ.get("NUMBACONV_CUDA_GEMM_TILE", "").strip()
+    if not raw:
+        return None
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 5:
+        raise ValueError(f"NUMBACONV_CUDA_GEMM_TILE: expected 5 comma-separated ints "
+                         f"(bm, bn, bk, tm, tn), got {raw!r}")
+    return Tile(*values).check()
+
+
+def choose_tile(rows: int, cols: int, blocks_per_tile: int, dtype: str) -> Tile:
+    """The largest tile that wastes little of ``rows x cols`` and still gives about two
+    blocks per SM of a 132-SM GPU (fewer, larger tiles read less per multiply-add)."""
+    forced = forced_tile()
+    if forced is not None:
+        return forced
+    tiles = TILES64 if dtype == "float64" else TILES
+
+    def score(t):
+        used = rows * cols / (_ceil(rows, t.bm) * t.bm * _ceil(cols, t.bn) * t.bn)
+        blocks = _ceil(rows, t.bm) * _ceil(cols, t.bn) * blocks_per_tile
+        fill = min(1.0, blocks / 264)
+        return used * fill * (1.0 + 0.25 * (t.bm * t.bn) / (128 * 128))
+    return max(tiles, key=score)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --- kernel source ---------------------------------------------------------------------------
+#
+# Numba does not unroll loops on request and NVVM leaves the register tile in local memory
+# unless every loop over it is unrolled, so the kernels are written as templates whose
+# ``#unroll VAR COUNT ... #end`` blocks are repeated with ``{expression}`` filled in, and
+# whose ``#if EXPR ... #else ... #end`` blocks are kept or dropped by the constants (tile,
+# layout, dimensions) that key each kernel. The result is plain Python, compiled by cuda.jit.
+
+_DIRECTIVE = re.compile(r"^\s*#(unroll|if|elif|else|end)\b\s*(.*)$")
+_FIELD = re.compile(r"\{([^{}]+)\}")
+
+
+def _fill(line: str, names: dict) -> str:
+    def value(match):
+        try:
+            return str(eval(match.group(1), {}, names))   # noqa: S307 - our own templates
+        except NameError:
+            return match.group(0)
+    return _FIELD.sub(value, line)
+
+
+def _expand(lines: list, names: dict) -> list:
+    out = []
+    i = 0
+    while i < len(lines):
+        found = _DIRECTIVE.match(lines[i])
+        if not found:
+            out.append(_fill(lines[i], names))
+            i += 1
+            continue
+        kind, arg = found.groups()
+        if kind not in ("unroll", "if"):
+            raise ValueError(f"template: unmatched #{kind} at line {i}")
+        branches, i = _block(lines, i + 1, arg)
+        if kind == "unroll":
+            var, count = arg.split(None, 1)
+            for v in range(eval(count, {}, names)):          # noqa: S307
+                out.extend(_expand(branches[0][1], dict(names, **{var: v})))
+            continue
+        for condition, body in branches:
+            if condition is None or eval(condition, {}, names):   # noqa: S307
+                out.extend(_expand(body, names))
+                break
+    return out
+
+
+def _block(lines: list, i: int, condition: str):
+    """The branches ``[(condition, lines)]`` of a block up to its #end (an #else branch has
+    the condition None), and the index after the #end."""
+    branches = [(condition, [])]
+    depth = 0
+    while i < len(lines):
+        found = _DIRECTIVE.match(lines[i])
+        kind = found.group(1) if found else None
+        if kind in ("unroll", "if"):
+            depth += 1
+        elif kind == "end":
+            if depth == 0:
+                return branches, i + 1
+            depth -= 1
+        elif kind in ("elif", "else") and depth == 0:
+            branches.append((found.group(2) if kind == "elif" else None, []))
+            i += 1
+            continue
+        branches[-1][1].append(lines[i])
+        i += 1
+    raise ValueError("template: #unroll or #if without #end")
+
+
+def _compile_source(name: str, template: str, names: dict, globals_: dict):
+    """The function ``name`` defined by ``template`` expanded with ``names``."""
+    source = "\n".join(_expand(template.strip("\n").splitlines(), names)) + "\n"
+    namespace = dict(globals_, cuda=cuda)
+    exec(compile(source, f"<numbaconv.cuda {name} {names.get('KEY', '')}>", "exec"),
+         namespace)                                           # noqa: S102
+    function = namespace[name]
+    function.__numbaconv_source__ = source
+    return function
+
+
+_MULTIPLY = """
+    for k in range(BK):
+#unroll i HM
+        a_{i} = As[buf, k, ty * HM + {i}]
+        a_{i + HM} = As[buf, k, ty * HM + {BM // 2 + i}]
+#end
+#unroll j HN
+        b_{j} = Bs[buf, k, tx * HN + {j}]
+        b_{j + HN} = Bs[buf, k, tx * HN + {BN // 2 + j}]
+#end
+#unroll i TM
+#unroll j TN
+        c_{i}_{j} += a_{i} * b_{j}
+#end
+#end
+"""
+
+_GATHER_TAP = """
+    d0 = I(taps[t, 0])
+    d1 = I(taps[t, 1])
+    d2 = I(taps[t, 2])
+#unroll e NCOL
+    i0_{e} = p0_{e} + d0
+    i1_{e} = p1_{e} + d1
+    i2_{e} = p2_{e} + d2
+#if use0
+    ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2)) & (U(i1_{e}) < U(S1)) & (U(i0_{e}) < U(S0))
+#else
+#if use1
+    ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2)) & (U(i1_{e}) < U(S1))
+#else
+    ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2))
+#end
+#end
+    off_{e} = I(nb_{e} + i0_{e} * s0 + i1_{e} * s1 + i2_{e} * s2)
+#end
+"""
+
+
+def _indent(text: str, spaces: int) -> str:
+    pad = " " * spaces
+    return "\n".join(pad + line[4:] if line.strip() and not _DIRECTIVE.match(line)
+                     else line for line in text.strip("\n").splitlines())
+
+
+CONV_GEMM = """
+def conv_gemm(src, wp, out, bias, taps, phases, n_images, M, R, Rp, T,
+              sN, sC, s0, s1, s2, S0, S1, S2, cs0, cs1, cs2, co0, co1, co2,
+              oN, oC, o0, o1, o2, os0, os1, os2):
+    As = cuda.shared.array((2, BK, BMP), acc)
+    Bs = cuda.shared.array((2, BK, BNP), acc)
+    tid = I(cuda.threadIdx.x)
+    tx = I(tid % NTX)
+    ty = I(tid // NTX)
+    nph = phases.shape[0]
+    ph = cuda.blockIdx.z % nph
+    g = I(cuda.blockIdx.z // nph)
+    J0 = I(phases[ph, 0])
+    J1 = I(phases[ph, 1])
+    J2 = I(phases[ph, 2])
+    J12 = I(J1 * J2)
+    Jall = I(J0 * J12)
+    Q = I(n_images * Jall)
+    col0 = I(cuda.blockIdx.x * BN)
+    if col0 >= Q:
+        return
+    m0 = I(cuda.blockIdx.y * BM)
+    tap0 = I(phases[ph, 6])
+    steps = I(I(phases[ph, 7]) * I((R + BK - 1) // BK))
+    am = I(tid % BM)
+    a_ok = m0 + am < M
+    a_ptr = I(I(I(g * T + tap0) * Rp + tid // BM) * M + m0 + am)
+    a_step = I(BK * M)
+    a_kstep = I(A_KSTEP * M)
+    c_step = I(BK * sC)
+#if cl
+    bk = I(tid % BK)
+#else
+    bk = I(tid // BN)
+    b_kstep = I(B_KSTEP * sC)
+#end
+#unroll e NCOL
+#if cl
+    q_{e} = col0 + I(tid // BK + {e * B_QSTEP})
+#else
+    q_{e} = col0 + I(tid % BN)
+#end
+    qq_{e} = min(q_{e}, Q - 1)
+    n_{e} = I(qq_{e} // Jall)
+    r_{e} = I(qq_{e} - n_{e} * Jall)
+    j0_{e} = I(r_{e} // J12)
+    rr_{e} = I(r_{e} - j0_{e} * J12)
+    j1_{e} = I(rr_{e} // J2)
+    j2_{e} = I(rr_{e} - j1_{e} * J2)
+    nb_{e} = I(n_{e} * sN + I(g * R + bk) * sC) if q_{e} < Q else I(-1)
+    p0_{e} = I(j0_{e} * cs0 + co0)
+    p1_{e} = I(j1_{e} * cs1 + co1)
+    p2_{e} = I(j2_{e} * cs2 + co2)
+    off_{e} = I(0)
+    ok_{e} = False
+#end
+#unroll i TM
+#unroll j TN
+    c_{i}_{j} = acc(0)
+#end
+#end
+    t = tap0
+    r0 = I(0)
+    if steps > 0:
+GATHER_TAP_8
+#unroll e LA
+        va_{e} = acc(0)
+        if a_ok:
+            va_{e} = acc(wp[U(a_ptr + {e} * a_kstep)])
+        As[0, tid // BM + {e * A_KSTEP}, am] = va_{e}
+#end
+#unroll e LB
+        vb_{e} = acc(0)
+#if cl
+        if ok_{e} & (bk < R):
+            vb_{e} = acc(src[U(off_{e})])
+        Bs[0, bk, tid // BK + {e * B_QSTEP}] = vb_{e}
+#else
+        if ok_0 & (bk + {e * B_KSTEP} < R):
+            vb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
+        Bs[0, bk + {e * B_KSTEP}, tid % BN] = vb_{e}
+#end
+#end
+        cuda.syncthreads()
+    for step in range(steps):
+        buf = step & 1
+        more = step + 1 < steps
+        if more:
+            a_ptr = I(a_ptr + a_step)
+            r0 = I(r0 + BK)
+            if r0 >= R:
+                r0 = I(0)
+                t += 1
+GATHER_TAP_16
+            else:
+#unroll e NCOL
+                off_{e} = I(off_{e} + c_step)
+#end
+#unroll e LA
+            ra_{e} = acc(0)
+            if a_ok:
+                ra_{e} = acc(wp[U(a_ptr + {e} * a_kstep)])
+#end
+#unroll e LB
+            rb_{e} = acc(0)
+#if cl
+            if ok_{e} & (r0 + bk < R):
+                rb_{e} = acc(src[U(off_{e})])
+#else
+            if ok_0 & (r0 + bk + {e * B_KSTEP} < R):
+                rb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
+#end
+#end
+MULTIPLY
+        if more:
+            nxt = 1 - buf
+#unroll e LA
+            As[nxt, tid // BM + {e * A_KSTEP}, am] = ra_{e}
+#end
+#unroll e LB
+#if cl
+            Bs[nxt, bk, tid // BK + {e * B_QSTEP}] = rb_{e}
+#else
+            Bs[nxt, bk + {e * B_KSTEP}, tid % BN] = rb_{e}
+#end
+#end
+        cuda.syncthreads()
+    f0 = I(phases[ph, 3])
+    f1 = I(phases[ph, 4])
+    f2 = I(phases[ph, 5])
+    gm = I(g * M)
+#unroll j TN
+    q_{j} = col0 + I(tx * HN + {j if j < HN else BN // 2 + j - HN})
+    if q_{j} < Q:
+        n_{j} = I(q_{j} // Jall)
+        r_{j} = I(q_{j} - n_{j} * Jall)
+        j0_{j} = I(r_{j} // J12)
+        rr_{j} = I(r_{j} - j0_{j} * J12)
+        j1_{j} = I(rr_{j} // J2)
+        j2_{j} = I(rr_{j} - j1_{j} * J2)
+        ob_{j} = I(n_{j} * oN + I(f0 + j0_{j} * os0) * o0 + I(f1 + j1_{j} * os1) * o1
+                   + I(f2 + j2_{j} * os2) * o2)
+#unroll i TM
+        m = m0 + I(ty * HM + {i if i < HM else BM // 2 + i - HM})
+        if m < M:
+            at = U(ob_{j} + I(gm + m) * oC)
+#if BIAS and ACCUM
+            out[at] = c_{i}_{j} + acc(bias[U(gm + m)]) + acc(out[at])
+#elif BIAS
+            out[at] = c_{i}_{j} + acc(bias[U(gm + m)])
+#elif ACCUM
+            out[at] = c_{i}_{j} + acc(out[at])
+#else
+            out[at] = c_{i}_{j}
+#end
+#end
+#end
+"""
+
+
+def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, tile: Tile,
+                       has_bias: bool, accumulate: bool):
+    """The Python function of the forward / data-gradient kernel (compile with cuda.jit).
+
+    Launch: ``tile.threads`` threads; grid ``(column tiles, row tiles, groups * phases)``.
+    Arguments::
+
+        src, wp, out, bias (1D flat views), taps (T, 3) source deltas per tap,
+        phases (phases, 8): (J0, J1, J2, first0, first1, first2, tap start, tap count),
+        n, rows M, reduction channels R, padded Rp, taps T,
+        src strides (N, C, 0, 1, 2), src sizes (0, 1, 2),
+        column stride (3), column offset (3),
+        out strides (N, C, 0, 1, 2), out step (3)
+
+    ``src`` position of column ``j`` and tap ``t``: ``j * cstride + coffset + taps[t]``;
+    ``out`` position: ``first + j * ostep``; ``wp`` holds the packed weights ``(groups, T,
+    Rp, M)`` and ``Rp`` is R rounded up to the step.
+    """
+    acc, I, U = _types(dtype, wide)
+    bm, bn, bk, tm, tn = tile
+    threads = tile.threads
+    names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
+                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, LA=bk * bm // threads, LB=bk * bn // threads,
+                 A_KSTEP=threads // bm, B_KSTEP=threads // bn, B_QSTEP=threads // bk,
+                 NCOL=bk * bn // threads if channels_last else 1,
+                 cl=channels_last, use0=nd >= 3, use1=nd >= 2, BIAS=has_bias, ACCUM=accumulate,
+                 KEY=f"{dtype} cl={channels_last} nd={nd} wide={wide} tile={tuple(tile)} "
+                     f"bias={has_bias} accumulate={accumulate}")
+    template = (CONV_GEMM.replace("GATHER_TAP_8", _indent(_GATHER_TAP, 8))
+                .replace("GATHER_TAP_16", _indent(_GATHER_TAP, 16))
+                .replace("MULTIPLY", _indent(_MULTIPLY, 8)))
+    return _compile_source("conv_gemm", template, names, dict(names, acc=acc, I=I, U=U))
+
+
+def _types(dtype: str, wide: bool):
+    import numba
+    acc = numba.float64 if dtype == "float64" else numba.float32
+    index = numba.int64 if wide else numba.int32
+    unsigned = numba.uint64 if wide else numba.uint32
+    return acc, index, unsigned
+
+
+
+WEIGHT_GEMM = """
+def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
+                xN, xC, x0, x1, x2, S0, S1, S2, yN, yC, y0, y1, y2, P0, P1, P2,
+                R1, R2, st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2):
+    As = cuda.shared.array((2, BK, BMP), acc)
+    Bs = cuda.shared.array((2, BK, BNP), acc)
+    tid = I(cuda.threadIdx.x)
+    tx = I(tid % NTX)
+    ty = I(tid // NTX)
+    by = I(cuda.blockIdx.y)
+    g = I(by // row_tiles)
+    m0 = I(I(by - g * row_tiles) * BM)
+    col0 = I(cuda.blockIdx.x * BN)
+    chunk = I(cuda.blockIdx.z)
+    P12 = I(P1 * P2)
+    PP = I(P0 * P12)
+    total = I(n_images * PP)
+    j_start = I(chunk * chunk_len)
+    j_stop = min(I(j_start + chunk_len), total)
+    steps = I(I(j_stop - j_start + BK - 1) // BK)
+    kk = I(tid % BK)
+    jj = I(j_start + kk)
+    jc = min(jj, total - 1)
+    n = I(jc // PP)
+    r = I(jc - n * PP)
+    o0 = I(r // P12)
+    rr = I(r - o0 * P12)
+    o1 = I(rr // P2)
+    o2 = I(rr - o1 * P2)
+    ygoff = I(g * Kg * yC)
+#unroll e LA
+    am_{e} = I(m0 + tid // BK + {e * QSTEP})
+    aok_{e} = am_{e} < Kg
+    aoff_{e} = I(ygoff + am_{e} * yC)
+#end
+    R12 = I(R1 * R2)
+#unroll e LB
+    bc_{e} = I(col0 + tid // BK + {e * QSTEP})
+    bok_{e} = bc_{e} < NC
+    bcc_{e} = min(bc_{e}, NC - 1)
+    t_{e} = I(bcc_{e} // Cg)
+    c_{e} = I(bcc_{e} - t_{e} * Cg)
+    t0_{e} = I(t_{e} // R12)
+    tr_{e} = I(t_{e} - t0_{e} * R12)
+    t1_{e} = I(tr_{e} // R2)
+    e0_{e} = I(t0_{e} * dl0)
+    e1_{e} = I(t1_{e} * dl1)
+    e2_{e} = I(I(tr_{e} - t1_{e} * R2) * dl2)
+    boff_{e} = I(I(g * Cg + c_{e}) * xC + e0_{e} * x0 + e1_{e} * x1 + e2_{e} * x2)
+#end
+#unroll i TM
+#unroll j TN
+    c_{i}_{j} = acc(0)
+#end
+#end
+    if steps > 0:
+LOAD_4
+#unroll e LA
+        As[0, kk, tid // BK + {e * QSTEP}] = va_{e}
+#end
+#unroll e LB
+        Bs[0, kk, tid // BK + {e * QSTEP}] = vb_{e}
+#end
+        cuda.syncthreads()
+    for step in range(steps):
+        buf = step & 1
+        more = step + 1 < steps
+        if more:
+            jj = I(jj + BK)
+            o2 = I(o2 + BK)
+            while o2 >= P2:
+                o2 = I(o2 - P2)
+                o1 = I(o1 + 1)
+                if o1 >= P1:
+                    o1 = I(0)
+                    o0 = I(o0 + 1)
+                    if o0 >= P0:
+                        o0 = I(0)
+                        n = I(n + 1)
+LOAD_12
+MULTIPLY
+        if more:
+            nxt = 1 - buf
+#unroll e LA
+            As[nxt, kk, tid // BK + {e * QSTEP}] = va_{e}
+#end
+#unroll e LB
+            Bs[nxt, kk, tid // BK + {e * QSTEP}] = vb_{e}
+#end
+        cuda.syncthreads()
+    pbase = I(I(I(chunk * G + g) * Kg) * NC)
+#unroll i TM
+    m_{i} = m0 + I(ty * HM + {i if i < HM else BM // 2 + i - HM})
+#end
+#unroll j TN
+    col_{j} = col0 + I(tx * HN + {j if j < HN else BN // 2 + j - HN})
+    if col_{j} < NC:
+#unroll i TM
+        if m_{i} < Kg:
+            partial[U(pbase + m_{i} * NC + col_{j})] = c_{i}_{j}
+#end
+#end
+"""
+
+_LOAD = """
+    jok = jj < j_stop
+    ib0 = I(o0 * st0 - bf0)
+    ib1 = I(o1 * st1 - bf1)
+    ib2 = I(o2 * st2 - bf2)
+    ya = I(n * yN + o0 * y0 + o1 * y1 + o2 * y2)
+    xb = I(n * xN + ib0 * x0 + ib1 * x1 + ib2 * x2)
+#unroll e LA
+    va_{e} = acc(0)
+    if jok & aok_{e}:
+        va_{e} = acc(dy[U(ya + aoff_{e})])
+#end
+#unroll e LB
+    vb_{e} = acc(0)
+#if use0
+    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)) & (U(ib1 + e1_{e}) < U(S1)) & (U(ib0 + e0_{e}) < U(S0)):
+#elif use1
+    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)) & (U(ib1 + e1_{e}) < U(S1)):
+#else
+    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)):
+#end
+        vb_{e} = acc(x[U(xb + boff_{e})])
+#end
+"""
+
+
+def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
+    """The Python function of the weight-gradient kernel (compile with cuda.jit).
+
+    Launch: ``tile.threads`` threads; grid ``(column tiles, row tiles * groups, chunks)``.
+    Columns are ``(tap, input channel)`` pairs (``NC = taps * Cg``), rows output channels,
+    the reduction runs over ``j = (image, output position)`` in ``[chunk * chunk_len, ...)``.
+    Writes ``partial[chunk, g, m, col]`` (flat). Every thread loads the same reduction row
+    ``j`` for all its elements, so one ``(image, position)`` counter per thread, advanced by
+    the step without division, serves both operands.
+    """
+    acc, I, U = _types(dtype, wide)
+    bm, bn, bk, tm, tn = tile
+    threads = tile.threads
+    qstep = threads // bk
+    names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
+                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, QSTEP=qstep, LA=bm // qstep,
+                 LB=bn // qstep, use0=nd >= 3, use1=nd >= 2,
+                 KEY=f"{dtype} nd={nd} wide={wide} tile={tuple(tile)}")
+    template = (WEIGHT_GEMM.replace("LOAD_4", _indent(_LOAD, 8))
+                .replace("LOAD_12", _indent(_LOAD, 12))
+                .replace("MULTIPLY", _indent(_MULTIPLY, 8)))
+    return _compile_source("weight_gemm", template, names, dict(names, acc=acc, I=I, U=U))
+
+
+def pack_weights_function(dtype: str):
+    """``wp[g, t, r, m] = w[g*Kg + m, r, tap t]`` (forward) or ``w[g*Kg + r, m, tap t]``
+    (data), zero for ``r >= R``: the A operand of ``conv_gemm``. One thread per element.
+
+    Arguments: ``w5, wp (flat), wtaps (T, 3), M, R, Rp, Kg, forward``.
+    """
+    acc, _, _ = _types(dtype, True)
+
+    def pack_weights(w5, wp, wtaps, M, R, Rp, Kg, forward):
+        e = cuda.grid(1)
+        if e >= wp.shape[0]:
+            return
+        T = wtaps.shape[0]
+        m = e % M
+        rest = e // M
+        r = rest % Rp
+        rest = rest // Rp
+        t = rest % T
+        g = rest // T
+        v = acc(0)
+        if r < R:
+            if forward:
+                v = acc(w5[g * Kg + m, r, wtaps[t, 0], wtaps[t, 1], wtaps[t, 2]])
+            else:
+                v = acc(w5[g * Kg + r, m, wtaps[t, 0], wtaps[t, 1], wtaps[t, 2]])
+        wp[e] = v
+
+    return pack_weights
+
+
+def sum_chunks_function(dtype: str):
+    """``dw[g*Kg + m, c, tap] = [dw +] sum over chunks of partial[chunk, g, m, tap*Cg + c]``,
+    chunks added in order. One thread per element of dw (5D view).
+
+    Arguments: ``partial (flat), w5, chunks, Cg, accumulate``.
+    """
+    acc, _, _ = _types(dtype, True)
+
+    def sum_chunks(partial, w5, chunks, Cg, accumulate):
+        e = cuda.grid(1)
+        K = w5.shape[0]
+        R1 = w5.shape[3]
+        R2 = w5.shape[4]
+        T = w5.shape[2] * R1 * R2
+        if e >= K * Cg * T:
+            return
+        k = e // (Cg * T)
+        rest = e % (Cg * T)
+        c = rest // T
+        t = rest % T
+        at = k * Cg * T + t * Cg + c
+        stride = K * Cg * T
+        total = partial[at]
+        for chunk in range(1, chunks):
+            total += partial[at + chunk * stride]
+        t0 = t // (R1 * R2)
+        t1 = (t // R2) % R1
+        t2 = t % R2
+        if accumulate:
+            total += acc(w5[k, c, t0, t1, t2])
+        w5[k, c, t0, t1, t2] = total
+
+    return sum_chunks
+
+
+def copy5_function(dtype: str):
+    """``dst[...] = src[...]`` for 5D arrays of one shape, one thread per element."""
+    def copy5(src, dst):
+        e = cuda.grid(1)
+        d1, d2, d3, d4 = dst.shape[1], dst.shape[2], dst.shape[3], dst.shape[4]
+        if e >= dst.shape[0] * d1 * d2 * d3 * d4:
+            return
+        i4 = e % d4
+        rest = e // d4
+        i3 = rest % d3
+        rest = rest // d3
+        i2 = rest % d2
+        rest = rest // d2
+        dst[rest // d1, rest % d1, i2, i3, i4] = src[rest // d1, rest % d1, i2, i3, i4]
+    return copy5
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(name: str, *key):
+    """The ``cuda.jit`` kernel ``name`` built from ``key`` (compiled on first launch)."""
+    if name == "conv_gemm":
+        return _jit_tiled(conv_gemm_function(*key), key[4])
+    if name == "weight_gemm":
+        return _jit_tiled(weight_gemm_function(*key), key[3])
+    return cuda.jit(_SIMPLE[name](*key))
+
+
+def _jit_tiled(function, tile: Tile):
+    """cuda.jit with launch bounds of two blocks per SM (at most 128 registers a thread for
+    256 threads); the simulator takes no launch bounds."""
+    if simulated():
+        return cuda.jit(function)
+    return cuda.jit(function, launch_bounds=(tile.threads, 2))
+
+
+_SIMPLE = {"pack_weights": pack_weights_function, "sum_chunks": sum_chunks_function,
+           "copy5": copy5_function}
+
+
+# --- drivers ---------------------------------------------------------------------------------
+
+def convolution(mode: str, problem, src, w, bias, out, result_shape):
+    """``out = [out +] conv(src, w) [+ bias]``: ``mode`` "forward" (conv) or "data" (data
+    gradient, transposed convolution)."""
+    g = geom(problem)
+    dtype = problem.dtype
+    result = out if out is not None else device_array(result_shape, dtype)
+    if math.prod(result_shape) == 0:
+        return result
+    forward = mode == "forward"
+    rows, reduce = (g.kg, g.cg) if forward else (g.cg, g.kg)
+    plan = _conv_plan(g, forward)
+    src_flat, src_strides = flat(_nonnegative(activation5(g, src)))
+    target = activation5(g, result)
+    direct_out = _has_nonnegative_strides(target)
+    out5 = target if direct_out else _copy5(target, contiguous=True)
+    out_flat, out_strides = flat(out5)
+    acc_dtype = _acc(dtype)
+    most_cols = max(g.n * math.prod(ph[:3]) for ph in plan.phases)
+    tile = choose_tile(rows, most_cols, g.g * len(plan.phases), dtype)
+    rp = _ceil(reduce, tile.bk) * tile.bk
+    wp = workspace("weights", g.g * plan.taps * rp * rows, acc_dtype)
+    threads = 256
+    kernel("pack_weights", dtype)[_ceil(wp.shape[0], threads), threads](
+        weight5(w), wp, _device_table(plan.wtaps, np.int64), rows, reduce, rp, g.kg,
+        forward)
+    wide = max(src_flat.shape[0], out_flat.shape[0], wp.shape[0]) > INDEX32_LIMIT
+    index = np.int64 if wide else np.int32
+    has_bias = bias is not None
+    bias_arg = as_device(bias) if has_bias else _dummy(dtype)
+    run = kernel("conv_gemm", dtype, problem.channels_last, problem.ndim, wide, tile,
+                 has_bias, bool(problem.accumulate))
+    grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm), g.g * len(plan.phases))
+    run[grid, tile.threads](
+        src_flat, wp, out_flat, bias_arg, _device_table(plan.deltas, index),
+        _device_table(plan.phases, index), g.n, rows, reduce, rp, plan.taps,
+        *_nc3(src_strides, g.channels_last), *(plan.src_size),
+        *plan.col_stride, *plan.col_offset,
+        *_nc3(out_strides, g.channels_last), *plan.out_step)
+    if not direct_out:
+        _copy5(out5, into=target)
+    return result
+
+
+def weight_gradient(problem, x, dy, out):
+    """``dw = [dw +] sum over images and positions of dy x``, split in chunks fixed by the
+    shape, the partials added in chunk order."""
+    g = geom(problem)
+    dtype = problem.dtype
+    result = out if out is not None else device_array(problem.w_shape, dtype)
+    if math.prod(problem.w_shape) == 0:
+        return result
+    x_flat, x_strides = flat(_nonnegative(activation5(g, x)))
+    dy_flat, dy_strides = flat(_nonnegative(activation5(g, dy)))
+    cols = g.taps * g.cg
+    reduce_total = g.n * g.positions
+    tile = choose_tile(g.kg, cols, g.g, dtype)
+    row_tiles = _ceil(g.kg, tile.bm)
+    base = _ceil(cols, tile.bn) * row_tiles * g.g
+    steps = _ceil(reduce_total, tile.bk)
+    chunks = max(1, min(steps, _ceil(WEIGHT_TARGET_BLOCKS, base), 65535,
+                        MAX_PARTIAL_ELEMENTS // (g.k * cols)))
+    chunk_len = _ceil(steps, chunks) * tile.bk
+    chunks = max(1, _ceil(reduce_total, chunk_len))
+    partial = workspace("partials", chunks * g.k * cols, _acc(dtype))
+    wide = max(x_flat.shape[0], dy_flat.shape[0], partial.shape[0]) > INDEX32_LIMIT
+    run = kernel("weight_gemm", dtype, problem.ndim, wide, tile)
+    run[(_ceil(cols, tile.bn), row_tiles * g.g, chunks), tile.threads](
+        x_flat, dy_flat, partial, g.n, g.g, g.kg, g.cg, cols, row_tiles, chunk_len,
+        *_nc3(x_strides, g.channels_last), *g.s, *_nc3(dy_strides, g.channels_last), *g.p,
+        g.r[1], g.r[2], *g.stride, *g.dilation, *g.before)
+    threads = 256
+    w5 = weight5(result)
+    kernel("sum_chunks", dtype)[_ceil(g.k * cols, threads), threads](
+        partial, w5, chunks, g.cg, bool(problem.accumulate))
+    return result
+
+
+class ConvPlan(NamedTuple):
+    """Tables and column geometry of one forward or data-gradient launch."""
+    phases: tuple       # (J0, J1, J2, first0, first1, first2, tap start, tap count) each
+    deltas: tuple       # (d0, d1, d2) per tap, phases after one another
+    wtaps: tuple        # the weight tap (t0, t1, t2) of each
+    taps: int
+    src_size: tuple     # bounds of the gathered operand
+    col_stride: tuple
+    col_offset: tuple
+    out_step: tuple
+
+
+@functools.lru_cache(maxsize=256)
+def _conv_plan(g, forward: bool) -> ConvPlan:
+    if forward:
+        per_dim = [[(0, g.p[d], tuple((t, t * g.dilation[d]) for t in range(g.r[d])))]
+                   for d in range(3)]
+        col_stride, col_offset = g.stride, tuple(-b for b in g.before)
+        src_size, out_step = g.s, (1, 1, 1)
+    else:
+        per_dim = [stride_phases(g.s[d], g.p[d], g.r[d], g.stride[d], g.dilation[d],
+                                 g.before[d]) for d in range(3)]
+        col_stride, col_offset = (1, 1, 1), (0, 0, 0)
+        src_size, out_step = g.p, g.stride
+    phases, deltas, wtaps = [], [], []
+    for a, b, c in itertools.product(*per_dim):
+        start = len(deltas)
+        for (t0, d0), (t1, d1), (t2, d2) in itertools.product(a[2], b[2], c[2]):
+            deltas.append((d0, d1, d2))
+            wtaps.append((t0, t1, t2))
+        phases.append((a[1], b[1], c[1], a[0], b[0], c[0], start, len(deltas) - start))
+    if not deltas:                      # every phase without taps: dx is zero (or bias)
+        deltas.append((0, 0, 0))
+        wtaps.append((0, 0, 0))
+    return ConvPlan(tuple(phases), tuple(deltas), tuple(wtaps), len(deltas), tuple(src_size),
+                    tuple(col_stride), tuple(col_offset), tuple(out_step))
+
+
+def _nc3(strides5: tuple, channels_last: bool) -> tuple:
+    """Element strides of a 5D view in the kernels' order (N, C, S0, S1, S2)."""
+    if channels_last:
+        n, s0, s1, s2, c = strides5
+        return n, c, s0, s1, s2
+    return strides5
+
+
+def _acc(dtype: str) -> np.dtype:
+    return np.dtype(np.float64 if dtype == "float64" else np.float32)
+
+
+def _has_nonnegative_strides(a) -> bool:
+    return all(s >= 0 for s in a.strides)
+
+
+def _nonnegative(a5):
+    return a5 if _has_nonnegative_strides(a5) else _copy5(a5, contiguous=True)
+
+
+def _copy5(src, into=None, contiguous=False):
+    """A contiguous copy of the 5D device array ``src`` (or ``src`` copied into ``into``)."""
+    dst = into if into is not None else device_array(src.shape, src.dtype)
+    count = math.prod(dst.shape)
+    if count:
+        kernel("copy5", str(src.dtype))[_ceil(count, 256), 256](src, dst)
+    return dst
+
+
+_TABLES: dict = {}
+
+
+def _device_table(rows: tuple, dtype) -> object:
+    """``rows`` as a 2D device array of ``dtype``, copied to the device once."""
+    key = (rows, np.dtype(dtype).str)
+    table = _TABLES.get(key)
+    if table is None:
+        if len(_TABLES) > 512:
+            _TABLES.clear()
+        table = cuda.to_device(np.array(rows, dtype=dtype).reshape(len(rows), -1))
+        _TABLES[key] = table
+    return table
+
+
+_WORKSPACES = threading.local()
+
+
+def workspace(kind: str, elements: int, dtype) -> object:
+    """A device buffer of at least ``elements`` of ``dtype`` for ``kind`` (packed weights,
+    weight-gradient partials), reused by later calls of this host thread: the kernels run in
+    order on one stream, so a later call's writes wait for an earlier call's reads. Grows by
+    powers of two; the view returned has exactly ``elements``."""
+    cache = getattr(_WORKSPACES, "buffers", None)
+    if cache is None:
+        cache = _WORKSPACES.buffers = {}
+    key = (kind, np.dtype(dtype).str)
+    buffer = cache.get(key)
+    if buffer is None or buffer.shape[0] < elements:
+        buffer = device_array((1 << max(10, (elements - 1).bit_length()),), dtype)
+        cache[key] = buffer
+    return buffer[:elements]
+
+
+_DUMMIES: dict = {}
+
+
+def _dummy(dtype: str):
+    """A one-element stand-in for an absent bias (kernel arguments cannot be None)."""
+    if dtype not in _DUMMIES:
+        _DUMMIES[dtype] = device_array((1,), dtype)
+    return _DUMMIES[dtype]
