@@ -24,8 +24,12 @@ Read once, at first use, from the environment:
     tile workers only; set the variable yourself to keep such a runtime from spinning.
 ``NUMBACONV_CUDA_THREADS``, ``NUMBACONV_CUDA_TILE``
     Override :data:`CUDA_THREADS_PER_BLOCK` (a power of two) and :data:`CUDA_TILE`
-    (``"rows,columns,step"``). The simulator tests set them small, so that last blocks are
-    partly filled; results do not depend on them beyond rounding.
+    (``"rows,columns,step"``, the RNN products' tile). The simulator tests set them small,
+    so that last blocks are partly filled; results do not depend on them beyond rounding.
+``NUMBACONV_CUDA_GEMM_TILE``
+    ``"bm,bn,bk,tm,tn"``: the tile of every CUDA convolution GEMM (block ``bm x bn``, step
+    ``bk``, ``tm x tn`` outputs a thread) instead of the one chosen per shape; the simulator
+    tests force tiny ones. The weight gradient's split follows the tile, so its bits do too.
 ``NUMBACONV_FASTMATH``
     ``1`` (default) lets LLVM reassociate and contract (FMA) floating-point arithmetic, which
     vectorises reductions. NaN and infinity semantics are kept (no ``nnan``/``ninf``): a NaN
@@ -166,6 +170,13 @@ def cuda_threads_per_block() -> int:
     if threads & (threads - 1):
         raise ValueError(f"NUMBACONV_CUDA_THREADS: expected a power of two, got {threads}")
     return threads
+
+
+def cuda_gemm_tile():
+    """The ``(bm, bn, bk, tm, tn)`` that NUMBACONV_CUDA_GEMM_TILE forces, or None."""
+    if not os.environ.get("NUMBACONV_CUDA_GEMM_TILE", "").strip():
+        return None
+    return _ints("NUMBACONV_CUDA_GEMM_TILE", (0,) * 5)
 
 
 @functools.lru_cache(maxsize=None)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 import re
 import threading
 from typing import NamedTuple
@@ -45,6 +44,7 @@ import numpy as np
 from numba import cuda  # the simulator swaps this module global for its fake module
 
 from .._geometry import stride_phases
+from ..config import cuda_gemm_tile
 from ._layout import activation5, as_device, device_array, flat, geom, simulated, weight5
 
 #: Largest element offset the 32-bit kernels handle (below 2**31 with room for the padding
@@ -53,6 +53,15 @@ INDEX32_LIMIT = 2 ** 31 - 2 ** 24
 #: Thread blocks to aim for when splitting the weight gradient's reduction: enough to fill
 #: two waves of a 132-SM GPU; fixed, so the split (and the bits of dw) never depend on it.
 WEIGHT_TARGET_BLOCKS = 528
+#: Reduction steps the multiply loop does per iteration (more: fewer loop instructions per
+#: FFMA, longer compiles).
+KU = 2
+#: The same for the weight gradient, whose (image, position) counter leaves fewer registers.
+WEIGHT_KU = 1
+#: Channels-last gathers: each thread reads its columns' channels at this many places a
+#: step, half a step apart (more: fewer columns a thread, so fewer registers; fewer
+#: consecutive channels per warp access).
+CL_KREP = 2
 #: Largest weight-gradient partial buffer, in accumulator elements (64 MiB of float32).
 MAX_PARTIAL_ELEMENTS = 1 << 24
 
@@ -73,8 +82,8 @@ class Tile(NamedTuple):
         bm, bn, bk, tm, tn = self
         t = self.threads
         ok = (tm % 2 == 0 and tn % 2 == 0 and bm % tm == 0 and bn % tn == 0
-              and t % bm == 0 and t % bn == 0 and t % bk == 0
-              and (bk * bm) % t == 0 and (bk * bn) % t == 0 and t <= 1024)
+              and t % bm == 0 and t % bn == 0 and bk % (2 * CL_KREP) == 0
+              and (bk * bm) % t == 0 and (bk * bn) % (t * CL_KREP) == 0 and t <= 1024)
         if not ok:
             raise ValueError(f"NUMBACONV_CUDA_GEMM_TILE: {tuple(self)} is not a usable "
                              f"(bm, bn, bk, tm, tn) tile")
@@ -90,17 +99,8 @@ TILES64 = (Tile(64, 64, 8, 4, 4), Tile(32, 64, 8, 4, 4), Tile(64, 32, 8, 4, 4),
 
 def forced_tile():
     """The tile NUMBACONV_CUDA_GEMM_TILE forces (tests use tiny ones), or None."""
-    raw = os.environ.get("NUMBACONV_CUDA_GEMM_TILE", "").strip()
-    if not raw:
-        return None
-    try:
-        values = tuple(int(v) for v in raw.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 5:
-        raise ValueError(f"NUMBACONV_CUDA_GEMM_TILE: expected 5 comma-separated ints "
-                         f"(bm, bn, bk, tm, tn), got {raw!r}")
-    return Tile(*values).check()
+    values = cuda_gemm_tile()
+    return None if values is None else Tile(*values).check()
 
 
 def choose_tile(rows: int, cols: int, blocks_per_tile: int, dtype: str) -> Tile:
@@ -204,20 +204,24 @@ def _compile_source(name: str, template: str, names: dict, globals_: dict):
 
 
 _MULTIPLY = """
-    for k in range(BK):
+    k = I(0)
+    while k < BK:
+#unroll u KU
 #unroll i HM
-        a_{i} = As[buf, k, ty * HM + {i}]
-        a_{i + HM} = As[buf, k, ty * HM + {BM // 2 + i}]
+        a_{i} = As[buf, k + {u}, ty * HM + {i}]
+        a_{i + HM} = As[buf, k + {u}, ty * HM + {BM // 2 + i}]
 #end
 #unroll j HN
-        b_{j} = Bs[buf, k, tx * HN + {j}]
-        b_{j + HN} = Bs[buf, k, tx * HN + {BN // 2 + j}]
+        b_{j} = Bs[buf, k + {u}, tx * HN + {j}]
+        b_{j + HN} = Bs[buf, k + {u}, tx * HN + {BN // 2 + j}]
 #end
 #unroll i TM
 #unroll j TN
         c_{i}_{j} += a_{i} * b_{j}
 #end
 #end
+#end
+        k = I(k + KU)
 """
 
 _GATHER_TAP = """
@@ -278,15 +282,16 @@ def conv_gemm(src, wp, out, bias, taps, phases, n_images, M, R, Rp, T,
     a_step = I(BK * M)
     a_kstep = I(A_KSTEP * M)
     c_step = I(BK * sC)
+    kc_step = I(KC * sC)
 #if cl
-    bk = I(tid % BK)
+    bk = I(tid % KC)
 #else
     bk = I(tid // BN)
     b_kstep = I(B_KSTEP * sC)
 #end
 #unroll e NCOL
 #if cl
-    q_{e} = col0 + I(tid // BK + {e * B_QSTEP})
+    q_{e} = col0 + I(tid // KC + {e * B_QSTEP})
 #else
     q_{e} = col0 + I(tid % BN)
 #end
@@ -322,9 +327,9 @@ GATHER_TAP_8
 #unroll e LB
         vb_{e} = acc(0)
 #if cl
-        if ok_{e} & (bk < R):
-            vb_{e} = acc(src[U(off_{e})])
-        Bs[0, bk, tid // BK + {e * B_QSTEP}] = vb_{e}
+        if ok_{e // KREP} & (bk + {e % KREP * KC} < R):
+            vb_{e} = acc(src[U(off_{e // KREP} + {e % KREP} * kc_step)])
+        Bs[0, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = vb_{e}
 #else
         if ok_0 & (bk + {e * B_KSTEP} < R):
             vb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
@@ -354,8 +359,8 @@ GATHER_TAP_16
 #unroll e LB
             rb_{e} = acc(0)
 #if cl
-            if ok_{e} & (r0 + bk < R):
-                rb_{e} = acc(src[U(off_{e})])
+            if ok_{e // KREP} & (r0 + bk + {e % KREP * KC} < R):
+                rb_{e} = acc(src[U(off_{e // KREP} + {e % KREP} * kc_step)])
 #else
             if ok_0 & (r0 + bk + {e * B_KSTEP} < R):
                 rb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
@@ -369,7 +374,7 @@ MULTIPLY
 #end
 #unroll e LB
 #if cl
-            Bs[nxt, bk, tid // BK + {e * B_QSTEP}] = rb_{e}
+            Bs[nxt, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = rb_{e}
 #else
             Bs[nxt, bk + {e * B_KSTEP}, tid % BN] = rb_{e}
 #end
@@ -430,9 +435,10 @@ def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, til
     bm, bn, bk, tm, tn = tile
     threads = tile.threads
     names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
-                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, LA=bk * bm // threads, LB=bk * bn // threads,
-                 A_KSTEP=threads // bm, B_KSTEP=threads // bn, B_QSTEP=threads // bk,
-                 NCOL=bk * bn // threads if channels_last else 1,
+                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=KU, LA=bk * bm // threads, LB=bk * bn // threads,
+                 A_KSTEP=threads // bm, B_KSTEP=threads // bn,
+                 KC=bk // CL_KREP, KREP=CL_KREP, B_QSTEP=threads * CL_KREP // bk,
+                 NCOL=bk * bn // threads // CL_KREP if channels_last else 1,
                  cl=channels_last, use0=nd >= 3, use1=nd >= 2, BIAS=has_bias, ACCUM=accumulate,
                  KEY=f"{dtype} cl={channels_last} nd={nd} wide={wide} tile={tuple(tile)} "
                      f"bias={has_bias} accumulate={accumulate}")
@@ -596,7 +602,7 @@ def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
     threads = tile.threads
     qstep = threads // bk
     names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
-                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, QSTEP=qstep, LA=bm // qstep,
+                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=WEIGHT_KU, QSTEP=qstep, LA=bm // qstep,
                  LB=bn // qstep, use0=nd >= 3, use1=nd >= 2,
                  KEY=f"{dtype} nd={nd} wide={wide} tile={tuple(tile)}")
     template = (WEIGHT_GEMM.replace("LOAD_4", _indent(_LOAD, 8))
@@ -897,3 +903,33 @@ def _dummy(dtype: str):
     if dtype not in _DUMMIES:
         _DUMMIES[dtype] = device_array((1,), dtype)
     return _DUMMIES[dtype]
+
+
+def signatures(dtype: str, channels_last: bool, nd: int = 2, tile: Tile = None,
+               wide: bool = False):
+    """The main kernels of one (dtype, layout) as ``(label, python function, signature)``
+    for ``numba.cuda.compile_ptx``: what a contiguous call compiles (flat 'C' views)."""
+    from numba import types
+    if tile is None:
+        tile = (TILES64 if dtype == "float64" else TILES)[0]
+    elem = {"float16": types.float16, "float32": types.float32,
+            "float64": types.float64}[dtype]
+    acc = types.float64 if dtype == "float64" else types.float32
+    index = types.int64 if wide else types.int32
+    a1 = types.Array(elem, 1, "C")
+    p1 = types.Array(acc, 1, "C")
+    table = types.Array(index, 2, "C")
+    i = types.int64
+    conv_sig = (a1, p1, a1, a1, table, table) + (i,) * 5 + (i,) * 5 + (i,) * 3 + \
+        (i,) * 6 + (i,) * 5 + (i,) * 3
+    weight_sig = (a1, a1, p1) + (i,) * 7 + (i,) * 5 + (i,) * 3 + (i,) * 5 + (i,) * 3 + \
+        (i,) * 2 + (i,) * 9
+    layout = "cl" if channels_last else "cf"
+    found = []
+    for mode, bias in (("forward", True), ("data", False)):
+        found.append((f"conv_gemm_{mode}_{layout}_{dtype}",
+                      conv_gemm_function(dtype, channels_last, nd, wide, tile, bias, False),
+                      conv_sig, tile))
+    found.append((f"weight_gemm_{layout}_{dtype}",
+                  weight_gemm_function(dtype, nd, wide, tile), weight_sig, tile))
+    return found

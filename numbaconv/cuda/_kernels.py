@@ -5,22 +5,12 @@ Every array is 5D: activations ``(N, C, S0, S1, S2)`` channels-first or ``(N, S0
 channels-last, weights ``(K, C/groups, R0, R1, R2)``, 1D and 2D problems with leading unit
 dimensions. Geometry arrives as ``UniTuple(int64, 3)`` arguments, so every index is 64-bit.
 
-Kernels (see README.md in this folder for their performance model):
+Kernels (see docs/cuda.md for their performance model; the implicit GEMMs are in
+:mod:`._implicit_gemm`):
 
-``implicit_gemm(mode, ...)``
-    ``out[n, g, m, q] = sum_l A[g, m, l] * B[n, g, l, q]`` with shared-memory tiles of A (the
-    weights) and of B (input windows gathered on the fly: no im2col in memory). ``mode``
-    "forward": m = output channel in the group, l = (input channel, tap), q = output position.
-    ``mode`` "data" (data gradient and transposed convolution): m = input channel in the
-    group, l = (output channel, tap), q = input position; B reads dy where ``(i + before -
-    t*dilation)`` is a non-negative multiple of the stride inside the output. No atomics.
 ``direct(mode, ...)``
     One thread per output element summing its window: for grouped convolutions with few
     channels per group (depthwise), where a GEMM tile would be mostly empty.
-``weight_partials``
-    The weight gradient as an implicit GEMM ``dw[g, m, col] = sum_j dy[j, g, m] * x[j, g,
-    col]`` over j = (image, output position), split in a fixed number of chunks (from the
-    problem shape only); each chunk writes its own partial.
 ``bias_partials``
     One block per (channel, chunk): each thread sums a strided set of rows in order, then a
     fixed shared-memory tree.
@@ -84,120 +74,13 @@ def acc_dtype(dtype: str) -> np.dtype:
     return np.dtype(np.float64 if dtype == "float64" else np.float32)
 
 
-# --- implicit GEMM ------------------------------------------------------------------------
-
-def implicit_gemm_function(mode: str, channels_last: bool, dtype: str, tile: tuple):
-    """The Python function of the implicit-GEMM kernel (compile with ``cuda.jit``).
-
-    Launch: block ``(tile_q, tile_m)``; grid ``(q_tiles * N * groups, m_tiles)``.
-    Arguments: ``src, w, bias, out, has_bias, accumulate, groups, s, r, p, st, dl, bf``.
-    """
-    split3, load5, tap_source, tap_target = _helpers()
-    acc = _acc_type(dtype)
-    tm, tq, tl = tile
-    threads = tm * tq
-    cl = channels_last
-    forward = mode == "forward"
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-
-    def implicit_gemm(src, w, bias, out, has_bias, accumulate, groups, s, r, p, st, dl, bf):
-        sa = cuda.shared.array((tm, tl), acc)
-        sb = cuda.shared.array((tl, tq), acc)
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tq + tx
-        kg = w.shape[0] // groups
-        cg = w.shape[1]
-        taps = w.shape[2] * w.shape[3] * w.shape[4]
-        if forward:
-            rows = kg
-            reduce_len = cg * taps
-            q0s, q1s, q2s = p[0], p[1], p[2]
-        else:
-            rows = cg
-            reduce_len = kg * taps
-            q0s, q1s, q2s = s[0], s[1], s[2]
-        cols = q0s * q1s * q2s
-        q_tiles = (cols + tq - 1) // tq
-        block = cuda.blockIdx.x
-        qt = block % q_tiles
-        ng = block // q_tiles
-        n = ng // groups
-        g = ng % groups
-        m0 = cuda.blockIdx.y * tm
-        col0 = qt * tq
-        total = acc(0)
-        for l0 in range(0, reduce_len, tl):
-            # A tile: weights, (m, l) in row-major order.
-            for e in range(tid, tm * tl, threads):
-                mi = e // tl
-                li = e % tl
-                m = m0 + mi
-                l = l0 + li
-                v = acc(0)
-                if m < rows and l < reduce_len:
-                    ch = l // taps
-                    t0, t1, t2 = split3(l % taps, w.shape[3], w.shape[4])
-                    if forward:
-                        v = acc(w[g * kg + m, ch, t0, t1, t2])
-                    else:
-                        v = acc(w[g * kg + ch, m, t0, t1, t2])
-                sa[mi, li] = v
-            # B tile: the gathered source, (l, q) with q fastest.
-            for e in range(tid, tl * tq, threads):
-                li = e // tq
-                qi = e % tq
-                l = l0 + li
-                q = col0 + qi
-                v = acc(0)
-                if l < reduce_len and q < cols:
-                    ch = l // taps
-                    t0, t1, t2 = split3(l % taps, w.shape[3], w.shape[4])
-                    o0, o1, o2 = split3(q, q1s, q2s)
-                    if forward:
-                        i0 = tap_source(o0, t0, st[0], dl[0], bf[0], s[0])
-                        i1 = tap_source(o1, t1, st[1], dl[1], bf[1], s[1])
-                        i2 = tap_source(o2, t2, st[2], dl[2], bf[2], s[2])
-                        if i0 >= 0 and i1 >= 0 and i2 >= 0:
-                            v = acc(load5(src, cl, n, g * cg + ch, i0, i1, i2))
-                    else:
-                        i0 = tap_target(o0, t0, st[0], dl[0], bf[0], p[0])
-                        i1 = tap_target(o1, t1, st[1], dl[1], bf[1], p[1])
-                        i2 = tap_target(o2, t2, st[2], dl[2], bf[2], p[2])
-                        if i0 >= 0 and i1 >= 0 and i2 >= 0:
-                            v = acc(load5(src, cl, n, g * kg + ch, i0, i1, i2))
-                sb[li, qi] = v
-            cuda.syncthreads()
-            for li in range(tl):
-                total += sa[ty, li] * sb[li, tx]
-            cuda.syncthreads()
-        m = m0 + ty
-        q = col0 + tx
-        if m < rows and q < cols:
-            o0, o1, o2 = split3(q, q1s, q2s)
-            ch = g * rows + m
-            if has_bias:
-                total += acc(bias[ch])
-            if cl:
-                if accumulate:
-                    total += acc(out[n, o0, o1, o2, ch])
-                out[n, o0, o1, o2, ch] = total
-            else:
-                if accumulate:
-                    total += acc(out[n, ch, o0, o1, o2])
-                out[n, ch, o0, o1, o2] = total
-
-    return implicit_gemm
-
-
 # --- direct --------------------------------------------------------------------------------
 
 def direct_function(mode: str, channels_last: bool, dtype: str):
     """One thread per output element (flat, in memory order), summing its window.
 
     Launch: 1D, any block size, enough threads for ``out``'s elements.
-    Arguments as for the implicit GEMM.
+    Arguments: ``src, w, bias, out, has_bias, accumulate, groups, s, r, p, st, dl, bf``.
     """
     split3, load5, tap_source, tap_target = _helpers()
     acc = _acc_type(dtype)
@@ -280,77 +163,6 @@ def direct_function(mode: str, channels_last: bool, dtype: str):
 
 # --- reductions ----------------------------------------------------------------------------
 
-def weight_partials_function(channels_last: bool, dtype: str, tile: tuple):
-    """Per-chunk weight gradients: ``partial[chunk, k, (c, tap)]``.
-
-    Launch: block ``(tile_q, tile_m)``; grid ``(col_tiles * groups, m_tiles, chunks)``.
-    Arguments: ``x, dy, partial, chunk_len, groups, s, r, p, st, dl, bf``; ``chunk_len`` is a
-    multiple of the tile step.
-    """
-    split3, load5, tap_source, _ = _helpers()
-    acc = _acc_type(dtype)
-    tm, tq, tl = tile
-    threads = tm * tq
-    cl = channels_last
-
-    def weight_partials(x, dy, partial, chunk_len, groups, s, r, p, st, dl, bf):
-        sa = cuda.shared.array((tm, tl), acc)
-        sb = cuda.shared.array((tl, tq), acc)
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tq + tx
-        kg = partial.shape[1] // groups
-        cg = x.shape[4] // groups if cl else x.shape[1] // groups
-        taps = r[0] * r[1] * r[2]
-        cols = cg * taps
-        positions = p[0] * p[1] * p[2]
-        reduce_total = dy.shape[0] * positions
-        col_tiles = (cols + tq - 1) // tq
-        g = cuda.blockIdx.x // col_tiles
-        col0 = (cuda.blockIdx.x % col_tiles) * tq
-        m0 = cuda.blockIdx.y * tm
-        j_start = cuda.blockIdx.z * chunk_len
-        j_stop = min(j_start + chunk_len, reduce_total)
-        total = acc(0)
-        for j0 in range(j_start, j_stop, tl):
-            for e in range(tid, tm * tl, threads):
-                mi = e // tl
-                ji = e % tl
-                m = m0 + mi
-                j = j0 + ji
-                v = acc(0)
-                if m < kg and j < j_stop:
-                    o0, o1, o2 = split3(j % positions, p[1], p[2])
-                    v = acc(load5(dy, cl, j // positions, g * kg + m, o0, o1, o2))
-                sa[mi, ji] = v
-            for e in range(tid, tl * tq, threads):
-                ji = e // tq
-                qi = e % tq
-                j = j0 + ji
-                col = col0 + qi
-                v = acc(0)
-                if j < j_stop and col < cols:
-                    o0, o1, o2 = split3(j % positions, p[1], p[2])
-                    t0, t1, t2 = split3(col % taps, r[1], r[2])
-                    i0 = tap_source(o0, t0, st[0], dl[0], bf[0], s[0])
-                    i1 = tap_source(o1, t1, st[1], dl[1], bf[1], s[1])
-                    i2 = tap_source(o2, t2, st[2], dl[2], bf[2], s[2])
-                    if i0 >= 0 and i1 >= 0 and i2 >= 0:
-                        v = acc(load5(x, cl, j // positions, g * cg + col // taps,
-                                      i0, i1, i2))
-                sb[ji, qi] = v
-            cuda.syncthreads()
-            for ji in range(tl):
-                total += sa[ty, ji] * sb[ji, tx]
-            cuda.syncthreads()
-        m = m0 + ty
-        col = col0 + tx
-        if m < kg and col < cols:
-            partial[cuda.blockIdx.z, g * kg + m, col] = total
-
-    return weight_partials
-
-
 def bias_partials_function(channels_last: bool, dtype: str, threads: int):
     """Per-chunk bias gradients: ``partial[chunk, k, 0]``.
 
@@ -431,15 +243,13 @@ def kernel(name: str, *key):
 
 
 FUNCTIONS = {
-    "implicit_gemm": implicit_gemm_function,
     "direct": direct_function,
-    "weight_partials": weight_partials_function,
     "bias_partials": bias_partials_function,
     "sum_partials": sum_partials_function,
 }
 
 
-def signatures(dtype: str, channels_last: bool, tile: tuple, threads: int):
+def signatures(dtype: str, channels_last: bool, threads: int):
     """Every kernel of one (dtype, layout) as ``(label, python function, signature)``:
     what the compile tests hand to ``numba.cuda.compile_ptx``."""
     from numba import types
@@ -454,14 +264,9 @@ def signatures(dtype: str, channels_last: bool, tile: tuple, threads: int):
     layout = "cl" if channels_last else "cf"
     found = []
     for mode in MODES:
-        found.append((f"implicit_gemm_{mode}_{layout}_{dtype}",
-                      implicit_gemm_function(mode, channels_last, dtype, tile), conv_sig))
         found.append((f"direct_{mode}_{layout}_{dtype}",
                       direct_function(mode, channels_last, dtype), conv_sig))
     part3 = types.Array(acc, 3, "C")
-    found.append((f"weight_partials_{layout}_{dtype}",
-                  weight_partials_function(channels_last, dtype, tile),
-                  (a5, a5, part3, types.int64) + geometry))
     found.append((f"bias_partials_{layout}_{dtype}",
                   bias_partials_function(channels_last, dtype, threads),
                   (a5, part3, types.int64)))

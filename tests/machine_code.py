@@ -1,0 +1,108 @@
+"""Reading CUDA machine code without a GPU: PTX from ``numba.cuda.compile_ptx``, a cubin and
+its register report from the pip toolkit's ``ptxas -v``, SASS from ``nvdisasm``, and the
+instruction mix of a kernel's main loop."""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import re
+import subprocess
+
+FMA = ("FFMA", "DFMA", "HFMA2")
+
+
+def _tool(module: str, name: str):
+    try:
+        package = __import__(module, fromlist=["__path__"])
+    except ImportError:
+        return None
+    for root in package.__path__:
+        path = pathlib.Path(root) / "bin" / name
+        if path.exists():
+            return path
+    return None
+
+
+def ptxas():
+    """The pip toolkit's ptxas (numba-cuda[cu12] brings it), or None."""
+    return _tool("nvidia.cuda_nvcc", "ptxas")
+
+
+def nvdisasm():
+    """nvdisasm from the pip package nvidia-cuda-nvdisasm, or None."""
+    return _tool("nvidia.cu13", "nvdisasm") or _tool("nvidia.cuda_nvdisasm", "nvdisasm")
+
+
+def assemble(ptx: str, cc, folder: pathlib.Path, name: str) -> dict:
+    """``ptxas -v`` on ``ptx``: registers, shared memory, spills, and the cubin's path."""
+    source = folder / f"{name}.ptx"
+    cubin = folder / f"{name}.cubin"
+    source.write_text(ptx)
+    done = subprocess.run([str(ptxas()), "-v", f"-arch=sm_{cc[0]}{cc[1]}", str(source),
+                           "-o", str(cubin)], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+
+    def number(pattern):
+        found = re.search(pattern, done.stderr)
+        return int(found.group(1)) if found else 0
+    return dict(registers=number(r"Used (\d+) registers"), smem=number(r"(\d+) bytes smem"),
+                spill_stores=number(r"(\d+) bytes spill stores"),
+                spill_loads=number(r"(\d+) bytes spill loads"),
+                stack=number(r"(\d+) bytes stack frame"), cubin=cubin)
+
+
+def disassemble(cubin: pathlib.Path) -> str:
+    done = subprocess.run([str(nvdisasm()), "-c", "-gi", str(cubin)], capture_output=True,
+                          text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    return done.stdout
+
+
+def instructions(sass: str):
+    """``[(opcode, text)]`` in address order, and ``{label: index}`` of the branch targets."""
+    found, labels = [], {}
+    for line in sass.splitlines():
+        label = re.match(r"^\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(found)
+            continue
+        op = re.match(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if op:
+            text = op.group(1).strip()
+            found.append((re.sub(r"^@!?U?P\w+\s+", "", text).split()[0], text))
+    return found, labels
+
+
+def loops(sass: str):
+    """The instructions and every loop as ``(first, last)`` indices (a backward branch)."""
+    code, labels = instructions(sass)
+    spans = []
+    for i, (op, text) in enumerate(code):
+        target = re.search(r"`\((\.L_x_\d+)\)", text)
+        if op.startswith("BRA") and target and labels.get(target.group(1), i + 1) <= i:
+            spans.append((labels[target.group(1)], i))
+    return code, spans
+
+
+def main_loop(sass: str, unroll: int) -> dict:
+    """The reduction step of a tiled GEMM: the loop with the barrier around the
+    multiply-add loop, which runs ``unroll`` times a step. Counts are per step, as issued:
+    the step loop's own instructions (all of them, conditional ones included) plus the
+    multiply loop's times its trips."""
+    code, spans = loops(sass)
+
+    def fmas(span):
+        return sum(1 for op, _ in code[span[0]:span[1] + 1] if op.split(".")[0] in FMA)
+    inner = max(spans, key=fmas)
+    outer = min((s for s in spans if s[0] <= inner[0] and s[1] >= inner[1] and s != inner
+                 and any(op.startswith("BAR") for op, _ in code[s[0]:s[1] + 1])),
+                key=lambda s: s[1] - s[0])
+    inner_count = inner[1] - inner[0] + 1
+    body = code[outer[0]:outer[1] + 1]
+    total = len(body) - inner_count + unroll * inner_count
+    ops = collections.Counter(op.split(".")[0] for op, _ in body)
+    return dict(instructions=total, fma=unroll * fmas(inner), fma_share=unroll * fmas(inner) / total,
+                calls=ops["CALL"], global_loads=ops["LDG"], shared_loads=ops["LDS"])
