@@ -1,0 +1,127 @@
+"""numbaconv in any process, and errors that say where they come from (issue 25).
+
+Children of every multiprocessing start method run the cpu backend's parallel kernels after
+the parent ran them; a broken plugin's failure names the backend; a corrupt autotune cache
+never raises.
+"""
+
+import importlib
+import multiprocessing
+import os
+import pkgutil
+import time
+import types
+
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import config
+from reliability_child import send_workload, workload
+
+#: Seconds a child may take: its first run compiles the serial twins of every kernel it
+#: calls (about a minute on 2 cores, cold), later runs read them from Numba's disk cache.
+CHILD_TIMEOUT = 600
+
+
+def _run_child(method: str) -> dict:
+    """The workload's errors, computed in a child started with ``method``; fails (instead
+    of hanging) when the child dies, raises or takes longer than CHILD_TIMEOUT."""
+    ctx = multiprocessing.get_context(method)
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=send_workload, args=(send,))
+    child.start()
+    send.close()
+    try:
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while not receive.poll(0.2):
+            if not child.is_alive() and not receive.poll(0):
+                pytest.fail(f"the {method} child died (exit code {child.exitcode}) without "
+                            f"an answer")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the {method} child hung: no answer in {CHILD_TIMEOUT} s")
+        status, answer = receive.recv()
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(10)
+    assert status == "ok", f"the {method} child raised {answer}"
+    return answer
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_child_process_runs_every_parallel_kernel(method):
+    """After the parent ran every algorithm's parallel kernels, a child started with each
+    method runs them too, with results matching the reference (a forked child of a GNU
+    OpenMP parent used to be terminated at its first parallel region)."""
+    if method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {method} start method here")
+    in_parent = workload()
+    assert max(in_parent.values()) < 2e-5, in_parent
+    in_child = _run_child(method)
+    assert in_child.keys() == in_parent.keys()
+    assert max(in_child.values()) < 2e-5, in_child
+
+
+def _cpu_kernel_modules():
+    import numbaconv.cpu as cpu
+    return [importlib.import_module(f"numbaconv.cpu.{m.name}")
+            for m in pkgutil.iter_modules(cpu.__path__)]
+
+
+def _names_used(code) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_used(const)
+    return names
+
+
+def test_every_parallel_kernel_can_run_serially_after_fork():
+    """What the fork handler relies on: every parallel kernel is made by
+    config.parallel_jit (so it is registered), and no compiled function calls one (a caller
+    compiled in the parent would launch the callee's threads in the child)."""
+    from numba.core.registry import CPUDispatcher
+    from numbaconv.cpu import _rnn_cells
+    _rnn_cells.kernels(True)        # made on first use
+    kernels = {}
+    for module in _cpu_kernel_modules():
+        for name, value in vars(module).items():
+            if isinstance(value, CPUDispatcher):
+                kernels[id(value)] = (f"{module.__name__}.{name}", value)
+    kernels.update((id(k), (k.py_func.__name__, k)) for k in config._parallel_kernels)
+    parallel = {key for key, (_, k) in kernels.items() if k.targetoptions.get("parallel")}
+    assert len(parallel) > 20
+    unregistered = [kernels[key][0] for key in parallel
+                    if kernels[key][1] not in config._parallel_kernels]
+    assert not unregistered, f"parallel kernels not made by parallel_jit: {unregistered}"
+    callers = []
+    for where, kernel in kernels.values():
+        scope = kernel.py_func.__globals__
+        for name in _names_used(kernel.py_func.__code__):
+            if id(scope.get(name)) in parallel:
+                callers.append(f"{where} calls {name}")
+    for name in _rnn_cells.STEP_KERNELS:
+        scope = getattr(_rnn_cells, name).__globals__
+        for used in _names_used(getattr(_rnn_cells, name).__code__):
+            if id(scope.get(used)) in parallel:
+                callers.append(f"_rnn_cells.{name} calls {used}")
+    assert not callers, callers
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_handler_leaves_the_parent_alone():
+    """The child's kernels turn serial (under OpenMP); the parent's stay parallel and
+    compiled."""
+    nc.conv_backward_bias(np.ones((2, 3, 4, 4)))
+    compiled = {k: len(k.overloads) for k in config._parallel_kernels}
+    assert any(compiled.values())
+    serial_in_child = not config._fork_safe_threads()
+    pid = os.fork()
+    if pid == 0:  # the child: exit at once, whatever happens
+        os._exit(0 if config.serial_after_fork() == serial_in_child else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not config.serial_after_fork()
+    assert compiled == {k: len(k.overloads) for k in config._parallel_kernels}
+    assert not any("_compile_for_args" in vars(k) for k in config._parallel_kernels)
