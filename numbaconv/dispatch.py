@@ -571,7 +571,8 @@ class _Autotuner:
                 data = json.load(f)
         except FileNotFoundError:
             return {}
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            # RecursionError: nesting deeper than the JSON decoder's recursion limit.
             self._warn_unreadable(path, f"not readable as JSON: {type(exc).__name__}: {exc}")
             return {}
         if not isinstance(data, dict) or data.get("format", AUTOTUNE_FORMAT) != \
