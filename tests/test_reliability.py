@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import pkgutil
 import time
+import traceback
 import types
 
 import numpy as np
@@ -125,3 +126,113 @@ def test_fork_handler_leaves_the_parent_alone():
     assert not config.serial_after_fork()
     assert compiled == {k: len(k.overloads) for k in config._parallel_kernels}
     assert not any("_compile_for_args" in vars(k) for k in config._parallel_kernels)
+
+
+# --- a backend failing inside run ----------------------------------------------------------
+
+class PluginBug(Exception):
+    """An exception type numbaconv knows nothing of."""
+
+
+@pytest.fixture
+def failing_plugin():
+    """Register a FailingBackend (above the built-ins) for one test; yields a factory."""
+    from plugin_fixtures import FailingBackend
+    names = []
+
+    def make(error, name="failing"):
+        backend = FailingBackend(name, error)
+        nc.register_backend(name, lambda: backend)
+        names.append(name)
+        return backend
+
+    yield make
+    for name in names:
+        nc.unregister_backend(name)
+
+
+X = np.random.default_rng(0).standard_normal((2, 3, 6, 6))
+W = np.random.default_rng(1).standard_normal((4, 3, 3, 3))
+
+
+@pytest.mark.parametrize("error", [PluginBug("kernel exploded"), ValueError("bad stride"),
+                                   MemoryError()], ids=["own", "ValueError", "MemoryError"])
+def test_failing_plugin_is_named_and_its_exception_kept(failing_plugin, error):
+    """The plugin's exception arrives as itself (catchable as before, its traceback intact)
+    with a note naming the backend, the algorithm and the op; no other backend runs."""
+    failing_plugin(error)
+    with pytest.raises(type(error)) as raised:
+        nc.conv(X, W)
+    assert raised.value is error
+    notes = getattr(raised.value, "__notes__", [])
+    assert len(notes) == 1
+    assert "backend 'failing'" in notes[0] and "algorithm 'numpy'" in notes[0]
+    assert "running conv on conv:N2:C3:K4" in notes[0] and "no other backend" in notes[0]
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    assert frames[-1].name == "run" and frames[-1].filename.endswith("plugin_fixtures.py")
+
+
+def test_failing_plugin_does_not_fall_back(failing_plugin):
+    """A failure inside run is not a refusal: the next backend in the order is not tried,
+    under use_backend as in priority order; after it, other calls still work."""
+    from plugin_fixtures import FakeBackend
+    failing_plugin(PluginBug("no"))
+    second = FakeBackend("second", priority=400)
+    nc.register_backend("second", lambda: second)
+    try:
+        with pytest.raises(PluginBug):
+            nc.conv(X, W)
+        with nc.use_backend("failing", "second"), pytest.raises(PluginBug):
+            nc.conv(X, W)
+        assert second.runs == []
+        with nc.use_backend("second"):
+            nc.conv(X, W)
+        assert second.runs == [("conv", "numpy")]
+    finally:
+        nc.unregister_backend("second")
+
+
+def test_failing_plugin_note_says_out_may_be_partly_written(failing_plugin):
+    """out= is documented as undefined after a failure inside run (here: partly written)."""
+    failing_plugin(PluginBug("half way"))
+    out = np.zeros((2, 4, 4, 4))
+    with pytest.raises(PluginBug) as raised:
+        nc.conv(X, W, out=out)
+    assert "out= may be partly written" in raised.value.__notes__[0]
+    assert out.reshape(-1)[0] == 123.0
+
+
+def test_failing_plugin_in_a_recurrent_op_is_named(failing_plugin):
+    from numbaconv.problem import RNNConfig
+    failing_plugin(PluginBug("rnn"))
+    cfg = RNNConfig("gru", 3, 4)
+    params = nc.rnn_init_params(cfg, seed=0)
+    with pytest.raises(PluginBug) as raised:
+        nc.rnn_forward(cfg, np.zeros((2, 1, 3), params.dtype), params)
+    assert "backend 'failing'" in raised.value.__notes__[0]
+    assert "running rnn_forward" in raised.value.__notes__[0]
+
+
+def test_keyboard_interrupt_in_a_plugin_passes_unannotated(failing_plugin):
+    failing_plugin(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt) as raised:
+        nc.conv(X, W)
+    assert not getattr(raised.value, "__notes__", None)
+
+
+def test_note_without_add_note():
+    """Before Python 3.11 (no add_note) the note goes into __notes__ and the message."""
+    from numbaconv.dispatch import _add_note
+
+    class OldError(ValueError):
+        @property
+        def add_note(self):
+            raise AttributeError("add_note")
+
+    error = OldError("bad value")
+    _add_note(error, "numbaconv: raised by backend 'x'")
+    assert error.__notes__ == ["numbaconv: raised by backend 'x'"]
+    assert str(error) == "bad value\nnumbaconv: raised by backend 'x'"
+    error = OldError(2, "two args")  # args that are not one message stay as they are
+    _add_note(error, "note")
+    assert error.args == (2, "two args") and error.__notes__ == ["note"]
