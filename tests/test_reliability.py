@@ -9,6 +9,9 @@ import importlib
 import multiprocessing
 import os
 import pkgutil
+import signal
+import subprocess
+import sys
 import time
 import traceback
 import types
@@ -236,3 +239,62 @@ def test_note_without_add_note():
     error = OldError(2, "two args")  # args that are not one message stay as they are
     _add_note(error, "note")
     assert error.args == (2, "two args") and error.__notes__ == ["note"]
+
+
+# --- Ctrl-C ----------------------------------------------------------------------------------
+
+_LONG_CALL = """
+import signal, sys, time
+import numpy as np
+from numbaconv import dispatch
+from numbaconv import problem as pb
+
+def interrupt(signum, frame):
+    global signalled
+    signalled = time.monotonic()
+    raise KeyboardInterrupt
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((32, 128, 56, 56), dtype=np.float32)   # 160 GFLOP: 10-20 s
+w = rng.standard_normal((256, 128, 7, 7), dtype=np.float32)
+cpu = dispatch.get_backend("cpu")
+small = x[:1, :, :8, :8].copy()
+cpu.run("conv", pb.conv_problem(small, w, None, padding=3), (small, w, None), None, "im2col")
+signal.signal(signal.SIGINT, interrupt)
+print("start", flush=True)
+start = time.monotonic()
+try:
+    cpu.run("conv", pb.conv_problem(x, w, None, padding=3), (x, w, None), None, "im2col")
+    print("done", time.monotonic() - start, flush=True)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic() - signalled, flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix",
+                    reason="needs POSIX signals")
+def test_ctrl_c_interrupts_a_long_call_within_a_second():
+    """SIGINT during a long im2col call (10-20 s, tiles shared among 2 workers)
+    reaches the caller after the running tiles, not after all of them, and the process then
+    exits at once (the pool's queued tiles are dropped)."""
+    env = dict(os.environ, NUMBA_NUM_THREADS="2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(nc.__file__)), env.get("PYTHONPATH", "")])
+    child = subprocess.Popen([sys.executable, "-c", _LONG_CALL], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "start", child.stderr.read()
+        time.sleep(0.5)
+        child.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        out, err = child.communicate(timeout=CHILD_TIMEOUT)
+        exited = time.monotonic() - sent
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    what, seconds = out.split()
+    assert what == "interrupted", f"the call finished first ({seconds} s): make it longer"
+    assert float(seconds) < 1.0, f"KeyboardInterrupt {seconds} s after SIGINT"
+    assert exited < 3.0, f"the process exited {exited:.1f} s after SIGINT"

@@ -337,7 +337,8 @@ def run_tiles(work, jobs: list) -> list:
     16 tiles): 15.5 ms one after another (packing 2.3 ms of one core, products at about
     330 GFLOP/s on two), 7 ms shared out. Jobs must write disjoint outputs. Called from a
     tile worker (a job that shares out work of its own), the jobs run there, in order: a
-    worker waiting on the pool could wait for itself.
+    worker waiting on the pool could wait for itself. Ctrl-C ends the call after the tiles
+    that are running (the outputs are then partly written).
     """
     if in_tile_worker():
         pick = _worker_pick()
@@ -349,7 +350,17 @@ def run_tiles(work, jobs: list) -> list:
     pick = _worker_pick()
     with blas_single_threaded():
         futures = [_pool(workers).submit(work, job, pick) for job in jobs]
-        wait(futures)
+        try:
+            wait(futures)
+        except BaseException:
+            # Ctrl-C (KeyboardInterrupt arrives in this thread, in wait): drop the queued
+            # tiles, which the pool would otherwise run to the end, even at interpreter
+            # exit; the running ones (one per worker) end first, so that no tile writes
+            # after the call has returned.
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            raise
     return [future.result() for future in futures]
 
 
