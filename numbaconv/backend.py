@@ -46,6 +46,9 @@ dtype. CUDA backends get objects with ``__cuda_array_interface__`` as the user p
 without ``out``, C-contiguous in the problem's layout; when ``out`` is given it must
 write into it and return it, adding to its contents when ``problem.accumulate`` is set.
 Validation has already happened: a backend may assume consistent shapes and dtypes.
+An exception raised by ``run`` propagates to the user with a note naming the backend, the
+algorithm and the problem; no other backend is tried and ``out`` is then undefined (possibly
+partly written): decline in :meth:`Backend.supports` what ``run`` cannot do.
 Kernels should read padding from ``problem.frame_padding`` (what the windows actually read),
 not from ``problem.padding``, whose ``after`` part only determined ``output_size``.
 """

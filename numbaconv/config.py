@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
+import weakref
 
 #: LLVM fast-math flags: everything but the ones that assume no NaN or infinity.
 FASTMATH_FLAGS = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
@@ -133,6 +135,29 @@ def jit_options(parallel: bool = True) -> dict:
                 fastmath=fastmath, nogil=True, error_model="numpy")
 
 
+def parallel_jit(func):
+    """``numba.njit(**jit_options())(func)``: a kernel with ``prange`` threads, registered so
+    that a forked child runs its serial twin instead (see :func:`_after_fork_in_child`).
+
+    Every parallel kernel is made here; a test checks that none is made otherwise, and that
+    no compiled function calls one (a caller compiled in the parent would launch its threads
+    in the child).
+    """
+    import numba
+    kernel = numba.njit(**jit_options())(func)
+    _parallel_kernels.add(kernel)
+    if _serial_after_fork:
+        _run_serially(kernel)
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def serial_version(kernel):
+    """The one-thread compilation of the parallel kernel ``kernel`` (a Numba dispatcher),
+    made once, compiled on its first call."""
+    return serial_twin(kernel.py_func)
+
+
 def serial_twin(func):
     """``func`` (a plain Python kernel function) compiled without ``prange`` threads.
 
@@ -147,6 +172,63 @@ def serial_twin(func):
                               func.__defaults__, func.__closure__)
     twin.__qualname__ = twin.__name__
     return numba.njit(**jit_options(parallel=False))(twin)
+
+
+# --- forked children -----------------------------------------------------------------------
+#
+# GNU OpenMP is not fork-safe: in a child forked after the parent ran a parallel region, the
+# next one hangs, and Numba's omp layer terminates the child instead ("Terminating: fork()
+# called from a process already using GNU OpenMP"), so a multiprocessing Pool waits forever.
+# A child forked from a process whose Numba threads may be OpenMP's therefore runs every
+# kernel serially: each parallel kernel forgets its compilations and sends its calls to its
+# serial twin (compiled there on first use, or read from Numba's disk cache). The parent pays
+# nothing: the handler runs only in the child. TBB (``pip install tbb``, then Numba picks it)
+# and the workqueue layer are fork-safe: children of a process that started either keep
+# their threads.
+
+#: The parallel kernels made so far (see :func:`parallel_jit`).
+_parallel_kernels: "weakref.WeakSet" = weakref.WeakSet()
+
+#: True in a forked child whose kernels run serially.
+_serial_after_fork = False
+
+
+def _run_serially(kernel) -> None:
+    """Send every later call of the parallel ``kernel`` to its serial twin.
+
+    Numba's dispatcher calls ``_compile_for_args`` when no compilation matches the
+    arguments, and calls what it returns with them: with the compilations cleared, that is
+    every call (about 1.5 us each, in the child only).
+    """
+    kernel._clear()
+    kernel._compile_for_args = lambda *args, **kwargs: serial_version(kernel)
+
+
+def _fork_safe_threads() -> bool:
+    """Whether a child forked now may run parallel regions: only if Numba's threading layer
+    is started and is TBB or workqueue (an unstarted one might yet be OpenMP, and the child
+    may have inherited a GNU OpenMP that another library used)."""
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    return bool(parallel is not None and getattr(parallel, "_is_initialized", False)
+                and getattr(parallel, "_threading_layer", None) in ("tbb", "workqueue"))
+
+
+def serial_after_fork() -> bool:
+    """Whether this process is a forked child running its kernels serially."""
+    return _serial_after_fork
+
+
+def _after_fork_in_child() -> None:
+    global _serial_after_fork
+    if _serial_after_fork or _fork_safe_threads():
+        return
+    _serial_after_fork = True
+    for kernel in list(_parallel_kernels):
+        _run_serially(kernel)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _ints(name: str, default: tuple) -> tuple:

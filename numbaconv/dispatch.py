@@ -326,10 +326,36 @@ def _select(op: str, problem, active: Optional[tuple]) -> Choice:
 
 
 def run(op: str, problem, operands: tuple, out=None):
-    """Select a backend for ``op`` on ``problem`` and run it."""
+    """Select a backend for ``op`` on ``problem`` and run it.
+
+    An exception raised by the backend's ``run`` propagates as it is (same type, same
+    traceback) with a note naming the backend, the algorithm and the problem; no other
+    backend is tried, and ``out`` is left undefined (possibly partly written).
+    """
     choice = select(op, problem)
     backend = _registry.entries()[choice.backend].backend
-    return backend.run(op, problem, operands, out, choice.algorithm)
+    try:
+        return backend.run(op, problem, operands, out, choice.algorithm)
+    except Exception as exc:  # not KeyboardInterrupt/SystemExit: those say nothing of ours
+        _add_note(exc, f"numbaconv: raised by backend {choice.backend!r} (algorithm "
+                       f"{choice.algorithm!r}) running {op} on {problem.key()}; no other "
+                       f"backend was tried{'' if out is None else '; out= may be partly written'}")
+        raise
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; before Python 3.11, the note in ``__notes__`` (read by the
+    exceptiongroup backport's traceback) and, where the exception's one argument is its
+    message, appended to that message, so that the traceback shows it."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+        return
+    try:
+        notes = exc.__notes__ = list(getattr(exc, "__notes__", None) or ()) + [note]
+        if len(exc.args) == 1 and isinstance(exc.args[0], str) and str(exc) == exc.args[0]:
+            exc.args = (f"{exc.args[0]}\n{notes[-1]}",)
+    except Exception:  # an exception type that refuses new attributes keeps its message
+        pass
 
 
 # --- autotuning ----------------------------------------------------------------------------
@@ -571,7 +597,8 @@ class _Autotuner:
                 data = json.load(f)
         except FileNotFoundError:
             return {}
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            # RecursionError: nesting deeper than the JSON decoder's recursion limit.
             self._warn_unreadable(path, f"not readable as JSON: {type(exc).__name__}: {exc}")
             return {}
         if not isinstance(data, dict) or data.get("format", AUTOTUNE_FORMAT) != \

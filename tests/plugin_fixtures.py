@@ -46,3 +46,18 @@ class FakeBackend(ReferenceBackend):
         if algorithm in self.slow:
             time.sleep(0.02)
         return super().run(op, problem, operands, out, "numpy")
+
+
+class FailingBackend(FakeBackend):
+    """Writes a first value into ``out`` (as a kernel part-way through would), then raises
+    ``error`` from ``run``."""
+
+    def __init__(self, name, error, priority=500):
+        super().__init__(name, priority=priority)
+        self.error = error
+
+    def run(self, op, problem, operands, out, algorithm):
+        self.runs.append((op, algorithm))
+        if out is not None:
+            out.reshape(-1)[0] = 123.0
+        raise self.error

@@ -188,7 +188,10 @@ def test_cache_survives_a_restart(tmp_path):
     '{"format": "someone else", "version": 1, "entries": {}}',
     '{"version": 99, "entries": {}}',                     # a future format
     '{"version": 1, "entries": []}',
-], ids=["truncated", "binary", "list", "other-format", "future-version", "bad-entries"])
+    "[" * 100_000 + "]" * 100_000,                        # deeper than the decoder goes
+    '{"version": 1, "entries": {"k": ' + '{"a": ' * 100_000 + "1" + "}" * 100_002,
+], ids=["truncated", "binary", "list", "other-format", "future-version", "bad-entries",
+        "deeply-nested", "deeply-nested-entry"])
 def test_corrupt_or_foreign_file_is_ignored_with_a_warning_and_rewritten(
         tmp_path, caplog, content):
     path = cache_file(tmp_path)

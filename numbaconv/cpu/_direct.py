@@ -54,7 +54,7 @@ import numba
 import numpy as np
 from numba import prange, uint64
 
-from ..config import jit_options
+from ..config import jit_options, parallel_jit
 from ._gemm import serial
 from ._im2col import zero_rows
 from ._layout import int64_arrays
@@ -64,7 +64,7 @@ from ._sliding import (conv3_lanes1, conv3_lanes2, conv3_lanes4, conv3_lanes8,
                        grad3_lanes1, grad3_lanes2, grad3_lanes4, grad3_lanes8, grad3_lanes16,
                        grad3_row, lanes_for, row_lanes, row_pitch, same_units)
 
-_njit = numba.njit(**jit_options())
+_njit = parallel_jit
 _inline = numba.njit(**jit_options(parallel=False), inline="always")
 #: Row-level helpers of the channels-last kernels are called, not inlined: inlined into
 #: _cl_conv's parallel loop they made its first compilation 32-37 s (Zen 3, cold cache), 21-23

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import numba
 import numpy as np
 
-from ..config import serial_twin
+from ..config import serial_after_fork, serial_version
 from ._layout import Geom
 
 #: Workspace for packed (im2col) buffers is bounded by max(this, the largest operand).
@@ -242,20 +242,16 @@ _pools: dict = {}
 _pools_lock = threading.Lock()
 
 
-_forked = False
-
-
 def _after_fork_in_child() -> None:
     """A forked child starts with none of the parent's threads: fresh locks (one held by a
-    parent thread at the fork would never be released), no BLAS users, no pools; and its
-    tile workers use the serial twins, since GNU OpenMP's parallel regions hang in a child
-    forked after the parent used them."""
-    global _blas_lock, _blas_users, _pools_lock, _forked
+    parent thread at the fork would never be released), no BLAS users, no pools. (Its
+    kernels run serially where the parent's threads were OpenMP's: see
+    :mod:`numbaconv.config`.)"""
+    global _blas_lock, _blas_users, _pools_lock
     _blas_lock = threading.Lock()
     _pools_lock = threading.Lock()
     _blas_users = 0
     _pools.clear()
-    _forked = True
 
 
 if hasattr(os, "register_at_fork"):
@@ -311,13 +307,13 @@ def worker_ranges(size: int, share: bool = True) -> list:
     return [(start, min(size, start + step)) for start in range(0, size, step)]
 
 
-@functools.lru_cache(maxsize=None)
 def serial(kernel):
     """The one-thread compilation of a parallel kernel (made once, on first use): for the
     tile workers under Numba's workqueue threading layer (which cannot launch parallel
     regions from two threads at once), and for work too small to be worth waking the
-    OpenMP threads (the direct weight gradient's partial sums)."""
-    return serial_twin(kernel.py_func)
+    OpenMP threads (the direct weight gradient's partial sums); and in a forked child, for
+    every kernel (see :mod:`numbaconv.config`)."""
+    return serial_version(kernel)
 
 
 def _same(kernel):
@@ -326,7 +322,7 @@ def _same(kernel):
 
 def _worker_pick():
     """The variant of the packing kernels that tile workers call (see :func:`serial`)."""
-    return _same if not _forked and _parallel_kernels_in_workers() else serial
+    return _same if not serial_after_fork() and _parallel_kernels_in_workers() else serial
 
 
 def run_tiles(work, jobs: list) -> list:
@@ -341,7 +337,8 @@ def run_tiles(work, jobs: list) -> list:
     16 tiles): 15.5 ms one after another (packing 2.3 ms of one core, products at about
     330 GFLOP/s on two), 7 ms shared out. Jobs must write disjoint outputs. Called from a
     tile worker (a job that shares out work of its own), the jobs run there, in order: a
-    worker waiting on the pool could wait for itself.
+    worker waiting on the pool could wait for itself. Ctrl-C ends the call after the tiles
+    that are running (the outputs are then partly written).
     """
     if in_tile_worker():
         pick = _worker_pick()
@@ -353,7 +350,17 @@ def run_tiles(work, jobs: list) -> list:
     pick = _worker_pick()
     with blas_single_threaded():
         futures = [_pool(workers).submit(work, job, pick) for job in jobs]
-        wait(futures)
+        try:
+            wait(futures)
+        except BaseException:
+            # Ctrl-C (KeyboardInterrupt arrives in this thread, in wait): drop the queued
+            # tiles, which the pool would otherwise run to the end, even at interpreter
+            # exit; the running ones (one per worker) end first, so that no tile writes
+            # after the call has returned.
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            raise
     return [future.result() for future in futures]
 
 

@@ -19,9 +19,9 @@ import numba
 import numpy as np
 from numba import prange, uint64
 
-from ..config import jit_options
+from ..config import jit_options, parallel_jit
 
-_njit = numba.njit(**jit_options())
+_njit = parallel_jit
 _inline = numba.njit(**jit_options(parallel=False), inline="always")
 #: Job- and row-level helpers that are called, not inlined: inlined into the kernels'
 #: parallel loops they made the first (cold) compilation of im2col_cf_phased 16 s instead of

@@ -40,7 +40,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..config import jit_options
+from ..config import jit_options, parallel_jit
 from ._direct import _add_partials
 from ._layout import Geom
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose_tile,
@@ -224,7 +224,7 @@ def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, wid
                 window[base + e] = 0
 
 
-@numba.njit(**jit_options())
+@parallel_jit
 def _forward_rows(x, xs, weights, y, ys, overrun, n_images, s, p, c, k, r, stride, dil,
                   before, rows, runs, length, padded_k, accumulate, mr, nr, lanes):
     """y (=|+=) x * weights, stride 1, one tile of output rows per job (see
@@ -301,10 +301,10 @@ def _weight_kernel(rows: int, default_rows: int):
     twin = types.FunctionType(func.__code__, scope, f"{func.__name__}_rows{rows}",
                               func.__defaults__, func.__closure__)
     twin.__qualname__ = twin.__name__
-    return numba.njit(**jit_options())(twin)
+    return parallel_jit(twin)
 
 
-@numba.njit(**jit_options())
+@parallel_jit
 def _weight_partials(x, dy, parts, overrun, xs, ys, n_images, s, p, c, k, r, stride, dil,
                      before, rows, mr, nr, lanes, depth):
     """parts[slot] = the sum over the slot's tiles of their windows.T @ dy, as
@@ -409,7 +409,7 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
         raise IndexError("implicit data gradient: a product would reach past its arrays")
 
 
-@numba.njit(**jit_options())
+@parallel_jit
 def _strided_rows(dyp, wt, dx, overrun, s, r, p, stride, dil, before, k, c, padded_c, pitch,
                   width, left, accumulate, mr, nr):
     """One dx row (n, z, y) a job (see :func:`strided_data_gradient`); dyp (N * P0 * P1,

@@ -24,14 +24,13 @@ import functools
 import math
 from types import SimpleNamespace
 
-import numba
 import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
-from ..config import jit_options, serial_twin
+from ..config import parallel_jit, serial_twin
 
-_jit = numba.njit(**jit_options())
+_jit = parallel_jit
 
 #: Elements per step (N times the gate width) from which the step kernels run in parallel.
 #: Below it, waking the thread pool costs more than the step (and, on a busy machine, a
@@ -362,7 +361,7 @@ def kernels(parallel: bool) -> SimpleNamespace:
     compiled = {}
     for name in STEP_KERNELS:
         func = globals()[name]
-        compiled[name] = numba.njit(**jit_options())(func) if parallel else serial_twin(func)
+        compiled[name] = parallel_jit(func) if parallel else serial_twin(func)
     return SimpleNamespace(**compiled)
 
 

@@ -45,14 +45,14 @@ import numba
 import numpy as np
 from numba import prange, uint64
 
-from ..config import jit_options
+from ..config import jit_options, parallel_jit
 from . import _gemm
 from ._layout import Geom
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
 #: :func:`._gemm.run_tiles`): Numba marks the arrays of a ``prange`` body's function
 #: ``noalias``, which lets LLVM vectorise their inner loops over channels or tiles.
-_parallel = numba.njit(**jit_options())
+_parallel = parallel_jit
 #: Their helpers are compiled apart and inlined by LLVM, not by Numba (``inline="always"``
 #: re-types every call site's copy: the channels-first input transform compiled in 6.9 s
 #: instead of 3.8, its three kernels in 12.8 s instead of 8.6; the same speed).

@@ -7,15 +7,14 @@ partials in order.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 
 from numbaconv.backend import store
 
-from ..config import jit_options
+from ..config import parallel_jit
 
-_njit = numba.njit(**jit_options())
+_njit = parallel_jit
 
 #: Fixed split of the channels-last rows; see the module docstring.
 REDUCTION_CHUNKS = 32

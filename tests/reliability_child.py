@@ -1,0 +1,65 @@
+"""Work run in child processes by test_reliability (importable by spawn/forkserver children)."""
+
+import numpy as np
+
+import numbaconv as nc
+from numbaconv import dispatch
+from numbaconv import problem as pb
+from numbaconv.problem import RNNConfig
+from numbaconv.testing import RNNCase, _rnn_arrays, _rnn_step, relative_error
+
+#: Weight gradients that, between them, reach every cpu algorithm's parallel kernels:
+#: (name, x shape, w shape, groups, layout).
+WEIGHT_GRADIENTS = (
+    ("3x3_64c", (2, 64, 18, 18), (64, 64, 3, 3), 1, "channels_first"),
+    ("3x3_64c_cl", (2, 18, 18, 64), (64, 64, 3, 3), 1, "channels_last"),
+    ("depthwise", (2, 32, 17, 17), (32, 1, 3, 3), 32, "channels_first"),
+    ("1x1", (2, 32, 9, 9), (16, 32, 1, 1), 1, "channels_first"),
+)
+
+#: An LSTM step wide enough (N * 4H = 2**14) for the parallel gate kernels.
+LSTM = RNNCase("lstm_parallel", RNNConfig("lstm", 32, 256), 3, 16)
+
+
+def workload() -> dict:
+    """{what: relative error against the reference backend}: every algorithm the cpu
+    backend offers for each weight gradient, the forward and bias gradient of the first,
+    and an LSTM training step."""
+    rng = np.random.default_rng(0)
+    cpu = dispatch.get_backend("cpu")
+    errors = {}
+    for name, x_shape, w_shape, groups, layout in WEIGHT_GRADIENTS:
+        x = rng.uniform(-1, 1, x_shape).astype(np.float32)
+        w = rng.uniform(-1, 1, w_shape).astype(np.float32)
+        kw = dict(padding=(w_shape[2] - 1) // 2, groups=groups, layout=layout)
+        with nc.use_backend("reference"):
+            dy = nc.conv(x, w, **kw)
+            expected = nc.conv_backward_weight(x, dy, w_shape, **kw)
+            expected_bias = nc.conv_backward_bias(dy, layout=layout)
+        problem = pb.conv_backward_weight_problem(x, dy, w_shape, **kw)
+        for algorithm in cpu.algorithms("conv_backward_weight", problem):
+            got = cpu.run("conv_backward_weight", problem, (x, dy), None, algorithm)
+            errors[f"{name} {algorithm}"] = relative_error(got, expected)
+        with nc.use_backend("cpu"):
+            errors[f"{name} conv"] = relative_error(nc.conv(x, w, **kw), dy)
+            errors[f"{name} bias"] = relative_error(nc.conv_backward_bias(dy, layout=layout),
+                                                    expected_bias)
+    arrays = _rnn_arrays(LSTM, "float32")
+    with nc.use_backend("reference"):
+        expected = _rnn_step(LSTM, arrays)
+    with nc.use_backend("cpu"):
+        got = _rnn_step(LSTM, arrays)
+    for op, results in expected.items():
+        errors[op] = max(relative_error(g, e) for g, e in zip(got[op], results)
+                         if e is not None)
+    return errors
+
+
+def send_workload(conn) -> None:
+    """A child's main: the workload's errors (or the exception's text) through ``conn``."""
+    try:
+        conn.send(("ok", workload()))
+    except BaseException as exc:  # reported to the parent, which fails the test
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
