@@ -87,9 +87,9 @@ def loops(sass: str):
     return code, spans
 
 
-def main_loop(sass: str, unroll: int) -> dict:
+def main_loop(sass: str, trips: int) -> dict:
     """The reduction step of a tiled GEMM: the loop with the barrier around the
-    multiply-add loop, which runs ``unroll`` times a step. Counts are per step, as issued:
+    multiply-add loop, which runs ``trips`` times a step. Counts are per step, as issued:
     the step loop's own instructions (all of them, conditional ones included) plus the
     multiply loop's times its trips."""
     code, spans = loops(sass)
@@ -97,12 +97,19 @@ def main_loop(sass: str, unroll: int) -> dict:
     def fmas(span):
         return sum(1 for op, _ in code[span[0]:span[1] + 1] if op.split(".")[0] in FMA)
     inner = max(spans, key=fmas)
-    outer = min((s for s in spans if s[0] <= inner[0] and s[1] >= inner[1] and s != inner
-                 and any(op.startswith("BAR") for op, _ in code[s[0]:s[1] + 1])),
-                key=lambda s: s[1] - s[0])
-    inner_count = inner[1] - inner[0] + 1
+
+    def barrier(span):
+        return any(op.startswith("BAR") for op, _ in code[span[0]:span[1] + 1])
+    if barrier(inner):                  # the multiply loop was unrolled into the step
+        outer, inner, trips = inner, None, 0
+    else:
+        outer = min((s for s in spans if s[0] <= inner[0] and s[1] >= inner[1]
+                     and s != inner and barrier(s)), key=lambda s: s[1] - s[0])
+    inner_count = inner[1] - inner[0] + 1 if inner else 0
     body = code[outer[0]:outer[1] + 1]
-    total = len(body) - inner_count + unroll * inner_count
+    total = len(body) - inner_count + trips * inner_count
     ops = collections.Counter(op.split(".")[0] for op, _ in body)
-    return dict(instructions=total, fma=unroll * fmas(inner), fma_share=unroll * fmas(inner) / total,
+    fma_ops = sum(ops[name] for name in FMA)
+    fma = fma_ops - (fmas(inner) if inner else 0) + trips * (fmas(inner) if inner else 0)
+    return dict(instructions=total, fma=fma, fma_share=fma / total,
                 calls=ops["CALL"], global_loads=ops["LDG"], shared_loads=ops["LDS"])

@@ -34,9 +34,11 @@ def test_creating_the_backend_touches_no_gpu():
 
 @needs_numba_cuda
 def test_kernels_under_the_simulator():
-    """Every op and algorithm on tiny cases, small tiles so last blocks are partial."""
+    """Every op and algorithm on tiny cases, small tiles so last blocks are partial: the
+    GEMM tile is 8x16 outputs, step 8, 2x2 a thread (32 threads, two channels-last columns
+    a thread, as the full-size tiles have)."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBACONV_CUDA_TILE="4,8,4",
-               NUMBACONV_CUDA_THREADS="32")
+               NUMBACONV_CUDA_THREADS="32", NUMBACONV_CUDA_GEMM_TILE="8,16,8,2,2")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
                            "no:cacheprovider", os.path.join(HERE, "test_cuda_sim.py")],
                           env=env, capture_output=True, text=True, timeout=600)

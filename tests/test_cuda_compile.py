@@ -1,7 +1,8 @@
 """Every CUDA kernel compiles for real GPUs (no GPU needed): ``numba.cuda.compile_ptx`` for
 compute capabilities 8.0 and 9.0, then the bundled ``ptxas -v``, whose registers, shared
-memory and spills are recorded (``pytest -s`` prints them; numbaconv/cuda/README.md quotes
-them). float32 and float64 kernels must not spill.
+memory and spills are recorded (``pytest -s`` prints them; docs/cuda.md quotes them).
+float32 and float64 kernels must not spill. The register-tiled GEMMs, slower to compile, are
+read from their machine code in tests/test_cuda_machine_code.py.
 """
 
 import importlib.util
@@ -62,9 +63,8 @@ def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
 
     from numbaconv.cuda import _kernels
     ptxas = _ptxas()
-    kernels = _kernels.signatures(dtype, layout == "channels_last", CUDA_TILE,
-                                  CUDA_THREADS_PER_BLOCK)
-    assert len(kernels) >= 6
+    kernels = _kernels.signatures(dtype, layout == "channels_last", CUDA_THREADS_PER_BLOCK)
+    assert len(kernels) >= 3
     lines = []
     for label, function, signature in kernels:
         ptx, _ = cuda.compile_ptx(function, signature, cc=cc)

@@ -11,9 +11,10 @@ import os
 import numpy as np
 import pytest
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
-    pytest.skip("needs NUMBA_ENABLE_CUDASIM=1 (tests/test_cuda.py runs this file so)",
-                allow_module_level=True)
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0") and \
+        os.environ.get("NUMBACONV_TEST_GPU", "0") in ("", "0"):
+    pytest.skip("needs NUMBA_ENABLE_CUDASIM=1 (tests/test_cuda.py runs this file so), or "
+                "NUMBACONV_TEST_GPU=1 on a machine with a GPU", allow_module_level=True)
 pytest.importorskip("numba_cuda")
 
 from numba import cuda  # noqa: E402

@@ -1,6 +1,7 @@
 """The ``cuda`` backend under Numba's simulator: every op and algorithm against the reference.
 
-Runs only with NUMBA_ENABLE_CUDASIM=1 set before Numba is imported; tests/test_cuda.py runs
+Runs only with NUMBA_ENABLE_CUDASIM=1 set before Numba is imported (or, on a machine with a
+GPU, with NUMBACONV_TEST_GPU=1: the same checks on the device); tests/test_cuda.py runs
 this file in such a subprocess, with 4x8 tiles (step 4) and 32 threads per block so that
 last blocks are partly filled. The simulator runs each block's threads as Python threads:
 cases are the tiniest of numbaconv.testing.CASES plus two tiny 2D/3D ones with every feature.
@@ -11,9 +12,10 @@ import os
 import numpy as np
 import pytest
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
-    pytest.skip("needs NUMBA_ENABLE_CUDASIM=1 (tests/test_cuda.py runs this file so)",
-                allow_module_level=True)
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0") and \
+        os.environ.get("NUMBACONV_TEST_GPU", "0") in ("", "0"):
+    pytest.skip("needs NUMBA_ENABLE_CUDASIM=1 (tests/test_cuda.py runs this file so), or "
+                "NUMBACONV_TEST_GPU=1 on a machine with a GPU", allow_module_level=True)
 pytest.importorskip("numba_cuda")
 
 from numba import cuda  # noqa: E402

@@ -34,8 +34,11 @@ consecutive channels).
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
 import itertools
 import math
+import os
 import re
 import threading
 from typing import NamedTuple
@@ -44,12 +47,14 @@ import numpy as np
 from numba import cuda  # the simulator swaps this module global for its fake module
 
 from .._geometry import stride_phases
-from ..config import cuda_gemm_tile
+from ..config import cache_dir, cuda_gemm_tile, jit_cache
 from ._layout import activation5, as_device, device_array, flat, geom, simulated, weight5
 
 #: Largest element offset the 32-bit kernels handle (below 2**31 with room for the padding
 #: reads whose offsets are formed before their bounds check).
 INDEX32_LIMIT = 2 ** 31 - 2 ** 24
+#: Blocks that fill a 132-SM GPU at two blocks per SM: tiles giving fewer score lower.
+FULL_GRID = 264
 #: Thread blocks to aim for when splitting the weight gradient's reduction: enough to fill
 #: two waves of a 132-SM GPU; fixed, so the split (and the bits of dw) never depend on it.
 WEIGHT_TARGET_BLOCKS = 528
@@ -114,7 +119,7 @@ def choose_tile(rows: int, cols: int, blocks_per_tile: int, dtype: str) -> Tile:
     def score(t):
         used = rows * cols / (_ceil(rows, t.bm) * t.bm * _ceil(cols, t.bn) * t.bn)
         blocks = _ceil(rows, t.bm) * _ceil(cols, t.bn) * blocks_per_tile
-        fill = min(1.0, blocks / 264)
+        fill = min(1.0, blocks / FULL_GRID)
         return used * fill * (1.0 + 0.25 * (t.bm * t.bn) / (128 * 128))
     return max(tiles, key=score)
 
@@ -192,15 +197,50 @@ def _block(lines: list, i: int, condition: str):
     raise ValueError("template: #unroll or #if without #end")
 
 
-def _compile_source(name: str, template: str, names: dict, globals_: dict):
-    """The function ``name`` defined by ``template`` expanded with ``names``."""
-    source = "\n".join(_expand(template.strip("\n").splitlines(), names)) + "\n"
-    namespace = dict(globals_, cuda=cuda)
-    exec(compile(source, f"<numbaconv.cuda {name} {names.get('KEY', '')}>", "exec"),
-         namespace)                                           # noqa: S102
-    function = namespace[name]
+def _compile_source(name: str, template: str, names: dict, types_: dict):
+    """The function ``name`` defined by ``template`` expanded with ``names``.
+
+    The source is written to a file named by its hash under the cache folder and imported
+    from there, so that Numba's disk cache keeps the compiled kernel for later processes
+    (a kernel takes 10-30 s to compile); with the cache off, or where the folder cannot be
+    written, under the simulator too, it is executed in memory."""
+    body = "\n".join(_expand(template.strip("\n").splitlines(), names)) + "\n"
+    header = ["import numba", "from numba import cuda", ""]
+    header += [f"{key} = numba.{value}" for key, value in sorted(types_.items())]
+    header += [f"{key} = {value!r}" for key, value in sorted(names.items())
+               if isinstance(value, (bool, int))]
+    source = "\n".join(header) + "\n\n\n" + body
+    function = None
+    if jit_cache() and not simulated():
+        function = _import_source(name, source)
+    if function is None:
+        namespace = {}
+        exec(compile(source, f"<numbaconv.cuda {name} {names.get('KEY', '')}>", "exec"),
+             namespace)                                           # noqa: S102
+        function = namespace[name]
     function.__numbaconv_source__ = source
+    function.__numbaconv_unroll__ = names.get("KU", 1)
     return function
+
+
+def _import_source(name: str, source: str):
+    """``name`` from ``source`` written once to the cache folder and imported, or None."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    folder = os.path.join(cache_dir(), "cuda")
+    path = os.path.join(folder, f"{name}_{digest}.py")
+    try:
+        if not os.path.exists(path):
+            os.makedirs(folder, exist_ok=True)
+            partial = f"{path}.{os.getpid()}.tmp"
+            with open(partial, "w") as handle:
+                handle.write(source)
+            os.replace(partial, path)
+        spec = importlib.util.spec_from_file_location(f"numbaconv_cuda_{name}_{digest}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except OSError:
+        return None
+    return getattr(module, name)
 
 
 _MULTIPLY = """
@@ -225,23 +265,28 @@ _MULTIPLY = """
 """
 
 _GATHER_TAP = """
+#if use0
     d0 = I(taps[t, 0])
+#end
+#if use1
     d1 = I(taps[t, 1])
+#end
     d2 = I(taps[t, 2])
 #unroll e NCOL
-    i0_{e} = p0_{e} + d0
-    i1_{e} = p1_{e} + d1
     i2_{e} = p2_{e} + d2
 #if use0
+    i1_{e} = p1_{e} + d1
+    i0_{e} = p0_{e} + d0
     ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2)) & (U(i1_{e}) < U(S1)) & (U(i0_{e}) < U(S0))
-#else
-#if use1
+    off_{e} = I(nb_{e} + i0_{e} * s0 + i1_{e} * s1 + i2_{e} * s2)
+#elif use1
+    i1_{e} = p1_{e} + d1
     ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2)) & (U(i1_{e}) < U(S1))
+    off_{e} = I(nb_{e} + i1_{e} * s1 + i2_{e} * s2)
 #else
     ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2))
+    off_{e} = I(nb_{e} + i2_{e} * s2)
 #end
-#end
-    off_{e} = I(nb_{e} + i0_{e} * s0 + i1_{e} * s1 + i2_{e} * s2)
 #end
 """
 
@@ -303,8 +348,12 @@ def conv_gemm(src, wp, out, bias, taps, phases, n_images, M, R, Rp, T,
     j1_{e} = I(rr_{e} // J2)
     j2_{e} = I(rr_{e} - j1_{e} * J2)
     nb_{e} = I(n_{e} * sN + I(g * R + bk) * sC) if q_{e} < Q else I(-1)
+#if use0
     p0_{e} = I(j0_{e} * cs0 + co0)
+#end
+#if use1
     p1_{e} = I(j1_{e} * cs1 + co1)
+#end
     p2_{e} = I(j2_{e} * cs2 + co2)
     off_{e} = I(0)
     ok_{e} = False
@@ -435,7 +484,7 @@ def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, til
     bm, bn, bk, tm, tn = tile
     threads = tile.threads
     names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
-                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=KU, LA=bk * bm // threads, LB=bk * bn // threads,
+                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=1 if channels_last else KU, LA=bk * bm // threads, LB=bk * bn // threads,
                  A_KSTEP=threads // bm, B_KSTEP=threads // bn,
                  KC=bk // CL_KREP, KREP=CL_KREP, B_QSTEP=threads * CL_KREP // bk,
                  NCOL=bk * bn // threads // CL_KREP if channels_last else 1,
@@ -445,7 +494,7 @@ def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, til
     template = (CONV_GEMM.replace("GATHER_TAP_8", _indent(_GATHER_TAP, 8))
                 .replace("GATHER_TAP_16", _indent(_GATHER_TAP, 16))
                 .replace("MULTIPLY", _indent(_MULTIPLY, 8)))
-    return _compile_source("conv_gemm", template, names, dict(names, acc=acc, I=I, U=U))
+    return _compile_source("conv_gemm", template, names, dict(acc=acc, I=I, U=U))
 
 
 def _types(dtype: str, wide: bool):
@@ -502,8 +551,16 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     t0_{e} = I(t_{e} // R12)
     tr_{e} = I(t_{e} - t0_{e} * R12)
     t1_{e} = I(tr_{e} // R2)
+#if use0
     e0_{e} = I(t0_{e} * dl0)
+#else
+    e0_{e} = I(0)
+#end
+#if use1
     e1_{e} = I(t1_{e} * dl1)
+#else
+    e1_{e} = I(0)
+#end
     e2_{e} = I(I(tr_{e} - t1_{e} * R2) * dl2)
     boff_{e} = I(I(g * Cg + c_{e}) * xC + e0_{e} * x0 + e1_{e} * x1 + e2_{e} * x2)
 #end
@@ -563,11 +620,20 @@ MULTIPLY
 
 _LOAD = """
     jok = jj < j_stop
+    ib2 = I(o2 * st2 - bf2)
+#if use0
     ib0 = I(o0 * st0 - bf0)
     ib1 = I(o1 * st1 - bf1)
-    ib2 = I(o2 * st2 - bf2)
     ya = I(n * yN + o0 * y0 + o1 * y1 + o2 * y2)
     xb = I(n * xN + ib0 * x0 + ib1 * x1 + ib2 * x2)
+#elif use1
+    ib1 = I(o1 * st1 - bf1)
+    ya = I(n * yN + o1 * y1 + o2 * y2)
+    xb = I(n * xN + ib1 * x1 + ib2 * x2)
+#else
+    ya = I(n * yN + o2 * y2)
+    xb = I(n * xN + ib2 * x2)
+#end
 #unroll e LA
     va_{e} = acc(0)
     if jok & aok_{e}:
@@ -608,7 +674,7 @@ def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
     template = (WEIGHT_GEMM.replace("LOAD_4", _indent(_LOAD, 8))
                 .replace("LOAD_12", _indent(_LOAD, 12))
                 .replace("MULTIPLY", _indent(_MULTIPLY, 8)))
-    return _compile_source("weight_gemm", template, names, dict(names, acc=acc, I=I, U=U))
+    return _compile_source("weight_gemm", template, names, dict(acc=acc, I=I, U=U))
 
 
 def pack_weights_function(dtype: str):
@@ -705,10 +771,14 @@ def kernel(name: str, *key):
 
 def _jit_tiled(function, tile: Tile):
     """cuda.jit with launch bounds of two blocks per SM (at most 128 registers a thread for
-    256 threads); the simulator takes no launch bounds."""
+    256 threads), cached on disk when the source is a file; the simulator takes neither."""
     if simulated():
         return cuda.jit(function)
-    return cuda.jit(function, launch_bounds=(tile.threads, 2))
+    cache = not function.__code__.co_filename.startswith("<")
+    try:
+        return cuda.jit(function, launch_bounds=(tile.threads, 2), cache=cache)
+    except TypeError:           # a numba-cuda before launch bounds: registers uncapped
+        return cuda.jit(function, cache=cache)
 
 
 _SIMPLE = {"pack_weights": pack_weights_function, "sum_chunks": sum_chunks_function,
@@ -734,8 +804,7 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     out5 = target if direct_out else _copy5(target, contiguous=True)
     out_flat, out_strides = flat(out5)
     acc_dtype = _acc(dtype)
-    most_cols = max(g.n * math.prod(ph[:3]) for ph in plan.phases)
-    tile = choose_tile(rows, most_cols, g.g * len(plan.phases), dtype)
+    tile, most_cols = _conv_tile(problem, forward)
     rp = _ceil(reduce, tile.bk) * tile.bk
     wp = workspace("weights", g.g * plan.taps * rp * rows, acc_dtype)
     threads = 256
@@ -772,7 +841,7 @@ def weight_gradient(problem, x, dy, out):
     dy_flat, dy_strides = flat(_nonnegative(activation5(g, dy)))
     cols = g.taps * g.cg
     reduce_total = g.n * g.positions
-    tile = choose_tile(g.kg, cols, g.g, dtype)
+    tile = _weight_tile(problem)
     row_tiles = _ceil(g.kg, tile.bm)
     base = _ceil(cols, tile.bn) * row_tiles * g.g
     steps = _ceil(reduce_total, tile.bk)
@@ -792,6 +861,88 @@ def weight_gradient(problem, x, dy, out):
     kernel("sum_chunks", dtype)[_ceil(g.k * cols, threads), threads](
         partial, w5, chunks, g.cg, bool(problem.accumulate))
     return result
+
+
+def _conv_tile(problem, forward: bool):
+    """The tile of a forward or data-gradient launch, and its most columns of a phase."""
+    g = geom(problem)
+    plan = _conv_plan(g, forward)
+    rows = g.kg if forward else g.cg
+    most_cols = max(g.n * math.prod(ph[:3]) for ph in plan.phases)
+    return choose_tile(rows, most_cols, g.g * len(plan.phases), problem.dtype), most_cols
+
+
+def _weight_tile(problem) -> Tile:
+    """The weight gradient's tile: chunks of the reduction give the blocks, so only waste
+    and size count."""
+    g = geom(problem)
+    return choose_tile(g.kg, g.taps * g.cg, FULL_GRID, problem.dtype)
+
+
+def kernel_keys(problem) -> list:
+    """The ``kernel(name, *key)`` calls that ``problem`` (any convolution op) launches with
+    32-bit indices: what :func:`precompile` compiles ahead of a run."""
+    dtype, op = problem.dtype, problem.op
+    if op == "conv_backward_weight":
+        return [("weight_gemm", (dtype, problem.ndim, False, _weight_tile(problem))),
+                ("sum_chunks", (dtype,))]
+    if op == "conv_backward_bias":
+        return []
+    forward = op == "conv"
+    tile, _ = _conv_tile(problem, forward)
+    return [("pack_weights", (dtype,)),
+            ("conv_gemm", (dtype, problem.channels_last, problem.ndim, False, tile,
+                           bool(problem.has_bias), bool(problem.accumulate)))]
+
+
+def precompile(problems, processes: int = 0) -> list:
+    """Compile (into Numba's disk cache) every GEMM kernel that ``problems`` launch, in
+    ``processes`` worker processes at once (0: one per CPU, at most 16). Returns the keys
+    compiled; later processes load them from the cache in well under a second each."""
+    keys = sorted({key for p in problems for key in kernel_keys(p)}, key=repr)
+    todo = [k for k in keys if k[0] in ("conv_gemm", "weight_gemm")]
+    small = [k for k in keys if k not in todo]
+    for name, key in small:
+        _compile_signature(name, key)
+    if processes == 1 or len(todo) <= 1:
+        for name, key in todo:
+            _compile_signature(name, key)
+        return keys
+    import concurrent.futures
+    import multiprocessing
+    workers = processes or min(16, os.cpu_count() or 1, len(todo))
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        list(pool.map(_compile_signature, *zip(*todo)))
+    return keys
+
+
+def _compile_signature(name: str, key: tuple) -> None:
+    """Compile ``kernel(name, *key)`` for the argument types a contiguous call passes."""
+    kernel(name, *key).compile(_launch_types(name, key))
+
+
+def _launch_types(name: str, key: tuple) -> tuple:
+    from numba import types
+    dtype = key[0]
+    elem = {"float16": types.float16, "float32": types.float32,
+            "float64": types.float64}[dtype]
+    acc = types.float64 if dtype == "float64" else types.float32
+    i = types.int64
+    if name == "conv_gemm":
+        index = types.int64 if key[3] else types.int32
+        a1, p1 = types.Array(elem, 1, "C"), types.Array(acc, 1, "C")
+        return (a1, p1, a1, a1, types.Array(index, 2, "C"), types.Array(index, 2, "C")) + \
+            (i,) * 27
+    if name == "weight_gemm":
+        a1, p1 = types.Array(elem, 1, "C"), types.Array(acc, 1, "C")
+        return (a1, a1, p1) + (i,) * 34
+    if name == "pack_weights":
+        return (types.Array(elem, 5, "A"), types.Array(acc, 1, "C"),
+                types.Array(types.int64, 2, "C"), i, i, i, i, types.boolean)
+    if name == "sum_chunks":
+        return (types.Array(acc, 1, "C"), types.Array(elem, 5, "A"), i, i, types.boolean)
+    raise ValueError(f"name: no launch types for {name!r}")
 
 
 class ConvPlan(NamedTuple):
@@ -907,29 +1058,17 @@ def _dummy(dtype: str):
 
 def signatures(dtype: str, channels_last: bool, nd: int = 2, tile: Tile = None,
                wide: bool = False):
-    """The main kernels of one (dtype, layout) as ``(label, python function, signature)``
-    for ``numba.cuda.compile_ptx``: what a contiguous call compiles (flat 'C' views)."""
-    from numba import types
+    """The main kernels of one (dtype, layout) as ``(label, python function, signature,
+    tile)`` for ``numba.cuda.compile_ptx``: what a contiguous call compiles."""
     if tile is None:
         tile = (TILES64 if dtype == "float64" else TILES)[0]
-    elem = {"float16": types.float16, "float32": types.float32,
-            "float64": types.float64}[dtype]
-    acc = types.float64 if dtype == "float64" else types.float32
-    index = types.int64 if wide else types.int32
-    a1 = types.Array(elem, 1, "C")
-    p1 = types.Array(acc, 1, "C")
-    table = types.Array(index, 2, "C")
-    i = types.int64
-    conv_sig = (a1, p1, a1, a1, table, table) + (i,) * 5 + (i,) * 5 + (i,) * 3 + \
-        (i,) * 6 + (i,) * 5 + (i,) * 3
-    weight_sig = (a1, a1, p1) + (i,) * 7 + (i,) * 5 + (i,) * 3 + (i,) * 5 + (i,) * 3 + \
-        (i,) * 2 + (i,) * 9
     layout = "cl" if channels_last else "cf"
     found = []
     for mode, bias in (("forward", True), ("data", False)):
-        found.append((f"conv_gemm_{mode}_{layout}_{dtype}",
-                      conv_gemm_function(dtype, channels_last, nd, wide, tile, bias, False),
-                      conv_sig, tile))
-    found.append((f"weight_gemm_{layout}_{dtype}",
-                  weight_gemm_function(dtype, nd, wide, tile), weight_sig, tile))
+        key = (dtype, channels_last, nd, wide, tile, bias, False)
+        found.append((f"conv_gemm_{mode}_{layout}_{dtype}", conv_gemm_function(*key),
+                      _launch_types("conv_gemm", key), tile))
+    key = (dtype, nd, wide, tile)
+    found.append((f"weight_gemm_{dtype}", weight_gemm_function(*key),
+                  _launch_types("weight_gemm", key), tile))
     return found

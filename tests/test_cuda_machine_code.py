@@ -1,0 +1,105 @@
+"""The register-tiled CUDA GEMMs (numbaconv/cuda/_implicit_gemm.py), read from their sm_90
+machine code, no GPU needed: compiled as a contiguous call compiles them (flat 'C' views,
+32-bit indices, the largest tile), assembled by the pip toolkit's ``ptxas`` and disassembled
+by ``nvdisasm`` (pip ``nvidia-cuda-nvdisasm``). The reduction step's loop must be mostly
+FFMA, call no division routine, and the kernels must not spill and must leave room for two
+blocks per SM. ``pytest -s`` prints the table that docs/cuda.md quotes.
+"""
+
+import functools
+import importlib.util
+import os
+import sys
+
+import pytest
+
+if importlib.util.find_spec("numba_cuda") is None:
+    pytest.skip("numba-cuda is not installed (the cuda extra)", allow_module_level=True)
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+    pytest.skip("compile_ptx is not available under the CUDA simulator",
+                allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(__file__))
+import machine_code  # noqa: E402
+
+if machine_code.ptxas() is None or machine_code.nvdisasm() is None:
+    pytest.skip("ptxas (numba-cuda[cu12]) or nvdisasm (nvidia-cuda-nvdisasm) is missing",
+                allow_module_level=True)
+
+CC = (9, 0)
+#: The issue's floor for the FFMA share of the issued instructions per reduction step.
+MIN_FFMA_SHARE = 0.40
+REGISTERS_PER_SM = 65536
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(dtype, layout, tmp):
+    """label -> (ptxas report, SASS, tile, multiply-loop trips a step) for the main kernels of one dtype/layout."""
+    import pathlib
+
+    from numba import cuda
+
+    from numbaconv.cuda import _implicit_gemm as ig
+    found = {}
+    folder = pathlib.Path(tmp)
+    for label, function, signature, tile in ig.signatures(dtype, layout == "channels_last"):
+        if layout == "channels_last" and label.startswith("weight_gemm"):
+            continue    # the weight gradient has one kernel for both layouts
+        ptx, _ = cuda.compile_ptx(function, signature, cc=CC,
+                                  launch_bounds=(tile.threads, 2))
+        report = machine_code.assemble(ptx, CC, folder, label)
+        trips = tile.bk // function.__numbaconv_unroll__
+        found[label] = (report, machine_code.disassemble(report["cubin"]), tile, trips)
+    return found
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("sass"))
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_main_loop_is_mostly_ffma(layout, workdir):
+    lines = []
+    for label, (report, sass, tile, trips) in _compiled("float32", layout, workdir).items():
+        loop = machine_code.main_loop(sass, trips)
+        lines.append(f"sm_90 {label:28s} tile {tile.bm}x{tile.bn}x{tile.bk} "
+                     f"{tile.tm}x{tile.tn}/thread  {report['registers']:3d} regs  "
+                     f"{loop['instructions']:5d} instr/step  {loop['fma']:4d} FFMA "
+                     f"({100 * loop['fma_share']:.1f} %)  {loop['global_loads']} LDG  "
+                     f"{loop['shared_loads']} LDS (static)  calls {loop['calls']}")
+        assert loop["fma_share"] >= MIN_FFMA_SHARE, (label, loop)
+        assert loop["calls"] == 0, (label, "a CALL (division routine) in the main loop")
+        assert "LDL" not in sass and "STL" not in sass, (label, "local memory")
+    print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_no_spills_and_two_blocks_per_sm(dtype, workdir):
+    layouts = ("channels_first", "channels_last") if dtype == "float32" else \
+        ("channels_first",)
+    for layout in layouts:
+        for label, (report, _, tile, _) in _compiled(dtype, layout, workdir).items():
+            assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
+            assert report["registers"] * tile.threads * 2 <= REGISTERS_PER_SM, (label, report)
+
+
+def test_the_loop_reader_counts_what_it_should():
+    """machine_code.main_loop on a hand-written listing: a step loop with a barrier around
+    a multiply loop of 2 FFMA and 2 other instructions, run 4 times a step."""
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDG.E R2, [R4.64] ;
+.L_x_1:
+        /*0020*/                   LDS R3, [R5] ;
+        /*0030*/                   FFMA R6, R3, R3, R6 ;
+        /*0040*/                   FFMA R7, R3, R2, R7 ;
+        /*0050*/              @P0 BRA `(.L_x_1) ;
+        /*0060*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0070*/              @P1 BRA `(.L_x_0) ;
+        /*0080*/                   EXIT ;
+"""
+    loop = machine_code.main_loop(sass, 4)
+    assert loop["instructions"] == 3 + 4 * 4 and loop["fma"] == 8
+    assert loop["global_loads"] == 1 and loop["calls"] == 0
