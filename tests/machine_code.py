@@ -9,7 +9,8 @@ import pathlib
 import re
 import subprocess
 
-FMA = ("FFMA", "DFMA", "HFMA2")
+#: Multiply-adds of the accumulators (HFMA2 is left out: ptxas also uses it to move constants).
+FMA = ("FFMA", "DFMA")
 
 
 def _tool(module: str, name: str):
@@ -96,7 +97,7 @@ def main_loop(sass: str, trips: int) -> dict:
 
     def fmas(span):
         return sum(1 for op, _ in code[span[0]:span[1] + 1] if op.split(".")[0] in FMA)
-    inner = max(spans, key=fmas)
+    inner = max(spans, key=lambda s: (fmas(s), s[0] - s[1]))    # ties: the innermost
 
     def barrier(span):
         return any(op.startswith("BAR") for op, _ in code[span[0]:span[1] + 1])
