@@ -99,6 +99,11 @@ def conv_backward_weight(x, dy, weight_shape, *, stride=1, padding=0, dilation=1
                          layout="channels_first", out=None, accumulate=False):
     """Weight gradient (wgrad) of :func:`conv`: dw = dL/dw given x and dy.
 
+    Note the argument order: ``conv_backward_weight(x, dy, ...)`` takes the forward input
+    first, while ``conv_backward(dy, x, w)`` takes dy first. When x and dy have the same
+    shape (same channels and size: stride 1, "same" padding) a swap cannot be detected and
+    silently gives a wrong gradient; pass them in the order shown here.
+
     Parameters
     ----------
     x : array, shape (N, C, *S) or (N, *S, C)
@@ -141,6 +146,9 @@ def conv_backward_bias(dy, *, layout="channels_first", out=None, accumulate=Fals
 def conv_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1,
                   layout="channels_first", needs=(True, True, True)):
     """All gradients of :func:`conv` at once, validated together.
+
+    Note the argument order, dy first: ``conv_backward(dy, x, w)``, unlike
+    :func:`conv_backward_weight`'s ``(x, dy, weight_shape)``.
 
     Parameters
     ----------
