@@ -50,8 +50,39 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]],
 
 
 def _one_line(text: str, limit: int = 160) -> str:
+    """``text`` on one line, at most ``limit`` characters, shortened at a word boundary."""
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 3]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space].rstrip(",;:")
+    return cut + "..."
+
+
+def _wrapped_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+                   right: Sequence[int] = (), width: Optional[int] = None) -> list:
+    """:func:`_table` whose last column (free text, such as a reason) is wrapped at word
+    boundaries to fit ``width`` (default: the terminal's, at least 100), never cut."""
+    import shutil
+    import textwrap
+    if width is None:
+        width = max(100, shutil.get_terminal_size().columns - 1)
+    cells = [[str(h) for h in headers[:-1]]] + [[str(v) for v in row[:-1]] for row in rows]
+    start = sum(max(len(r[i]) for r in cells) + 2 for i in range(len(headers) - 1))
+    room = max(30, width - start)
+    firsts, rests = [], []
+    for row in rows:
+        lines = textwrap.wrap(" ".join(str(row[-1]).split()), room,
+                              break_long_words=False, break_on_hyphens=False) or [""]
+        firsts.append(tuple(row[:-1]) + (lines[0],))
+        rests.append(lines[1:])
+    table = _table(headers, firsts, right)
+    out = table[:2]
+    for line, more in zip(table[2:], rests):
+        out += [line] + [" " * start + extra for extra in more]
+    return out
 
 
 # --- info ----------------------------------------------------------------------------------
@@ -143,9 +174,19 @@ def cmd_info(args) -> int:
     _print(title)
     for line in bench.describe_threadpools(env["threadpools"]):
         _print(f"  {line}")
+    set_vars = {k: v for k, v in env["env"].items() if v is not None}
+    for text in _openblas_warnings(bench, set_vars, env["blas"]):
+        _print(f"  WARNING: {text}")
     _print("environment")
-    for name, value in env["env"].items():
-        _print(f"  {name:<22} {'not set' if value is None else repr(value)}")
+    from numbaconv import config
+    names = [n for n in env["env"] if not n.startswith("NUMBACONV_")]
+    names += ["NUMBA_CACHE_DIR"] + list(config.documented_variables())
+    width = max(len(n) for n in names)
+    for name in names:
+        value = os.environ.get(name)
+        _print(f"  {name:<{width}} {'not set' if value is None else repr(value)}")
+    _print("kernel cache")
+    _print(f"  {config.describe_kernel_cache()}")
     _, text = cuda_status()
     _print("CUDA")
     _print(f"  {text}")
@@ -153,10 +194,11 @@ def cmd_info(args) -> int:
     rows = []
     for b in numbaconv.backends():
         rows.append((b.name, b.device or "?", "?" if b.priority is None else b.priority,
-                     "yes" if b.available else "no", _one_line(b.reason, 100)))
+                     "yes" if b.available else "no", b.reason))
     if not rows:
         _print("  none registered: is numbaconv installed (pip install -e .)?")
-    for line in _table(("name", "device", "priority", "available", "reason"), rows, (2,)):
+    for line in _wrapped_table(("name", "device", "priority", "available", "reason"), rows,
+                               (2,)):
         _print(f"  {line}")
     return 0
 
@@ -788,9 +830,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "info", help="versions, threading, BLAS, CUDA and backends",
         description="Print numbaconv, Python, NumPy, Numba and llvmlite versions, the Numba "
-                    "threading layer and thread count, the BLAS in use (via threadpoolctl), "
-                    "OpenBLAS-related environment variables, CUDA availability and every "
-                    "registered backend with its device, priority and availability.")
+                    "threading layer and thread count, the BLAS in use (via threadpoolctl, "
+                    "with a warning when OPENBLAS_CORETYPE forces an older kernel), the "
+                    "threading- and BLAS-related environment variables and every variable "
+                    "numbaconv documents, where compiled kernels are cached, CUDA "
+                    "availability and every registered backend with its device, priority, "
+                    "availability and reason.")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(
