@@ -1,4 +1,4 @@
-"""The ``numbaconv`` command line: ``info``, ``check``, ``bench`` and ``demo``.
+"""The ``numbaconv`` command line: ``info``, ``check``, ``bench``, ``demo`` and ``warmup``.
 
 ``numbaconv <command> --help`` describes each. :func:`main` takes the arguments as a list and
 returns the exit status instead of exiting, so tests and notebooks can call it in-process.
@@ -816,6 +816,37 @@ def cmd_demo(args) -> int:
             return 1
 
 
+# --- warmup --------------------------------------------------------------------------------
+
+def cmd_warmup(args) -> int:
+    from numbaconv import _warmup
+
+    try:
+        combos = _warmup.plan(args.op, args.dtype, args.layout, args.ndim, args.layer)
+    except ValueError as exc:
+        _print(f"numbaconv warmup: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    from numbaconv.config import describe_kernel_cache
+    _print(f"compiling the cpu kernels of {len(combos)} op/dtype/layout/layer "
+           f"combination(s), every algorithm each; kernels cache in "
+           f"{describe_kernel_cache()}")
+    progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
+    try:
+        report = _warmup.warmup(args.op, dtypes=args.dtype, layouts=args.layout,
+                                ndims=args.ndim, layers=args.layer, progress=progress.update)
+    finally:
+        progress.clear()
+    for line in report.summary():
+        _print(line)
+    return 1 if report.errors else 0
+
+
+def _dims(text: str) -> int:
+    if text not in ("1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"expected 1, 2 or 3, got {text!r}")
+    return int(text)
+
+
 # --- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -916,6 +947,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show a progress line on stderr (default: when stderr is a "
                         "terminal)")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "warmup", help="compile and cache the cpu kernels now (Docker images, CI caches)",
+        description="Compile the cpu backend's Numba kernels and store them in Numba's disk "
+                    "cache, so that later processes load them (about 0.3 s) instead of "
+                    "compiling (seconds per op): every algorithm the backend offers, each "
+                    "forced in turn, for each op on a small problem of each typical layer. "
+                    "Default: a float32 2D training step, channels-first: conv (with a "
+                    "bias), conv_backward_data, conv_backward_weight, conv_backward_bias on "
+                    "ResNet's 3x3, 3x3 stride 2, 1x1 and 1x1 stride 2 layers. Prints what "
+                    "was compiled or loaded and where the kernels are cached (see the "
+                    "README: NUMBA_CACHE_DIR, NUMBACONV_CACHE_DIR). Exit status 1 if a run "
+                    "failed.")
+    p.add_argument("--op", action="append", choices=_conv_ops() + ("all",), metavar="OP",
+                   help="warm up this op (repeatable; 'all' for every one); default: conv, "
+                        "conv_backward_data, conv_backward_weight, conv_backward_bias")
+    p.add_argument("--dtype", action="append", choices=("float32", "float64", "both"),
+                   help="dtype (repeatable; default float32)")
+    p.add_argument("--layout", action="append",
+                   choices=("channels_first", "channels_last", "both"),
+                   help="layout (repeatable; default channels_first)")
+    p.add_argument("--ndim", action="append", type=_dims, metavar="{1,2,3}",
+                   help="spatial dimensions (repeatable; default 2)")
+    p.add_argument("--layer", action="append", metavar="NAME",
+                   help="typical layer (repeatable): 3x3, 3x3s2, 1x1, 1x1s2, depthwise, stem "
+                        "(7x7 stride 2) or all; default 3x3, 3x3s2, 1x1, 1x1s2")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress line on stderr (default: when stderr is a "
+                        "terminal)")
+    p.set_defaults(func=cmd_warmup)
 
     from numbaconv.demos import DEFAULT_DEMO, DEMOS, FALLBACK_DEMO, INSTALL_HINT
     p = sub.add_parser(
