@@ -234,6 +234,7 @@ def cmd_check(args) -> int:
            f"{testing.TOLERANCE['float64']:g} (float64)")
 
     results, problems = [], []
+    progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     for name in names:
         info = infos[name]
         if not info.available:
@@ -243,14 +244,27 @@ def cmd_check(args) -> int:
                             f"compares NumPy (CPU) backends only")
         else:
             start = time.perf_counter()
+            rnn_cases = () if args.case else \
+                (testing.RNN_CASES[:2] if args.quick else testing.RNN_CASES)
+            # One (case, layout) at a time, so that the progress line moves (the first
+            # calls compile, for minutes); the same comparisons in the same order.
+            units = [(c, layout) for c in cases for layout in testing.LAYOUTS]
+            total = len(units) + len(rnn_cases)
+            progress.start = time.perf_counter()
             try:
-                mine = testing.check_backend(name, cases=cases)
-                rnn_cases = testing.RNN_CASES[:2] if args.quick else testing.RNN_CASES
-                mine_rnn = [] if args.case else testing.check_rnn_backend(name, rnn_cases)
+                mine, mine_rnn = [], []
+                for done, (c, layout) in enumerate(units):
+                    progress.update(done, total, f"{name}: {c.name} {layout}")
+                    mine += testing.check_backend(name, cases=(c,), layouts=(layout,))
+                for done, c in enumerate(rnn_cases, len(units)):
+                    progress.update(done, total, f"{name}: recurrent {c.name}")
+                    mine_rnn += testing.check_rnn_backend(name, (c,))
             except Exception as exc:  # the check itself broke: report, check the others
+                progress.clear()
                 problems.append(f"{name}: check failed to run: {type(exc).__name__}: "
                                 f"{_one_line(exc, 200)}")
                 continue
+            progress.clear()
             _print(f"  {name}: {len(mine) + len(mine_rnn)} comparisons in "
                    f"{time.perf_counter() - start:.1f} s")
             if not any(r.status == "pass" for r in mine + mine_rnn):
@@ -888,6 +902,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="failures to print in detail (default 20)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also list why comparisons were skipped")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress line per backend on stderr (default: when stderr "
+                        "is a terminal)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser(

@@ -120,3 +120,4 @@ def test_warmup_runs_every_offered_algorithm_and_reports(capsys):
 def test_cli_usage_errors(capsys):
     assert main(["warmup", "--layer", "9x9"]) == 2
     assert "layers: expected some of" in capsys.readouterr().err
+
