@@ -1,4 +1,4 @@
-"""The ``numbaconv`` command line: ``info``, ``check``, ``bench`` and ``demo``.
+"""The ``numbaconv`` command line: ``info``, ``check``, ``bench``, ``demo`` and ``warmup``.
 
 ``numbaconv <command> --help`` describes each. :func:`main` takes the arguments as a list and
 returns the exit status instead of exiting, so tests and notebooks can call it in-process.
@@ -50,8 +50,39 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]],
 
 
 def _one_line(text: str, limit: int = 160) -> str:
+    """``text`` on one line, at most ``limit`` characters, shortened at a word boundary."""
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 3]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space].rstrip(",;:")
+    return cut + "..."
+
+
+def _wrapped_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+                   right: Sequence[int] = (), width: Optional[int] = None) -> list:
+    """:func:`_table` whose last column (free text, such as a reason) is wrapped at word
+    boundaries to fit ``width`` (default: the terminal's, at least 100), never cut."""
+    import shutil
+    import textwrap
+    if width is None:
+        width = max(100, shutil.get_terminal_size().columns - 1)
+    cells = [[str(h) for h in headers[:-1]]] + [[str(v) for v in row[:-1]] for row in rows]
+    start = sum(max(len(r[i]) for r in cells) + 2 for i in range(len(headers) - 1))
+    room = max(30, width - start)
+    firsts, rests = [], []
+    for row in rows:
+        lines = textwrap.wrap(" ".join(str(row[-1]).split()), room,
+                              break_long_words=False, break_on_hyphens=False) or [""]
+        firsts.append(tuple(row[:-1]) + (lines[0],))
+        rests.append(lines[1:])
+    table = _table(headers, firsts, right)
+    out = table[:2]
+    for line, more in zip(table[2:], rests):
+        out += [line] + [" " * start + extra for extra in more]
+    return out
 
 
 # --- info ----------------------------------------------------------------------------------
@@ -143,9 +174,19 @@ def cmd_info(args) -> int:
     _print(title)
     for line in bench.describe_threadpools(env["threadpools"]):
         _print(f"  {line}")
+    set_vars = {k: v for k, v in env["env"].items() if v is not None}
+    for text in _openblas_warnings(bench, set_vars, env["blas"]):
+        _print(f"  WARNING: {text}")
     _print("environment")
-    for name, value in env["env"].items():
-        _print(f"  {name:<22} {'not set' if value is None else repr(value)}")
+    from numbaconv import config
+    names = [n for n in env["env"] if not n.startswith("NUMBACONV_")]
+    names += ["NUMBA_CACHE_DIR"] + list(config.documented_variables())
+    width = max(len(n) for n in names)
+    for name in names:
+        value = os.environ.get(name)
+        _print(f"  {name:<{width}} {'not set' if value is None else repr(value)}")
+    _print("kernel cache")
+    _print(f"  {config.describe_kernel_cache()}")
     _, text = cuda_status()
     _print("CUDA")
     _print(f"  {text}")
@@ -153,10 +194,11 @@ def cmd_info(args) -> int:
     rows = []
     for b in numbaconv.backends():
         rows.append((b.name, b.device or "?", "?" if b.priority is None else b.priority,
-                     "yes" if b.available else "no", _one_line(b.reason, 100)))
+                     "yes" if b.available else "no", b.reason))
     if not rows:
         _print("  none registered: is numbaconv installed (pip install -e .)?")
-    for line in _table(("name", "device", "priority", "available", "reason"), rows, (2,)):
+    for line in _wrapped_table(("name", "device", "priority", "available", "reason"), rows,
+                               (2,)):
         _print(f"  {line}")
     return 0
 
@@ -192,6 +234,7 @@ def cmd_check(args) -> int:
            f"{testing.TOLERANCE['float64']:g} (float64)")
 
     results, problems = [], []
+    progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     for name in names:
         info = infos[name]
         if not info.available:
@@ -201,14 +244,27 @@ def cmd_check(args) -> int:
                             f"compares NumPy (CPU) backends only")
         else:
             start = time.perf_counter()
+            rnn_cases = () if args.case else \
+                (testing.RNN_CASES[:2] if args.quick else testing.RNN_CASES)
+            # One (case, layout) at a time, so that the progress line moves (the first
+            # calls compile, for minutes); the same comparisons in the same order.
+            units = [(c, layout) for c in cases for layout in testing.LAYOUTS]
+            total = len(units) + len(rnn_cases)
+            progress.start = time.perf_counter()
             try:
-                mine = testing.check_backend(name, cases=cases)
-                rnn_cases = testing.RNN_CASES[:2] if args.quick else testing.RNN_CASES
-                mine_rnn = [] if args.case else testing.check_rnn_backend(name, rnn_cases)
+                mine, mine_rnn = [], []
+                for done, (c, layout) in enumerate(units):
+                    progress.update(done, total, f"{name}: {c.name} {layout}")
+                    mine += testing.check_backend(name, cases=(c,), layouts=(layout,))
+                for done, c in enumerate(rnn_cases, len(units)):
+                    progress.update(done, total, f"{name}: recurrent {c.name}")
+                    mine_rnn += testing.check_rnn_backend(name, (c,))
             except Exception as exc:  # the check itself broke: report, check the others
+                progress.clear()
                 problems.append(f"{name}: check failed to run: {type(exc).__name__}: "
                                 f"{_one_line(exc, 200)}")
                 continue
+            progress.clear()
             _print(f"  {name}: {len(mine) + len(mine_rnn)} comparisons in "
                    f"{time.perf_counter() - start:.1f} s")
             if not any(r.status == "pass" for r in mine + mine_rnn):
@@ -774,6 +830,37 @@ def cmd_demo(args) -> int:
             return 1
 
 
+# --- warmup --------------------------------------------------------------------------------
+
+def cmd_warmup(args) -> int:
+    from numbaconv import _warmup
+
+    try:
+        combos = _warmup.plan(args.op, args.dtype, args.layout, args.ndim, args.layer)
+    except ValueError as exc:
+        _print(f"numbaconv warmup: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    from numbaconv.config import describe_kernel_cache
+    _print(f"compiling the cpu kernels of {len(combos)} op/dtype/layout/layer "
+           f"combination(s), every algorithm each; kernels cache in "
+           f"{describe_kernel_cache()}")
+    progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
+    try:
+        report = _warmup.warmup(args.op, dtypes=args.dtype, layouts=args.layout,
+                                ndims=args.ndim, layers=args.layer, progress=progress.update)
+    finally:
+        progress.clear()
+    for line in report.summary():
+        _print(line)
+    return 1 if report.errors else 0
+
+
+def _dims(text: str) -> int:
+    if text not in ("1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"expected 1, 2 or 3, got {text!r}")
+    return int(text)
+
+
 # --- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -788,9 +875,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "info", help="versions, threading, BLAS, CUDA and backends",
         description="Print numbaconv, Python, NumPy, Numba and llvmlite versions, the Numba "
-                    "threading layer and thread count, the BLAS in use (via threadpoolctl), "
-                    "OpenBLAS-related environment variables, CUDA availability and every "
-                    "registered backend with its device, priority and availability.")
+                    "threading layer and thread count, the BLAS in use (via threadpoolctl, "
+                    "with a warning when OPENBLAS_CORETYPE forces an older kernel), the "
+                    "threading- and BLAS-related environment variables and every variable "
+                    "numbaconv documents, where compiled kernels are cached, CUDA "
+                    "availability and every registered backend with its device, priority, "
+                    "availability and reason.")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(
@@ -812,6 +902,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="failures to print in detail (default 20)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also list why comparisons were skipped")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress line per backend on stderr (default: when stderr "
+                        "is a terminal)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser(
@@ -871,6 +964,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show a progress line on stderr (default: when stderr is a "
                         "terminal)")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "warmup", help="compile and cache the cpu kernels now (Docker images, CI caches)",
+        description="Compile the cpu backend's Numba kernels and store them in Numba's disk "
+                    "cache, so that later processes load them (about 0.3 s) instead of "
+                    "compiling (seconds per op): every algorithm the backend offers, each "
+                    "forced in turn, for each op on a small problem of each typical layer. "
+                    "Default: a float32 2D training step, channels-first: conv (with a "
+                    "bias), conv_backward_data, conv_backward_weight, conv_backward_bias on "
+                    "ResNet's 3x3, 3x3 stride 2, 1x1 and 1x1 stride 2 layers. Prints what "
+                    "was compiled or loaded and where the kernels are cached (see the "
+                    "README: NUMBA_CACHE_DIR, NUMBACONV_CACHE_DIR). Exit status 1 if a run "
+                    "failed.")
+    p.add_argument("--op", action="append", choices=_conv_ops() + ("all",), metavar="OP",
+                   help="warm up this op (repeatable; 'all' for every one); default: conv, "
+                        "conv_backward_data, conv_backward_weight, conv_backward_bias")
+    p.add_argument("--dtype", action="append", choices=("float32", "float64", "both"),
+                   help="dtype (repeatable; default float32)")
+    p.add_argument("--layout", action="append",
+                   choices=("channels_first", "channels_last", "both"),
+                   help="layout (repeatable; default channels_first)")
+    p.add_argument("--ndim", action="append", type=_dims, metavar="{1,2,3}",
+                   help="spatial dimensions (repeatable; default 2)")
+    p.add_argument("--layer", action="append", metavar="NAME",
+                   help="typical layer (repeatable): 3x3, 3x3s2, 1x1, 1x1s2, depthwise, stem "
+                        "(7x7 stride 2) or all; default 3x3, 3x3s2, 1x1, 1x1s2")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress line on stderr (default: when stderr is a "
+                        "terminal)")
+    p.set_defaults(func=cmd_warmup)
 
     from numbaconv.demos import DEFAULT_DEMO, DEMOS, FALLBACK_DEMO, INSTALL_HINT
     p = sub.add_parser(

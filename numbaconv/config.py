@@ -1,10 +1,25 @@
-"""Compiler options for every Numba kernel, in one place.
+"""Compiler options for every Numba kernel, in one place, and the table of numbaconv's
+environment variables (``numbaconv info`` lists every variable named in it, through
+:func:`documented_variables`).
+
+Read by the dispatcher on every call (see :mod:`numbaconv.dispatch`):
+
+``NUMBACONV_BACKEND``
+    Comma-separated backend names: only these, in this order (as ``use_backend``).
+``NUMBACONV_AUTOTUNE``
+    ``1`` times every algorithm once per problem and remembers the fastest (as
+    ``set_autotune(True)``); ``0`` (default) takes the heuristic's choice.
+``NUMBACONV_CACHE_DIR``
+    numbaconv's cache directory (default: the user cache directory, ``$XDG_CACHE_HOME`` or
+    ``~/.cache`` + ``numbaconv`` on Linux): the autotune cache, and the compiled kernels
+    when the package directory is read-only (see :func:`kernel_cache_dir`).
 
 Read once, at first use, from the environment:
 
 ``NUMBACONV_JIT_CACHE``
     ``1`` (default) stores compiled kernels in Numba's on-disk cache (``__pycache__`` next to
-    the modules, or ``NUMBA_CACHE_DIR``), cutting first-call latency in later processes;
+    the modules when that is writable, else under ``NUMBACONV_CACHE_DIR``; ``NUMBA_CACHE_DIR``
+    overrides both), cutting first-call latency in later processes;
     ``0`` disables it. Known pitfalls of Numba's cache: stale entries after editing a module
     that a cached kernel inlines from another file, and races between processes compiling
     the same kernel at once; switch it off if you hit them. The CUDA convolution GEMMs are
@@ -63,6 +78,23 @@ CUDA_THREADS_PER_BLOCK = 256
 #: CUDA implicit-GEMM tile: (output rows, output columns, reduction step) per block; the
 #: block has rows x columns threads, one output each.
 CUDA_TILE = (16, 16, 16)
+
+
+def documented_variables() -> tuple:
+    """The environment variables this module's docstring documents, in its order: the one
+    list that ``numbaconv info`` prints (a test keeps the README's table the same)."""
+    import re
+    doc = __doc__
+    if doc is None:  # python -OO strips docstrings: read it from the source
+        import ast
+        with open(__file__, encoding="utf-8") as source:
+            doc = ast.get_docstring(ast.parse(source.read())) or ""
+    names = re.findall(r"^``(NUMBACONV_\w+)``((?:, ``NUMBACONV_\w+``)*)$", doc, re.M)
+    found = []
+    for first, rest in names:
+        found.append(first)
+        found += re.findall(r"``(NUMBACONV_\w+)``", rest)
+    return tuple(dict.fromkeys(found))
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -145,12 +177,164 @@ def jit_options(parallel: bool = True) -> dict:
     """Keyword arguments for ``numba.njit`` used by every CPU kernel.
 
     Kernel modules call this at import, before any kernel runs, which is also when the
-    threading configuration is applied.
+    threading configuration is applied and numbaconv's kernel cache locator installed
+    (:func:`kernel_cache_location`).
     """
     configure_threading()
     fastmath = set(FASTMATH_FLAGS) if _flag("NUMBACONV_FASTMATH", True) else False
-    return dict(parallel=parallel, cache=_flag("NUMBACONV_JIT_CACHE", True),
+    return dict(parallel=parallel, cache=_kernel_cache_enabled(),
                 fastmath=fastmath, nogil=True, error_model="numpy")
+
+
+# --- where compiled kernels are cached -------------------------------------------------------
+#
+# Numba files a ``cache=True`` function's compilations with the first of its cache locators
+# that finds a writable directory: ``NUMBA_CACHE_DIR``, then ``__pycache__`` next to the
+# source, then ``~/.cache/numba``. In a read-only install (site-packages owned by root, a
+# Docker image run as another user) the second fails, and the third may too (no home
+# directory), which makes Numba raise at decoration, that is at a kernel module's import. So
+# numbaconv adds, for its own source files only, a locator between the second and the third:
+# ``kernels`` under numbaconv's cache directory (``NUMBACONV_CACHE_DIR``, else the user cache
+# directory), and turns caching off, with a warning, where no locator finds a directory.
+
+#: Under :func:`user_cache_dir`, where kernels go when the package directory is read-only.
+KERNEL_CACHE_SUBDIR = "kernels"
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_cache_dir() -> str:
+    """``NUMBACONV_CACHE_DIR``, else the platform's user cache directory + ``numbaconv``.
+
+    ``$XDG_CACHE_HOME/numbaconv`` or ``~/.cache/numbaconv`` on Linux and other POSIX
+    systems, ``~/Library/Caches/numbaconv`` on macOS, ``%LOCALAPPDATA%\\numbaconv`` on
+    Windows. ``~`` in ``NUMBACONV_CACHE_DIR`` is expanded.
+    """
+    env = os.environ.get("NUMBACONV_CACHE_DIR", "").strip()
+    if env:
+        return os.path.expanduser(env)
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
+    elif sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "numbaconv")
+
+
+def kernel_cache_dir() -> str:
+    """Where numbaconv's kernels are cached when neither ``NUMBA_CACHE_DIR`` is set nor the
+    package directory is writable: ``kernels`` under :func:`user_cache_dir`."""
+    return os.path.join(user_cache_dir(), KERNEL_CACHE_SUBDIR)
+
+
+def _install_kernel_cache_locator():
+    """Add numbaconv's locator to Numba's list (once); returns its class, or None where this
+    Numba lacks the classes it builds on (Numba's own locators then decide alone)."""
+    from numba.core import caching
+    classes = caching.CacheImpl._locator_classes
+    for cls in classes:
+        if getattr(cls, "numbaconv", False):
+            return cls
+    base = getattr(caching, "_CacheLocator", None)
+    mixin = getattr(caching, "_SourceFileBackedLocatorMixin", None)
+    if base is None or mixin is None:
+        return None
+
+    class NumbaconvCacheLocator(mixin, base):
+        """numbaconv's own kernels, cached under :func:`kernel_cache_dir`."""
+
+        numbaconv = True
+
+        def __init__(self, py_func, py_file):
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+            self._cache_path = os.path.join(kernel_cache_dir(),
+                                            self.get_suitable_cache_subpath(py_file))
+
+        def get_cache_path(self):
+            return self._cache_path
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            path = os.path.abspath(py_file)
+            if os.path.commonpath([path, _PACKAGE_DIR]) != _PACKAGE_DIR:
+                return None  # somebody else's function: Numba's locators decide
+            return super().from_function(py_func, py_file)
+
+    in_tree = [i for i, cls in enumerate(classes) if cls.__name__.lstrip("_") in
+               ("InTreeCacheLocator", "InTreeCacheLocatorFsAgnostic")]
+    classes.insert(in_tree[0] + 1 if in_tree else len(classes), NumbaconvCacheLocator)
+    return NumbaconvCacheLocator
+
+
+def _sample_kernel():  # a function of this package, to ask the locators about
+    pass
+
+
+#: A kernel module's file: the locators are asked about it (its directory is the kernels').
+_KERNEL_SOURCE = os.path.join(_PACKAGE_DIR, "cpu", "__init__.py")
+
+
+def kernel_cache_location() -> tuple:
+    """``(directory, how)``: where Numba caches numbaconv's kernels in this process, and
+    which rule put them there; directory None when they are not cached (``how`` says why).
+
+    Asks Numba's locators, numbaconv's included, in Numba's order, about a file of the
+    package: what a kernel's ``cache=True`` will find.
+    """
+    if not _flag("NUMBACONV_JIT_CACHE", True):
+        return None, "disabled (NUMBACONV_JIT_CACHE=0): kernels compile in every process"
+    import numba
+    from numba.core import caching
+    ours = _install_kernel_cache_locator()
+    if numba.config.CACHE_LOCATOR_CLASSES:
+        return "", "chosen by NUMBA_CACHE_LOCATOR_CLASSES"
+    for cls in caching.CacheImpl._locator_classes:
+        try:
+            locator = cls.from_function(_sample_kernel, _KERNEL_SOURCE)
+        except Exception:  # an odd locator must not stop the search
+            locator = None
+        if locator is None:
+            continue
+        name = cls.__name__.lstrip("_")
+        if cls is ours:
+            how = ("NUMBACONV_CACHE_DIR" if os.environ.get("NUMBACONV_CACHE_DIR", "").strip()
+                   else "the user cache directory") + ": the package directory is read-only"
+        elif name.startswith("UserProvided"):
+            how = "NUMBA_CACHE_DIR"
+        elif name.startswith("InTree"):
+            how = "next to the kernels' modules: the package directory is writable"
+        elif name.startswith("UserWide"):
+            how = "Numba's user-wide cache directory"
+        else:
+            how = f"Numba's {name}"
+        path = locator.get_cache_path()
+        if not name.startswith("InTree"):
+            path = os.path.dirname(path)  # the cache root; each source directory has a child
+        return path, how
+    return None, ("no writable directory (tried NUMBA_CACHE_DIR, the package directory, "
+                  f"{kernel_cache_dir()} and Numba's user cache): kernels compile in every "
+                  "process; set NUMBACONV_CACHE_DIR to a writable directory")
+
+
+def describe_kernel_cache() -> str:
+    """One line for ``numbaconv info`` and ``warmup``: where the kernels are cached."""
+    path, how = kernel_cache_location()
+    return how if path is None else f"{path} ({how})" if path else how
+
+
+def _kernel_cache_enabled() -> bool:
+    """``NUMBACONV_JIT_CACHE``, and a directory to cache in (else a warning, not Numba's
+    RuntimeError at a kernel module's import)."""
+    if not _flag("NUMBACONV_JIT_CACHE", True):
+        return False
+    path, how = kernel_cache_location()
+    if path is None:
+        warnings.warn(f"numbaconv: Numba's kernel cache has {how}", RuntimeWarning,
+                      stacklevel=4)
+        return False
+    return True
 
 
 def parallel_jit(func):

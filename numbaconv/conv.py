@@ -24,6 +24,48 @@ from . import problem as pb
 
 _DEFAULTS = dict(stride=1, padding=0, dilation=1, groups=1, layout="channels_first")
 
+#: The keyword arguments the public functions share, documented once and written into each
+#: function's docstring (where ``help()`` shows them) by :func:`_keywords`.
+_KEYWORD_DOCS = {
+    "stride": """\
+stride : int or tuple of int, default 1
+    Step of the kernel over the input: one int for all spatial dims, or one per dim
+    (each >= 1).""",
+    "padding": """\
+padding : int, tuple or str, default 0
+    Zeros around the input: an int; one int per spatial dim; one ``(before, after)`` pair
+    per dim (asymmetric, TensorFlow's EXPLICIT); or ``"same"`` / ``"valid"``
+    (case-insensitive, TensorFlow's rules: ``"same"`` gives ``ceil(S / stride)`` outputs,
+    the odd extra pad going after).""",
+    "dilation": """\
+dilation : int or tuple of int, default 1
+    Spacing between kernel taps: one int, or one per spatial dim (>= 1).""",
+    "groups": """\
+groups : int, default 1
+    Divides C and K: each of ``groups`` groups of ``C // groups`` input channels feeds its
+    ``K // groups`` outputs; ``groups == C`` is depthwise.""",
+    "layout": """\
+layout : {"channels_first", "channels_last"}, default "channels_first"
+    Activations are ``(N, C, *S)`` channels-first and ``(N, *S, C)`` channels-last; weights
+    are ``(K, C // groups, *R)`` in both.""",
+}
+
+
+def _keywords(*names):
+    """Replace the line ``{keywords}`` of a function's docstring with the shared entries of
+    ``names`` (keyword-only, as every public function takes them)."""
+    text = "\n".join(_KEYWORD_DOCS[n] for n in names)
+    block = "".join(f"    {line}\n" if line else "\n" for line in text.splitlines())
+
+    def decorate(func):
+        if func.__doc__:  # None under python -OO
+            func.__doc__ = func.__doc__.replace("    {keywords}\n", block)
+        return func
+    return decorate
+
+
+_ALL = ("stride", "padding", "dilation", "groups", "layout")
+
 
 def _contiguous(a):
     if a is None or not isinstance(a, np.ndarray):
@@ -46,6 +88,7 @@ def _run(op, problem, operands, out):
     return out
 
 
+@_keywords(*_ALL)
 def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
          layout="channels_first", out=None):
     """Forward convolution (cross-correlation, like PyTorch's ``conv{1,2,3}d``).
@@ -55,8 +98,7 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     x : array, shape (N, C, *S) or (N, *S, C) for channels_last
     w : array, shape (K, C // groups, *R)
     bias : array, shape (K,), optional
-    stride, padding, dilation, groups, layout
-        See the module docstring.
+    {keywords}
     out : array, shape of y, optional
         Written in place and returned.
 
@@ -70,6 +112,7 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     return _run("conv", problem, (x, w, bias), out)
 
 
+@_keywords(*_ALL)
 def conv_backward_data(dy, w, input_shape, *, stride=1, padding=0, dilation=1, groups=1,
                        layout="channels_first", out=None, accumulate=False):
     """Data gradient (dgrad) of :func:`conv`: dx = dL/dx given dy = dL/dy.
@@ -80,6 +123,7 @@ def conv_backward_data(dy, w, input_shape, *, stride=1, padding=0, dilation=1, g
     w : array, shape (K, C // groups, *R)
     input_shape : tuple of int
         Shape of x (in ``layout``); it resolves which S produced P when stride > 1.
+    {keywords}
     out : array, shape input_shape, optional
     accumulate : bool
         Add into ``out`` (cuDNN beta = 1); requires ``out``.
@@ -95,9 +139,15 @@ def conv_backward_data(dy, w, input_shape, *, stride=1, padding=0, dilation=1, g
     return _run("conv_backward_data", problem, (dy, w), out)
 
 
+@_keywords(*_ALL)
 def conv_backward_weight(x, dy, weight_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          layout="channels_first", out=None, accumulate=False):
     """Weight gradient (wgrad) of :func:`conv`: dw = dL/dw given x and dy.
+
+    Note the argument order: ``conv_backward_weight(x, dy, ...)`` takes the forward input
+    first, while ``conv_backward(dy, x, w)`` takes dy first. When x and dy have the same
+    shape (same channels and size: stride 1, "same" padding) a swap cannot be detected and
+    silently gives a wrong gradient; pass them in the order shown here.
 
     Parameters
     ----------
@@ -105,6 +155,7 @@ def conv_backward_weight(x, dy, weight_shape, *, stride=1, padding=0, dilation=1
     dy : array, shape (N, K, *P) or (N, *P, K)
     weight_shape : tuple of int
         ``(K, C // groups, *R)``.
+    {keywords}
     out : array, shape weight_shape, optional
     accumulate : bool
         Add into ``out`` (gradient accumulation across micro-batches); requires ``out``.
@@ -120,12 +171,14 @@ def conv_backward_weight(x, dy, weight_shape, *, stride=1, padding=0, dilation=1
     return _run("conv_backward_weight", problem, (x, dy), out)
 
 
+@_keywords("layout")
 def conv_backward_bias(dy, *, layout="channels_first", out=None, accumulate=False):
     """Bias gradient (bgrad): db[k] = sum of dy over batch and space.
 
     Parameters
     ----------
     dy : array, shape (N, K, *P) or (N, *P, K)
+    {keywords}
     out : array, shape (K,), optional
     accumulate : bool
         Add into ``out``; requires ``out``.
@@ -138,15 +191,20 @@ def conv_backward_bias(dy, *, layout="channels_first", out=None, accumulate=Fals
     return _run("conv_backward_bias", problem, (dy,), out)
 
 
+@_keywords(*_ALL)
 def conv_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1,
                   layout="channels_first", needs=(True, True, True)):
     """All gradients of :func:`conv` at once, validated together.
+
+    Note the argument order, dy first: ``conv_backward(dy, x, w)``, unlike
+    :func:`conv_backward_weight`'s ``(x, dy, weight_shape)``.
 
     Parameters
     ----------
     dy : array, shape of y
     x : array, shape (N, C, *S) or (N, *S, C)
     w : array, shape (K, C // groups, *R)
+    {keywords}
     needs : tuple of 3 bools
         Which of (dx, dw, db) to compute.
 
@@ -162,6 +220,7 @@ def conv_backward(dy, x, w, *, stride=1, padding=0, dilation=1, groups=1,
     return _backward(problem, needs, dy, x, w)
 
 
+@_keywords("stride", "dilation", "groups", "layout")
 def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1,
                    groups=1, layout="channels_first", out=None):
     """Transposed convolution (PyTorch's ``conv_transpose{1,2,3}d``), the adjoint of conv.
@@ -178,6 +237,7 @@ def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, di
         As for :func:`conv`, naming the padding of the forward convolution this is the
         adjoint of. ``"same"`` gives ``S_out = S_in * stride`` (``output_padding`` must be 0);
         ``"valid"`` gives ``(S_in - 1) * stride + dilation * (R - 1) + 1 + output_padding``.
+    {keywords}
     out : array, shape of the result, optional
 
     Returns
@@ -192,6 +252,7 @@ def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, di
     return _run("conv_transpose", problem, (x, w, bias), out)
 
 
+@_keywords(*_ALL)
 def conv_transpose_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, dilation=1,
                             groups=1, layout="channels_first", needs=(True, True, True)):
     """All gradients of :func:`conv_transpose`.
@@ -201,6 +262,7 @@ def conv_transpose_backward(dy, x, w, *, stride=1, padding=0, output_padding=0, 
     dy : array, shape of the transposed convolution's output
     x : array, shape (N, C_in, *S_in) or (N, *S_in, C_in)
     w : array, shape (C_in, C_out // groups, *R)
+    {keywords}
     needs : tuple of 3 bools
         Which of (dx, dw, db) to compute.
 
@@ -239,6 +301,7 @@ def _backward(problem, needs, dy, x, w):
     return dx, dw, db
 
 
+@_keywords(*_ALL)
 def conv_output_shape(input_shape, weight_shape, *, stride=1, padding=0, dilation=1,
                       groups=1, layout="channels_first", transposed=False,
                       output_padding=0) -> tuple:
@@ -251,6 +314,7 @@ def conv_output_shape(input_shape, weight_shape, *, stride=1, padding=0, dilatio
         Shape of x in ``layout``.
     weight_shape : tuple of int
         Shape of w (``(K, C // groups, *R)``, or ``(C_in, C_out // groups, *R)`` transposed).
+    {keywords}
 
     Returns
     -------

@@ -394,16 +394,8 @@ def default_cache_dir() -> str:
         systems, ``~/Library/Caches/numbaconv`` on macOS, ``%LOCALAPPDATA%\\numbaconv`` on
         Windows. ``~`` in ``NUMBACONV_CACHE_DIR`` is expanded.
     """
-    env = os.environ.get("NUMBACONV_CACHE_DIR", "").strip()
-    if env:
-        return os.path.expanduser(env)
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
-    elif sys.platform == "darwin":
-        base = os.path.expanduser("~/Library/Caches")
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "numbaconv")
+    from .config import user_cache_dir
+    return user_cache_dir()
 
 
 def cpu_model() -> str:

@@ -369,6 +369,53 @@ def check_groups(groups, in_channels: int, out_channels: int, per_group: int,
     return groups
 
 
+_OTHER_LAYOUT = {"channels_first": "channels_last", "channels_last": "channels_first"}
+_CHANNEL_AXIS = {"channels_first": "axis 1", "channels_last": "the last axis"}
+
+
+def layout_hint(layout: str, groups, out_channels: int, operands) -> str | None:
+    """The error for channel counts that match only under the other layout, or None.
+
+    ``operands`` holds ``(name, shape, expected channels, where that comes from)`` for each
+    activation (or activation shape) whose channels a channel check compares. The hint is
+    given when some of them mismatch under ``layout`` and every one matches under the other
+    layout (with ``groups`` dividing ``out_channels``, which no layout changes), so that
+    passing the other layout is the whole fix.
+    """
+    other = _OTHER_LAYOUT.get(layout)
+    if other is None or not geo._is_int(groups) or groups < 1 or out_channels % groups:
+        return None
+    now = [logical(tuple(shape), layout)[1] for _, shape, _, _ in operands]
+    then = [logical(tuple(shape), other)[1] for _, shape, _, _ in operands]
+    expected = [e for _, _, e, _ in operands]
+    if now == expected or then != expected:
+        return None
+    names = " and ".join(f"{name} {tuple(shape)}" for name, shape, _, _ in operands)
+    their = "its" if len(operands) == 1 else "their"
+
+    def values(vals):
+        return " and ".join(str(v) for v in vals)
+
+    wanted = " and ".join(f"{e} ({why})" for _, _, e, why in operands)
+    shape = "(N, *S, C)" if other == "channels_last" else "(N, C, *S)"
+    return (f"{names}: with layout={layout!r} {their} channels are {_CHANNEL_AXIS[layout]} "
+            f"({values(now)}), expected {wanted}; {_CHANNEL_AXIS[other]} ({values(then)}) "
+            f"{'matches' if len(operands) == 1 else 'match'}: pass layout={other!r} if the data is {other.replace('_', '-')} "
+            f"{shape}")
+
+
+def _hinting(layout, groups, out_channels, operands, check):
+    """Run ``check`` (the channel checks); a ValueError it raises becomes the layout hint
+    where :func:`layout_hint` gives one."""
+    try:
+        return check()
+    except ValueError as exc:
+        hint = layout_hint(layout, groups, out_channels, operands)
+        if hint is None:
+            raise
+        raise ValueError(f"{hint}. (Under layout={layout!r}: {exc})") from None
+
+
 def check_output_size(out_size: tuple, name: str, what: str) -> None:
     if any(p < 1 for p in out_size):
         raise ValueError(f"{name}: the convolution output would be empty ({what} gives "
@@ -505,7 +552,10 @@ def conv_problem(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     xinfo, n, c, s = _activation("x", x, layout, nd)
     binfo = _check_bias(bias, wshape[0], "out_channels of w")
     device, dtype = check_operands(*(i for i in (xinfo, winfo, binfo) if i is not None))
-    groups = check_groups(groups, c, wshape[0], wshape[1], "w", "x")
+    groups = _hinting(layout, groups, wshape[0], [
+        ("x", xinfo.shape, wshape[1] * groups if geo._is_int(groups) else None,
+         "w's dim 1 * groups")],
+        lambda: check_groups(groups, c, wshape[0], wshape[1], "w", "x"))
     r = wshape[2:]
     stride, dilation, pads = conv_geometry(stride, padding, dilation, s, r)
     p = geo.output_shape(s, r, stride, dilation, pads)
@@ -533,10 +583,17 @@ def conv_backward_data_problem(dy, w, input_shape, *, stride=1, padding=0, dilat
     if xn != n:
         raise ValueError(f"input_shape: expected batch size {n} (from dy), got {xn} in "
                          f"{xshape}")
-    if k != wshape[0]:
-        raise ValueError(f"dy: expected {wshape[0]} channels (out_channels of w), got {k} "
-                         f"in shape {dyinfo.shape}")
-    groups = check_groups(groups, c, wshape[0], wshape[1], "w", "input_shape")
+
+    def channels():
+        if k != wshape[0]:
+            raise ValueError(f"dy: expected {wshape[0]} channels (out_channels of w), got "
+                             f"{k} in shape {dyinfo.shape}")
+        return check_groups(groups, c, wshape[0], wshape[1], "w", "input_shape")
+
+    groups = _hinting(layout, groups, wshape[0], [
+        ("dy", dyinfo.shape, wshape[0], "w's dim 0"),
+        ("input_shape", xshape, wshape[1] * groups if geo._is_int(groups) else None,
+         "w's dim 1 * groups")], channels)
     r = wshape[2:]
     stride, dilation, pads = conv_geometry(stride, padding, dilation, s, r)
     expected = geo.output_shape(s, r, stride, dilation, pads)
@@ -568,10 +625,17 @@ def conv_backward_weight_problem(x, dy, weight_shape, *, stride=1, padding=0, di
     if dn != n:
         raise ValueError(f"dy: expected batch size {n} (from x), got {dn} in shape "
                          f"{dyinfo.shape}")
-    if k != wshape[0]:
-        raise ValueError(f"dy: expected {wshape[0]} channels (out_channels of "
-                         f"weight_shape), got {k} in shape {dyinfo.shape}")
-    groups = check_groups(groups, c, wshape[0], wshape[1], "weight_shape", "x")
+
+    def channels():
+        if k != wshape[0]:
+            raise ValueError(f"dy: expected {wshape[0]} channels (out_channels of "
+                             f"weight_shape), got {k} in shape {dyinfo.shape}")
+        return check_groups(groups, c, wshape[0], wshape[1], "weight_shape", "x")
+
+    groups = _hinting(layout, groups, wshape[0], [
+        ("x", xinfo.shape, wshape[1] * groups if geo._is_int(groups) else None,
+         "weight_shape[1] * groups"),
+        ("dy", dyinfo.shape, wshape[0], "weight_shape[0]")], channels)
     r = wshape[2:]
     stride, dilation, pads = conv_geometry(stride, padding, dilation, s, r)
     expected = geo.output_shape(s, r, stride, dilation, pads)
@@ -613,9 +677,14 @@ def conv_transpose_problem(x, w, bias=None, *, stride=1, padding=0, output_paddi
     wshape = check_weight(winfo, "w")
     nd = len(wshape) - 2
     xinfo, n, k, p = _activation("x", x, layout, nd)
-    if k != wshape[0]:
-        raise ValueError(f"x: expected {wshape[0]} channels (dim 0 of the transposed "
-                         f"weight w), got {k} in shape {xinfo.shape}")
+
+    def channels():
+        if k != wshape[0]:
+            raise ValueError(f"x: expected {wshape[0]} channels (dim 0 of the transposed "
+                             f"weight w), got {k} in shape {xinfo.shape}")
+
+    _hinting(layout, groups, wshape[0], [("x", xinfo.shape, wshape[0], "w's dim 0")],
+             channels)
     c = wshape[1] * check_groups_value(groups)
     binfo = _check_bias(bias, c, "groups * dim 1 of w")
     device, dtype = check_operands(*(i for i in (xinfo, winfo, binfo) if i is not None))

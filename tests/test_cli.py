@@ -21,7 +21,7 @@ from numbaconv.problem import CONV_OPS
 from numbaconv.reference import ReferenceBackend
 from numbaconv.testing import relative_error
 
-COMMANDS = ("info", "check", "bench", "demo")
+COMMANDS = ("info", "check", "bench", "demo", "warmup")
 
 
 def run_cli(capsys, *argv):
@@ -306,3 +306,20 @@ def test_demo_learns_with_the_reference_backend(capsys):
     assert out.count("epoch ") == 3
     accuracy = float(out.split("final test accuracy:")[1].split()[0])
     assert accuracy > 0.6
+
+
+def test_check_progress_line_and_unchanged_results(capsys):
+    # --progress draws on stderr; the table on stdout is the same as without it.
+    status, = (main(["check", "--case", "2d_pad1", "--backend", "reference",
+                     "--progress"]),)
+    captured = capsys.readouterr()
+    assert status == 0, captured.out
+    assert "reference: 2d_pad1 channels_first" in captured.err
+    assert "[" in captured.err and "\r" in captured.err
+    assert main(["check", "--case", "2d_pad1", "--backend", "reference",
+                 "--no-progress"]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err == ""
+    table = [line for line in captured.out.splitlines() if line.startswith("reference ")]
+    assert table == [line for line in quiet.out.splitlines()
+                     if line.startswith("reference ")]

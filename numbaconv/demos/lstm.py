@@ -31,6 +31,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import io
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -420,6 +421,22 @@ def sample_line(model: CharLSTM, vocab: Vocabulary, rng: np.random.Generator, pr
     return vocab.decode(drawn).rstrip("\n")
 
 
+def loss_change(initial: float, final: float) -> str:
+    """How the loss moved, in words that stay informative near zero: ``"38% lower"``, and
+    once it fell below a tenth of the start, the factor (``"400x lower"`` where a
+    percentage would round to 100%)."""
+    if not (math.isfinite(initial) and math.isfinite(final)) or initial <= 0 or final < 0:
+        return f"from {initial:.4g} to {final:.4g}"
+    if final > initial:
+        return f"{final / initial - 1:.0%} higher"
+    if final == 0:
+        return "down to zero"
+    if final <= initial / 10:
+        ratio = initial / final
+        return f"{ratio:.0f}x lower" if ratio >= 100 else f"{ratio:.1f}x lower"
+    return f"{1 - final / initial:.0%} lower"
+
+
 def one_blas_thread():
     """``(context manager, note)``: limits BLAS to one thread while in the context, through
     threadpoolctl when it is installed (else changes nothing); ``note`` says which.
@@ -483,9 +500,9 @@ def run_demo(*, epochs: Optional[int] = None, seed: int = 0,
             f"{error:.1e}, {verdict}")
         result = train(epochs, seed, text=text, log=log, max_steps=max_steps,
                        progress=progress)
-        fall = 1 - result.final_loss / result.initial_loss
         log(f"text loss {result.initial_loss:.4f} -> {result.final_loss:.4f} nats per "
-            f"character ({fall:.0%} lower) after {epochs} epoch(s) in {result.seconds:.1f} s")
+            f"character ({loss_change(result.initial_loss, result.final_loss)}) after "
+            f"{epochs} epoch(s) in {result.seconds:.1f} s")
         rng = np.random.default_rng(seed)
         for prime in PRIMES:
             line = sample_line(result.model, vocab, rng, "\n" + prime)

@@ -1,0 +1,283 @@
+"""Compile and cache the ``cpu`` kernels on purpose: :func:`warmup`, ``numbaconv warmup``.
+
+The ``cpu`` backend compiles its Numba kernels on first use, a few seconds per op, dtype,
+layout and dimensionality, and Numba's disk cache makes that a one-off per installation
+(see README, "Where compiled kernels go"). Warming up pays it before a long job, while
+building a Docker image or in a CI step whose cache directory is kept: every algorithm
+the dispatcher could choose for the typical layers asked for runs once, on small problems
+whose sizes clear the size thresholds that switch a kernel on (so the kernels a real layer
+runs are the ones compiled), and its compilations land in the cache.
+
+This module sits above the public functions, beside ``cli`` and ``testing``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from .problem import CONV_OPS
+
+#: What a float32 2D training step with biases runs (``conv_transpose`` shares its kernels
+#: with ``conv_backward_data``, and is left to be asked for).
+DEFAULT_OPS = ("conv", "conv_backward_data", "conv_backward_weight", "conv_backward_bias")
+
+#: Typical layers: name -> (kernel size, stride, padding, groups or "depthwise"). The default
+#: set is ResNet's: 3x3 (stride 1 and 2), 1x1 (stride 1 and the stride-2 shortcut).
+LAYERS = {
+    "3x3": (3, 1, 1, 1),
+    "3x3s2": (3, 2, 1, 1),
+    "1x1": (1, 1, 0, 1),
+    "1x1s2": (1, 2, 0, 1),
+    "depthwise": (3, 1, 1, "depthwise"),
+    "stem": (7, 2, 3, 1),
+}
+DEFAULT_LAYERS = ("3x3", "3x3s2", "1x1", "1x1s2")
+
+#: Batch, channels and spatial sizes of the warm-up problems: small (a warm run takes
+#: milliseconds) but above the thresholds at which the cpu backend switches a kernel on,
+#: for stride 2 too (the parallel bias pass from 2**16 outputs, the row products from 16
+#: rows a channel).
+BATCH, CHANNELS = 4, 32
+SPATIAL = {1: (2048,), 2: (48, 48), 3: (8, 24, 24)}
+
+
+@dataclass
+class Entry:
+    """One algorithm of one op, run once."""
+
+    op: str
+    dtype: str
+    layout: str
+    ndim: int
+    layer: str
+    algorithm: str
+    seconds: float
+    compiled: int      # kernels compiled now (Numba cache misses)
+    loaded: int        # kernels loaded from the disk cache (Numba cache hits)
+    error: Optional[str] = None
+
+
+@dataclass
+class WarmupReport:
+    """What :func:`warmup` ran, compiled and loaded, and where the kernels are cached."""
+
+    entries: list = field(default_factory=list)
+    cache: str = ""
+    seconds: float = 0.0
+
+    @property
+    def compiled(self) -> int:
+        return sum(e.compiled for e in self.entries)
+
+    @property
+    def loaded(self) -> int:
+        return sum(e.loaded for e in self.entries)
+
+    @property
+    def errors(self) -> list:
+        return [e for e in self.entries if e.error]
+
+    def summary(self) -> list:
+        """Lines: one per (op, dtype, layout, ndim) with its algorithms, then totals."""
+        groups: dict = {}
+        for e in self.entries:
+            g = groups.setdefault((e.op, e.dtype, e.layout, e.ndim), [set(), 0, 0, 0.0])
+            g[0].add(e.algorithm)
+            g[1] += e.compiled
+            g[2] += e.loaded
+            g[3] += e.seconds
+        rows = [(op, dtype, layout, f"{ndim}D" if ndim else "-", ", ".join(sorted(algos)), compiled, loaded,
+                 f"{seconds:.1f}")
+                for (op, dtype, layout, ndim), (algos, compiled, loaded, seconds)
+                in groups.items()]
+        headers = ("op", "dtype", "layout", "dims", "algorithms", "compiled", "loaded", "s")
+        cells = [headers] + [tuple(str(v) for v in r) for r in rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+        right = {5, 6, 7}
+        lines = ["  ".join(v.rjust(w) if i in right else v.ljust(w)
+                           for i, (v, w) in enumerate(zip(r, widths))).rstrip()
+                 for r in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(f"{len(self.entries)} runs in {self.seconds:.1f} s: {self.compiled} "
+                     f"kernel compilation(s) now, {self.loaded} loaded from the cache")
+        lines.append(f"kernels cached in: {self.cache}")
+        for e in self.errors:
+            lines.append(f"FAILED {e.op} {e.dtype} {e.layout} {e.ndim}D {e.layer} "
+                         f"{e.algorithm}: {e.error}")
+        return lines
+
+
+def kernel_cache_stats() -> tuple:
+    """``(hits, misses)`` of Numba's disk cache summed over every compiled function of the
+    loaded ``numbaconv.cpu`` modules: loads from the cache, and compilations."""
+    hits = misses = 0
+    seen = set()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("numbaconv.cpu") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            stats = getattr(value, "stats", None)
+            if stats is None or id(value) in seen or not hasattr(stats, "cache_hits"):
+                continue
+            seen.add(id(value))
+            hits += sum(stats.cache_hits.values())
+            misses += sum(stats.cache_misses.values())
+    return hits, misses
+
+
+def _as_tuple(value, allowed: Sequence, name: str, every: Optional[tuple] = None) -> tuple:
+    if value is None:
+        return tuple(allowed) if every is None else every
+    values = (value,) if isinstance(value, (str, int)) else tuple(value)
+    if "both" in values or "all" in values:
+        values = tuple(allowed)
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ValueError(f"{name}: expected some of {list(allowed)}, got {value!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def _operands(op, layer, dtype, layout, ndim, rng):
+    """(public call's arguments, keyword arguments) of ``op`` on ``layer``."""
+    size, stride, padding, groups = LAYERS[layer]
+    groups = CHANNELS if groups == "depthwise" else groups
+    spatial = SPATIAL[ndim]
+    w = rng.standard_normal((CHANNELS, CHANNELS // groups) + (size,) * ndim).astype(dtype)
+    kw = dict(stride=stride, padding=padding, groups=groups, layout=layout)
+
+    def act(shape):
+        full = (BATCH, CHANNELS) + shape
+        if layout == "channels_last":
+            full = (BATCH,) + shape + (CHANNELS,)
+        return rng.standard_normal(full).astype(dtype)
+
+    from .conv import conv_output_shape
+    x = act(spatial)
+    y_shape = conv_output_shape(x.shape, w.shape, **kw)
+    dy = rng.standard_normal(y_shape).astype(dtype)
+    if op == "conv":
+        return (x, w, rng.standard_normal(CHANNELS).astype(dtype)), kw
+    if op == "conv_backward_data":
+        return (dy, w, x.shape), kw
+    if op == "conv_backward_weight":
+        return (x, dy, w.shape), kw
+    if op == "conv_transpose":
+        return (dy, w, rng.standard_normal(CHANNELS).astype(dtype)), kw
+    return (dy,), dict(layout=layout)                      # conv_backward_bias
+
+
+def plan(ops=None, dtypes=None, layouts=None, ndims=None, layers=None) -> list:
+    """The ``(op, dtype, layout, ndim, layer)`` combinations :func:`warmup` would run, each
+    for every algorithm the cpu backend offers on it (see :func:`warmup` for arguments)."""
+    ops = _as_tuple(ops, CONV_OPS, "ops", DEFAULT_OPS)
+    dtypes = _as_tuple(dtypes, ("float32", "float64"), "dtypes", ("float32",))
+    layouts = _as_tuple(layouts, ("channels_first", "channels_last"), "layouts",
+                        ("channels_first",))
+    ndims = _as_tuple(ndims, (1, 2, 3), "ndims", (2,))
+    layers = _as_tuple(layers, tuple(LAYERS), "layers", DEFAULT_LAYERS)
+    combos = []
+    for dtype in dtypes:
+        for layout in layouts:
+            for ndim in ndims:
+                for op in ops:
+                    # The bias gradient does not depend on the layer.
+                    for layer in (layers[:1] if op == "conv_backward_bias" else layers):
+                        combos.append((op, dtype, layout, ndim, layer))
+    return combos
+
+
+def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None,
+           progress: Optional[Callable[[int, int, str], None]] = None) -> WarmupReport:
+    """Compile the ``cpu`` backend's kernels now and store them in Numba's disk cache.
+
+    Runs each op once per algorithm the cpu backend offers (the ones ``explain`` and
+    autotuning choose among, each forced in turn) on a small problem of each typical layer,
+    so that a later process loads the kernels instead of compiling them. An addition to the
+    API contract (``API.md`` does not name it).
+
+    Parameters
+    ----------
+    ops : str or sequence of str, optional
+        Op names (see ``numbaconv.problem.CONV_OPS``); default ``DEFAULT_OPS``: ``conv``
+        (with a bias), ``conv_backward_data``, ``conv_backward_weight``,
+        ``conv_backward_bias``. ``"all"`` adds ``conv_transpose``.
+    dtypes : str or sequence, optional
+        ``"float32"`` (default), ``"float64"``, or ``"both"``.
+    layouts : str or sequence, optional
+        ``"channels_first"`` (default, numbaconv's default layout), ``"channels_last"``, or
+        ``"both"``.
+    ndims : int or sequence of int, optional
+        Spatial dimensionalities among 1, 2 (default) and 3.
+    layers : str or sequence of str, optional
+        Names in ``LAYERS``; default ResNet's ``3x3``, ``3x3s2``, ``1x1``, ``1x1s2``;
+        ``"depthwise"`` and ``"stem"`` (7x7 stride 2) on request, ``"all"`` for every one.
+    progress : callable, optional
+        Called as ``progress(done, total, what)`` before each run and once at the end.
+
+    Returns
+    -------
+    WarmupReport
+        Each run with its algorithm, seconds and Numba's cache statistics (compiled now or
+        loaded), and where the kernels are cached; ``summary()`` gives printable lines.
+        A run that raises is recorded with its error, and the others go on.
+    """
+    from . import conv as public
+    from . import dispatch
+    from . import problem as pb
+    from .config import describe_kernel_cache
+
+    combos = plan(ops, dtypes, layouts, ndims, layers)
+    backend = dispatch.get_backend("cpu")
+    why = backend.availability() if hasattr(backend, "availability") else None
+    if why:
+        raise RuntimeError(f"numbaconv warmup: the cpu backend is not available: {why}")
+    builders = {"conv": pb.conv_problem, "conv_backward_data": pb.conv_backward_data_problem,
+                "conv_backward_weight": pb.conv_backward_weight_problem,
+                "conv_backward_bias": pb.conv_backward_bias_problem,
+                "conv_transpose": pb.conv_transpose_problem}
+    rng = np.random.default_rng(0)
+    report = WarmupReport(cache=describe_kernel_cache())
+    start = time.perf_counter()
+    before = kernel_cache_stats()
+    # The first call that shares tiles among the tile workers launches a tiny kernel to pick
+    # Numba's threading layer; small problems may never share tiles, so it is made here.
+    from .cpu import _gemm
+    _gemm._parallel_kernels_in_workers()
+    hits, misses = kernel_cache_stats()
+    if hits + misses > sum(before):
+        report.entries.append(Entry("threading-layer probe", "float64", "-", 0, "-", "-",
+                                    time.perf_counter() - start, misses - before[1],
+                                    hits - before[0]))
+    work = []
+    for op, dtype, layout, ndim, layer in combos:
+        args, kw = _operands(op, layer, dtype, layout, ndim, rng)
+        problem = builders[op](*args, **kw)
+        for algorithm in backend.algorithms(op, problem):
+            work.append((op, dtype, layout, ndim, layer, algorithm, problem, args))
+    for done, (op, dtype, layout, ndim, layer, algorithm, problem, args) in enumerate(work):
+        if progress is not None:
+            progress(done, len(work), f"{op} {dtype} {layout} {ndim}D {layer}: {algorithm}")
+        operands = tuple(a for a in args if isinstance(a, np.ndarray))
+        if op in ("conv", "conv_transpose"):
+            operands = args                                   # with the bias
+        before = kernel_cache_stats()
+        began = time.perf_counter()
+        error = None
+        try:
+            backend.run(op, problem, operands, None, algorithm)
+        except Exception as exc:  # recorded; the other kernels still get compiled
+            error = f"{type(exc).__name__}: {exc}"
+        hits, misses = kernel_cache_stats()
+        report.entries.append(Entry(op, dtype, layout, ndim, layer, algorithm,
+                                    time.perf_counter() - began, misses - before[1],
+                                    hits - before[0], error))
+    if progress is not None:
+        progress(len(work), len(work), "done")
+    report.seconds = time.perf_counter() - start
+    del public  # imported so that the public functions' modules are loaded as in real use
+    return report
