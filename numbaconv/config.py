@@ -23,9 +23,8 @@ Read once, at first use, from the environment:
     ``0`` disables it. Known pitfalls of Numba's cache: stale entries after editing a module
     that a cached kernel inlines from another file, and races between processes compiling
     the same kernel at once; switch it off if you hit them. The CUDA convolution GEMMs are
-    generated per tile and layout; their sources and compiled kernels go to
-    ``NUMBACONV_CACHE_DIR`` (default: ``$XDG_CACHE_HOME/numbaconv``, else
-    ``~/.cache/numbaconv``), under ``cuda/``.
+    generated per tile and layout; their sources and compiled kernels go to ``cuda/`` under
+    :func:`user_cache_dir` (``NUMBACONV_CACHE_DIR``, else the user cache directory).
 ``NUMBACONV_OMP_PASSIVE``
     ``1`` (default): unless ``OMP_WAIT_POLICY`` is already set, set it to ``PASSIVE`` before
     Numba starts its OpenMP thread pool, so that Numba's idle threads sleep instead of
@@ -160,16 +159,6 @@ def configure_threading() -> None:
 def jit_cache() -> bool:
     """Whether compiled kernels go to Numba's on-disk cache (NUMBACONV_JIT_CACHE)."""
     return _flag("NUMBACONV_JIT_CACHE", True)
-
-
-def cache_dir() -> str:
-    """numbaconv's per-user cache folder: NUMBACONV_CACHE_DIR, else the XDG cache home."""
-    chosen = os.environ.get("NUMBACONV_CACHE_DIR", "").strip()
-    if chosen:
-        return os.path.abspath(os.path.expanduser(chosen))
-    home = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(
-        os.path.expanduser("~"), ".cache")
-    return os.path.join(home, "numbaconv")
 
 
 @functools.lru_cache(maxsize=None)

@@ -47,7 +47,7 @@ import numpy as np
 from numba import cuda  # the simulator swaps this module global for its fake module
 
 from .._geometry import stride_phases
-from ..config import cache_dir, cuda_gemm_tile, jit_cache
+from ..config import cuda_gemm_tile, jit_cache, user_cache_dir
 from ._layout import activation5, as_device, device_array, flat, geom, simulated, weight5
 
 #: Largest element offset the 32-bit kernels handle (below 2**31 with room for the padding
@@ -226,7 +226,7 @@ def _compile_source(name: str, template: str, names: dict, types_: dict):
 def _import_source(name: str, source: str):
     """``name`` from ``source`` written once to the cache folder and imported, or None."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    folder = os.path.join(cache_dir(), "cuda")
+    folder = os.path.join(user_cache_dir(), "cuda")
     path = os.path.join(folder, f"{name}_{digest}.py")
     try:
         if not os.path.exists(path):
