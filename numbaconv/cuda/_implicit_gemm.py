@@ -48,7 +48,7 @@ from numba import cuda  # the simulator swaps this module global for its fake mo
 
 from .._geometry import stride_phases
 from ..config import cuda_gemm_tile, jit_cache, user_cache_dir
-from ._layout import activation5, as_device, device_array, flat, geom, simulated, weight5
+from ._layout import activation5, as_device, device_array, geom, simulated, weight5
 
 #: Largest element offset the 32-bit kernels handle (below 2**31 with room for the padding
 #: reads whose offsets are formed before their bounds check).
@@ -266,12 +266,12 @@ _MULTIPLY = """
 
 _GATHER_TAP = """
 #if use0
-    d0 = I(taps[t, 0])
+    d0 = I(taps[U(t * 3)])
 #end
 #if use1
-    d1 = I(taps[t, 1])
+    d1 = I(taps[U(t * 3 + 1)])
 #end
-    d2 = I(taps[t, 2])
+    d2 = I(taps[U(t * 3 + 2)])
 #unroll e NCOL
     i2_{e} = p2_{e} + d2
 #if use0
@@ -298,7 +298,7 @@ def _indent(text: str, spaces: int) -> str:
 
 
 CONV_GEMM = """
-def conv_gemm(src, wp, out, bias, taps, phases, n_images, M, R, Rp, T,
+def conv_gemm(src, wp, out, bias, taps, phases, nph, n_images, M, R, Rp, T,
               sN, sC, s0, s1, s2, S0, S1, S2, cs0, cs1, cs2, co0, co1, co2,
               oN, oC, o0, o1, o2, os0, os1, os2):
     As = cuda.shared.array((2, BK, BMP), acc)
@@ -306,12 +306,11 @@ def conv_gemm(src, wp, out, bias, taps, phases, n_images, M, R, Rp, T,
     tid = I(cuda.threadIdx.x)
     tx = I(tid % NTX)
     ty = I(tid // NTX)
-    nph = phases.shape[0]
     ph = cuda.blockIdx.z % nph
     g = I(cuda.blockIdx.z // nph)
-    J0 = I(phases[ph, 0])
-    J1 = I(phases[ph, 1])
-    J2 = I(phases[ph, 2])
+    J0 = I(phases[ph * 8])
+    J1 = I(phases[ph * 8 + 1])
+    J2 = I(phases[ph * 8 + 2])
     J12 = I(J1 * J2)
     Jall = I(J0 * J12)
     Q = I(n_images * Jall)
@@ -319,8 +318,8 @@ def conv_gemm(src, wp, out, bias, taps, phases, n_images, M, R, Rp, T,
     if col0 >= Q:
         return
     m0 = I(cuda.blockIdx.y * BM)
-    tap0 = I(phases[ph, 6])
-    steps = I(I(phases[ph, 7]) * I((R + BK - 1) // BK))
+    tap0 = I(phases[ph * 8 + 6])
+    steps = I(I(phases[ph * 8 + 7]) * I((R + BK - 1) // BK))
     am = I(tid % BM)
     a_ok = m0 + am < M
     a_ptr = I(I(I(g * T + tap0) * Rp + tid // BM) * M + m0 + am)
@@ -429,9 +428,9 @@ MULTIPLY
 #end
 #end
         cuda.syncthreads()
-    f0 = I(phases[ph, 3])
-    f1 = I(phases[ph, 4])
-    f2 = I(phases[ph, 5])
+    f0 = I(phases[ph * 8 + 3])
+    f1 = I(phases[ph * 8 + 4])
+    f2 = I(phases[ph * 8 + 5])
     gm = I(g * M)
 #unroll j TN
     q_{j} = col0 + I(tx * HN + {j if j < HN else BN // 2 + j - HN})
@@ -469,9 +468,10 @@ def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, til
     Launch: ``tile.threads`` threads; grid ``(column tiles, row tiles, groups * phases)``.
     Arguments::
 
-        src, wp, out, bias (1D flat views), taps (T, 3) source deltas per tap,
-        phases (phases, 8): (J0, J1, J2, first0, first1, first2, tap start, tap count),
-        n, rows M, reduction channels R, padded Rp, taps T,
+        src, wp, out, bias, taps (T x 3: source deltas per tap), phases (nph x 8: J0, J1,
+        J2, first0, first1, first2, tap start, tap count), all flat (device pointers on a
+        GPU, 1D arrays under the simulator), nph, n, rows M, reduction channels R, padded
+        Rp, taps T,
         src strides (N, C, 0, 1, 2), src sizes (0, 1, 2),
         column stride (3), column offset (3),
         out strides (N, C, 0, 1, 2), out step (3)
@@ -681,15 +681,15 @@ def pack_weights_function(dtype: str):
     """``wp[g, t, r, m] = w[g*Kg + m, r, tap t]`` (forward) or ``w[g*Kg + r, m, tap t]``
     (data), zero for ``r >= R``: the A operand of ``conv_gemm``. One thread per element.
 
-    Arguments: ``w5, wp (flat), wtaps (T, 3), M, R, Rp, Kg, forward``.
+    Arguments: ``w, wp, wtaps (T x 3, flat), count, T, M, R, Rp, Kg, forward`` and w's five
+    element strides.
     """
-    acc, _, _ = _types(dtype, True)
+    acc = _types(dtype, True)[0]
 
-    def pack_weights(w5, wp, wtaps, M, R, Rp, Kg, forward):
+    def pack_weights(w, wp, wtaps, count, T, M, R, Rp, Kg, forward, ws0, ws1, ws2, ws3, ws4):
         e = cuda.grid(1)
-        if e >= wp.shape[0]:
+        if e >= count:
             return
-        T = wtaps.shape[0]
         m = e % M
         rest = e // M
         r = rest % Rp
@@ -698,46 +698,43 @@ def pack_weights_function(dtype: str):
         g = rest // T
         v = acc(0)
         if r < R:
+            tap = wtaps[t * 3] * ws2 + wtaps[t * 3 + 1] * ws3 + wtaps[t * 3 + 2] * ws4
             if forward:
-                v = acc(w5[g * Kg + m, r, wtaps[t, 0], wtaps[t, 1], wtaps[t, 2]])
+                v = acc(w[(g * Kg + m) * ws0 + r * ws1 + tap])
             else:
-                v = acc(w5[g * Kg + r, m, wtaps[t, 0], wtaps[t, 1], wtaps[t, 2]])
+                v = acc(w[(g * Kg + r) * ws0 + m * ws1 + tap])
         wp[e] = v
 
     return pack_weights
 
 
 def sum_chunks_function(dtype: str):
-    """``dw[g*Kg + m, c, tap] = [dw +] sum over chunks of partial[chunk, g, m, tap*Cg + c]``,
-    chunks added in order. One thread per element of dw (5D view).
+    """``dw[k, c, tap] = [dw +] sum over chunks of partial[chunk, k, tap*Cg + c]``, chunks
+    added in order. One thread per element of dw.
 
-    Arguments: ``partial (flat), w5, chunks, Cg, accumulate``.
+    Arguments: ``partial, w, count (= K*Cg*T), chunks, Cg, T, R1, R2, accumulate`` and w's
+    five element strides.
     """
-    acc, _, _ = _types(dtype, True)
+    acc = _types(dtype, True)[0]
 
-    def sum_chunks(partial, w5, chunks, Cg, accumulate):
+    def sum_chunks(partial, w, count, chunks, Cg, T, R1, R2, accumulate,
+                   ws0, ws1, ws2, ws3, ws4):
         e = cuda.grid(1)
-        K = w5.shape[0]
-        R1 = w5.shape[3]
-        R2 = w5.shape[4]
-        T = w5.shape[2] * R1 * R2
-        if e >= K * Cg * T:
+        if e >= count:
             return
         k = e // (Cg * T)
         rest = e % (Cg * T)
         c = rest // T
         t = rest % T
         at = k * Cg * T + t * Cg + c
-        stride = K * Cg * T
         total = partial[at]
         for chunk in range(1, chunks):
-            total += partial[at + chunk * stride]
-        t0 = t // (R1 * R2)
-        t1 = (t // R2) % R1
-        t2 = t % R2
+            total += partial[at + chunk * count]
+        off = k * ws0 + c * ws1 + (t // (R1 * R2)) * ws2 + ((t // R2) % R1) * ws3 + \
+            (t % R2) * ws4
         if accumulate:
-            total += acc(w5[k, c, t0, t1, t2])
-        w5[k, c, t0, t1, t2] = total
+            total += acc(w[off])
+        w[off] = total
 
     return sum_chunks
 
@@ -759,30 +756,115 @@ def copy5_function(dtype: str):
     return copy5
 
 
+_FUNCTIONS = {"conv_gemm": conv_gemm_function, "weight_gemm": weight_gemm_function,
+              "pack_weights": pack_weights_function, "sum_chunks": sum_chunks_function}
+
+
 @functools.lru_cache(maxsize=None)
 def kernel(name: str, *key):
-    """The ``cuda.jit`` kernel ``name`` built from ``key`` (compiled on first launch)."""
-    if name == "conv_gemm":
-        return _jit_tiled(conv_gemm_function(*key), key[4])
-    if name == "weight_gemm":
-        return _jit_tiled(weight_gemm_function(*key), key[3])
-    return cuda.jit(_SIMPLE[name](*key))
-
-
-def _jit_tiled(function, tile: Tile):
-    """cuda.jit with launch bounds of two blocks per SM (at most 128 registers a thread for
-    256 threads), cached on disk when the source is a file; the simulator takes neither."""
+    """The kernel ``name`` built from ``key``. On a GPU it is compiled at once for the
+    argument types every launch passes (device pointers and int64 scalars, see
+    :func:`_launch_types`), which keeps Numba's per-launch typing and array wrapping off the
+    hot path, and kept in Numba's disk cache; under the simulator it takes arrays."""
+    function = _FUNCTIONS[name](*key)
     if simulated():
         return cuda.jit(function)
-    cache = not function.__code__.co_filename.startswith("<")
-    try:
-        return cuda.jit(function, launch_bounds=(tile.threads, 2), cache=cache)
-    except TypeError:           # a numba-cuda before launch bounds: registers uncapped
-        return cuda.jit(function, cache=cache)
+    options = dict(cache=not function.__code__.co_filename.startswith("<"))
+    if name in ("conv_gemm", "weight_gemm"):
+        tile = key[4] if name == "conv_gemm" else key[3]
+        options["launch_bounds"] = (tile.threads, 2)     # <= 128 registers at 256 threads
+    return cuda.jit(_launch_types(name, key), **options)(function)
 
 
-_SIMPLE = {"pack_weights": pack_weights_function, "sum_chunks": sum_chunks_function,
-           "copy5": copy5_function}
+@functools.lru_cache(maxsize=None)
+def _copy5_kernel(dtype: str):
+    return cuda.jit(copy5_function(dtype))
+
+
+# --- operands ---------------------------------------------------------------------------------
+
+class Operand(NamedTuple):
+    """A device array as the kernels take it: ``ref`` (the device pointer on a GPU, a flat
+    1D view under the simulator), element strides in the kernels' order (activations
+    ``(N, C, S0, S1, S2)``, weights ``(K, C, R0, R1, R2)``, missing spatial dimensions
+    with stride 0) and the elements reached from the first one."""
+    ref: object
+    strides: tuple
+    span: int
+
+
+def operand(a, channels_last=None) -> Operand:
+    """``a`` (any ``__cuda_array_interface__`` object with non-negative strides) for the
+    kernels; ``channels_last`` None for weights (kept in their own order)."""
+    shape, strides, itemsize = _shape_strides(a)
+    if channels_last:
+        shape = (shape[0], shape[-1]) + tuple(shape[1:-1])
+        strides = (strides[0], strides[-1]) + tuple(strides[1:-1])
+    pad = 5 - len(shape)
+    shape = shape[:2] + (1,) * pad + tuple(shape[2:])
+    strides = strides[:2] + (0,) * pad + tuple(strides[2:])
+    span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    if simulated():
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        base = as_device(a)
+        view = np.lib.stride_tricks.as_strided(base._ary, (span,), (itemsize,))
+        return Operand(FakeCUDAArray(view), strides, span)
+    return Operand(_pointer(a), strides, span)
+
+
+def _shape_strides(a):
+    """Shape, element strides and item size of a device array (numba's, or any
+    ``__cuda_array_interface__`` object), read without wrapping it."""
+    if getattr(a, "__cuda_ndarray__", False) or simulated():
+        a = as_device(a)
+        itemsize = a.dtype.itemsize
+        return tuple(a.shape), tuple(int(s) // itemsize for s in a.strides), itemsize
+    face = a.__cuda_array_interface__
+    shape = tuple(face["shape"])
+    itemsize = np.dtype(face["typestr"]).itemsize
+    strides = face.get("strides")
+    if strides is None:
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step *= n
+        return shape, tuple(reversed(strides)), itemsize
+    return shape, tuple(int(s) // itemsize for s in strides), itemsize
+
+
+def _pointer(a) -> int:
+    """The device pointer of ``a``'s first element; a producer's own stream (the interface's
+    ``stream``, other than the legacy and per-thread default streams) is synchronised
+    first, as the protocol asks of consumers."""
+    if getattr(a, "__cuda_ndarray__", False):
+        return a.device_ctypes_pointer.value or 0
+    face = a.__cuda_array_interface__
+    stream = face.get("stream")
+    if stream not in (None, 1, 2):
+        cuda.external_stream(stream).synchronize()
+    return face["data"][0] or 0
+
+
+def _ref(devary):
+    """A device array of ours (workspace, table) as a kernel argument."""
+    return devary if simulated() else (devary.device_ctypes_pointer.value or 0)
+
+
+def _positive(a, g, channels_last):
+    """``a`` itself, or a contiguous copy where it has a negative stride."""
+    if all(s >= 0 for s in _shape_strides(a)[1]):
+        return a
+    a5 = activation5(g, a) if channels_last is not None else weight5(a)
+    return _copy5(a5)
+
+
+def _copy5(src, into=None):
+    """A contiguous copy of the 5D device array ``src`` (or ``src`` copied into ``into``)."""
+    dst = into if into is not None else device_array(src.shape, src.dtype)
+    count = math.prod(dst.shape)
+    if count:
+        _copy5_kernel(str(src.dtype))[_ceil(count, 256), 256](src, dst)
+    return dst
 
 
 # --- drivers ---------------------------------------------------------------------------------
@@ -792,40 +874,42 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     gradient, transposed convolution)."""
     g = geom(problem)
     dtype = problem.dtype
+    cl = problem.channels_last
     result = out if out is not None else device_array(result_shape, dtype)
     if math.prod(result_shape) == 0:
         return result
     forward = mode == "forward"
     rows, reduce = (g.kg, g.cg) if forward else (g.cg, g.kg)
     plan = _conv_plan(g, forward)
-    src_flat, src_strides = flat(_nonnegative(activation5(g, src)))
-    target = activation5(g, result)
-    direct_out = _has_nonnegative_strides(target)
-    out5 = target if direct_out else _copy5(target, contiguous=True)
-    out_flat, out_strides = flat(out5)
-    acc_dtype = _acc(dtype)
     tile, most_cols = _conv_tile(problem, forward)
     rp = _ceil(reduce, tile.bk) * tile.bk
-    wp = workspace("weights", g.g * plan.taps * rp * rows, acc_dtype)
-    threads = 256
-    kernel("pack_weights", dtype)[_ceil(wp.shape[0], threads), threads](
-        weight5(w), wp, _device_table(plan.wtaps, np.int64), rows, reduce, rp, g.kg,
-        forward)
-    wide = max(src_flat.shape[0], out_flat.shape[0], wp.shape[0]) > INDEX32_LIMIT
-    index = np.int64 if wide else np.int32
+    s = operand(_positive(src, g, cl), cl)
+    target = result
+    if not all(st >= 0 for st in _shape_strides(result)[1]):
+        target = device_array(result_shape, dtype)
+        if problem.accumulate:
+            _copy5(activation5(g, result), into=activation5(g, target))
+    o = operand(target, cl)
+    wo = operand(_positive(w, g, None))
+    count = g.g * plan.taps * rp * rows
+    wp = workspace("weights", count, _acc(dtype))
+    kernel("pack_weights", dtype)[_ceil(count, 256), 256](
+        wo.ref, _ref(wp), _table(plan.wtaps, np.int64), count, plan.taps, rows, reduce, rp,
+        g.kg, forward, *wo.strides)
+    wide = max(s.span, o.span, count) > INDEX32_LIMIT
     has_bias = bias is not None
-    bias_arg = as_device(bias) if has_bias else _dummy(dtype)
-    run = kernel("conv_gemm", dtype, problem.channels_last, problem.ndim, wide, tile,
-                 has_bias, bool(problem.accumulate))
+    bias_ref = operand(bias).ref if has_bias else _no_bias(dtype)
+    run = kernel("conv_gemm", dtype, cl, problem.ndim, wide, tile, has_bias,
+                 bool(problem.accumulate))
+    index = np.int64 if wide else np.int32
     grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm), g.g * len(plan.phases))
     run[grid, tile.threads](
-        src_flat, wp, out_flat, bias_arg, _device_table(plan.deltas, index),
-        _device_table(plan.phases, index), g.n, rows, reduce, rp, plan.taps,
-        *_nc3(src_strides, g.channels_last), *(plan.src_size),
-        *plan.col_stride, *plan.col_offset,
-        *_nc3(out_strides, g.channels_last), *plan.out_step)
-    if not direct_out:
-        _copy5(out5, into=target)
+        s.ref, _ref(wp), o.ref, bias_ref, _table(plan.deltas, index),
+        _table(plan.phases, index), len(plan.phases), g.n, rows, reduce, rp, plan.taps,
+        *s.strides, *plan.src_size, *plan.col_stride, *plan.col_offset, *o.strides,
+        *plan.out_step)
+    if target is not result:
+        _copy5(activation5(g, target), into=activation5(g, result))
     return result
 
 
@@ -834,11 +918,18 @@ def weight_gradient(problem, x, dy, out):
     shape, the partials added in chunk order."""
     g = geom(problem)
     dtype = problem.dtype
+    cl = problem.channels_last
     result = out if out is not None else device_array(problem.w_shape, dtype)
     if math.prod(problem.w_shape) == 0:
         return result
-    x_flat, x_strides = flat(_nonnegative(activation5(g, x)))
-    dy_flat, dy_strides = flat(_nonnegative(activation5(g, dy)))
+    xo = operand(_positive(x, g, cl), cl)
+    yo = operand(_positive(dy, g, cl), cl)
+    target = result
+    if not all(st >= 0 for st in _shape_strides(result)[1]):
+        target = device_array(problem.w_shape, dtype)
+        if problem.accumulate:
+            _copy5(weight5(result), into=weight5(target))
+    wo = operand(target)
     cols = g.taps * g.cg
     reduce_total = g.n * g.positions
     tile = _weight_tile(problem)
@@ -849,17 +940,19 @@ def weight_gradient(problem, x, dy, out):
                         MAX_PARTIAL_ELEMENTS // (g.k * cols)))
     chunk_len = _ceil(steps, chunks) * tile.bk
     chunks = max(1, _ceil(reduce_total, chunk_len))
-    partial = workspace("partials", chunks * g.k * cols, _acc(dtype))
-    wide = max(x_flat.shape[0], dy_flat.shape[0], partial.shape[0]) > INDEX32_LIMIT
+    count = g.k * cols
+    partial = workspace("partials", chunks * count, _acc(dtype))
+    wide = max(xo.span, yo.span, chunks * count) > INDEX32_LIMIT
     run = kernel("weight_gemm", dtype, problem.ndim, wide, tile)
     run[(_ceil(cols, tile.bn), row_tiles * g.g, chunks), tile.threads](
-        x_flat, dy_flat, partial, g.n, g.g, g.kg, g.cg, cols, row_tiles, chunk_len,
-        *_nc3(x_strides, g.channels_last), *g.s, *_nc3(dy_strides, g.channels_last), *g.p,
-        g.r[1], g.r[2], *g.stride, *g.dilation, *g.before)
-    threads = 256
-    w5 = weight5(result)
-    kernel("sum_chunks", dtype)[_ceil(g.k * cols, threads), threads](
-        partial, w5, chunks, g.cg, bool(problem.accumulate))
+        xo.ref, yo.ref, _ref(partial), g.n, g.g, g.kg, g.cg, cols, row_tiles, chunk_len,
+        *xo.strides, *g.s, *yo.strides, *g.p, g.r[1], g.r[2], *g.stride, *g.dilation,
+        *g.before)
+    kernel("sum_chunks", dtype)[_ceil(count, 256), 256](
+        _ref(partial), wo.ref, count, chunks, g.cg, g.taps, g.r[1], g.r[2],
+        bool(problem.accumulate), *wo.strides)
+    if target is not result:
+        _copy5(weight5(target), into=weight5(result))
     return result
 
 
@@ -896,52 +989,47 @@ def kernel_keys(problem) -> list:
 
 
 def precompile(problems, processes: int = 0) -> list:
-    """Compile (into Numba's disk cache) every GEMM kernel that ``problems`` launch, in
-    ``processes`` worker processes at once (0: one per CPU, at most 16). Returns the keys
-    compiled; later processes load them from the cache in well under a second each."""
+    """Compile (into Numba's disk cache) every GEMM kernel that ``problems`` launch, in up
+    to ``processes`` Python processes at once (0: one per CPU, at most 16). Returns the
+    keys; later processes load each kernel from the cache in well under a second."""
     keys = sorted({key for p in problems for key in kernel_keys(p)}, key=repr)
-    todo = [k for k in keys if k[0] in ("conv_gemm", "weight_gemm")]
-    small = [k for k in keys if k not in todo]
-    for name, key in small:
-        _compile_signature(name, key)
-    if processes == 1 or len(todo) <= 1:
-        for name, key in todo:
-            _compile_signature(name, key)
+    workers = processes or min(16, os.cpu_count() or 1)
+    if workers <= 1 or len(keys) <= 1 or simulated():
+        for name, key in keys:
+            kernel(name, *key)
         return keys
-    import concurrent.futures
-    import multiprocessing
-    workers = processes or min(16, os.cpu_count() or 1, len(todo))
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        list(pool.map(_compile_signature, *zip(*todo)))
+    import subprocess
+    import sys
+    code = ("import sys; from numbaconv.cuda._implicit_gemm import Tile, kernel; "
+            "[kernel(name, *key) for name, key in eval(sys.argv[1])]")
+    batches = [keys[i::workers] for i in range(workers)]
+    running = [subprocess.Popen([sys.executable, "-c", code, repr(batch)])
+               for batch in batches if batch]
+    failed = [p.args for p in running if p.wait() != 0]
+    if failed:
+        raise RuntimeError(f"precompile: {len(failed)} worker(s) failed")
     return keys
 
 
-def _compile_signature(name: str, key: tuple) -> None:
-    """Compile ``kernel(name, *key)`` for the argument types a contiguous call passes."""
-    kernel(name, *key).compile(_launch_types(name, key))
-
-
 def _launch_types(name: str, key: tuple) -> tuple:
+    """The argument types of a launch: device pointers and int64 scalars (a boolean where
+    the kernel takes a flag)."""
     from numba import types
     dtype = key[0]
     elem = {"float16": types.float16, "float32": types.float32,
             "float64": types.float64}[dtype]
     acc = types.float64 if dtype == "float64" else types.float32
-    i = types.int64
+    data, accs = types.CPointer(elem), types.CPointer(acc)
+    i, flag = types.int64, types.boolean
     if name == "conv_gemm":
-        index = types.int64 if key[3] else types.int32
-        a1, p1 = types.Array(elem, 1, "C"), types.Array(acc, 1, "C")
-        return (a1, p1, a1, a1, types.Array(index, 2, "C"), types.Array(index, 2, "C")) + \
-            (i,) * 27
+        table = types.CPointer(types.int64 if key[3] else types.int32)
+        return (data, accs, data, data, table, table) + (i,) * 28
     if name == "weight_gemm":
-        a1, p1 = types.Array(elem, 1, "C"), types.Array(acc, 1, "C")
-        return (a1, a1, p1) + (i,) * 34
+        return (data, data, accs) + (i,) * 34
     if name == "pack_weights":
-        return (types.Array(elem, 5, "A"), types.Array(acc, 1, "C"),
-                types.Array(types.int64, 2, "C"), i, i, i, i, types.boolean)
+        return (data, accs, types.CPointer(types.int64)) + (i,) * 6 + (flag,) + (i,) * 5
     if name == "sum_chunks":
-        return (types.Array(acc, 1, "C"), types.Array(elem, 5, "A"), i, i, types.boolean)
+        return (accs, data) + (i,) * 6 + (flag,) + (i,) * 5
     raise ValueError(f"name: no launch types for {name!r}")
 
 
@@ -983,58 +1071,34 @@ def _conv_plan(g, forward: bool) -> ConvPlan:
                     tuple(col_stride), tuple(col_offset), tuple(out_step))
 
 
-def _nc3(strides5: tuple, channels_last: bool) -> tuple:
-    """Element strides of a 5D view in the kernels' order (N, C, S0, S1, S2)."""
-    if channels_last:
-        n, s0, s1, s2, c = strides5
-        return n, c, s0, s1, s2
-    return strides5
-
-
 def _acc(dtype: str) -> np.dtype:
     return np.dtype(np.float64 if dtype == "float64" else np.float32)
-
-
-def _has_nonnegative_strides(a) -> bool:
-    return all(s >= 0 for s in a.strides)
-
-
-def _nonnegative(a5):
-    return a5 if _has_nonnegative_strides(a5) else _copy5(a5, contiguous=True)
-
-
-def _copy5(src, into=None, contiguous=False):
-    """A contiguous copy of the 5D device array ``src`` (or ``src`` copied into ``into``)."""
-    dst = into if into is not None else device_array(src.shape, src.dtype)
-    count = math.prod(dst.shape)
-    if count:
-        kernel("copy5", str(src.dtype))[_ceil(count, 256), 256](src, dst)
-    return dst
 
 
 _TABLES: dict = {}
 
 
-def _device_table(rows: tuple, dtype) -> object:
-    """``rows`` as a 2D device array of ``dtype``, copied to the device once."""
+def _table(rows: tuple, dtype):
+    """``rows`` flattened into a device array of ``dtype`` (copied to the device once per
+    ``rows``), as a kernel argument."""
     key = (rows, np.dtype(dtype).str)
-    table = _TABLES.get(key)
-    if table is None:
+    found = _TABLES.get(key)
+    if found is None:
         if len(_TABLES) > 512:
             _TABLES.clear()
-        table = cuda.to_device(np.array(rows, dtype=dtype).reshape(len(rows), -1))
-        _TABLES[key] = table
-    return table
+        array = cuda.to_device(np.array(rows, dtype=dtype).reshape(-1))
+        found = _TABLES[key] = (array, _ref(array))
+    return found[1]
 
 
 _WORKSPACES = threading.local()
 
 
-def workspace(kind: str, elements: int, dtype) -> object:
+def workspace(kind: str, elements: int, dtype):
     """A device buffer of at least ``elements`` of ``dtype`` for ``kind`` (packed weights,
     weight-gradient partials), reused by later calls of this host thread: the kernels run in
     order on one stream, so a later call's writes wait for an earlier call's reads. Grows by
-    powers of two; the view returned has exactly ``elements``."""
+    powers of two."""
     cache = getattr(_WORKSPACES, "buffers", None)
     if cache is None:
         cache = _WORKSPACES.buffers = {}
@@ -1043,23 +1107,26 @@ def workspace(kind: str, elements: int, dtype) -> object:
     if buffer is None or buffer.shape[0] < elements:
         buffer = device_array((1 << max(10, (elements - 1).bit_length()),), dtype)
         cache[key] = buffer
-    return buffer[:elements]
+    return buffer
 
 
-_DUMMIES: dict = {}
+_NO_BIAS: dict = {}
 
 
-def _dummy(dtype: str):
-    """A one-element stand-in for an absent bias (kernel arguments cannot be None)."""
-    if dtype not in _DUMMIES:
-        _DUMMIES[dtype] = device_array((1,), dtype)
-    return _DUMMIES[dtype]
+def _no_bias(dtype: str):
+    """The bias argument of a kernel compiled without one (never read): a null pointer, or a
+    one-element array under the simulator."""
+    if not simulated():
+        return 0
+    if dtype not in _NO_BIAS:
+        _NO_BIAS[dtype] = device_array((1,), dtype)
+    return _NO_BIAS[dtype]
 
 
 def signatures(dtype: str, channels_last: bool, nd: int = 2, tile: Tile = None,
                wide: bool = False):
     """The main kernels of one (dtype, layout) as ``(label, python function, signature,
-    tile)`` for ``numba.cuda.compile_ptx``: what a contiguous call compiles."""
+    tile)`` for ``numba.cuda.compile_ptx``: the types every launch passes."""
     if tile is None:
         tile = (TILES64 if dtype == "float64" else TILES)[0]
     layout = "cl" if channels_last else "cf"

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cpu._layout import Geom, geom
 
-__all__ = ["Geom", "geom", "device_array", "geometry_args", "view5", "as_device", "flat"]
+__all__ = ["Geom", "geom", "device_array", "geometry_args", "view5", "as_device"]
 
 
 def _cuda():
@@ -70,20 +70,3 @@ def geometry_args(g: Geom) -> tuple:
     return (int(g.g), ints(g.s), ints(g.r), ints(g.p), ints(g.stride), ints(g.dilation),
             ints(g.before))
 
-
-def flat(a):
-    """``a`` (a device array) as a 1D view from its first element over every element it
-    reaches, and its strides in elements: the form the register-tiled kernels index with
-    their own (32-bit where it fits) offsets. Strides must be non-negative."""
-    itemsize = a.dtype.itemsize
-    strides = tuple(int(s) // itemsize for s in a.strides)
-    if any(s < 0 for s in strides):
-        raise ValueError("flat: negative strides")
-    span = 0 if 0 in a.shape else 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
-    if simulated():
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-        return FakeCUDAArray(np.lib.stride_tricks.as_strided(
-            a._ary, (span,), (itemsize,))), strides
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-    return DeviceNDArray((span,), (itemsize,), a.dtype, stream=a.stream,
-                         gpu_data=a.gpu_data), strides
