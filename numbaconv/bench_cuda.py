@@ -45,6 +45,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -211,6 +212,32 @@ def enable_simulator() -> None:
             raise RuntimeError("the CUDA simulator must be switched on before numba.cuda is "
                                "imported: set NUMBA_ENABLE_CUDASIM=1 before starting Python")
         numba.core.config.reload_config()
+
+
+# --- the backend ---------------------------------------------------------------------------
+
+#: The entry point pyproject.toml declares for the built-in ``cuda`` backend.
+CUDA_ENTRY_POINT = "numbaconv.cuda:make_backend"
+
+
+def ensure_cuda_backend() -> Optional[str]:
+    """Register the built-in ``cuda`` backend in this process if no entry point provides it,
+    as when the source tree is run with ``PYTHONPATH=.`` without being installed (entry
+    points come from an installed distribution's metadata). Returns a note saying so, or
+    None when it was registered already. Nothing is imported until the backend is used."""
+    import importlib
+
+    import numbaconv
+    if any(b.name == "cuda" for b in numbaconv.backends()):
+        return None
+    module, _, attribute = CUDA_ENTRY_POINT.partition(":")
+
+    def make_backend():
+        return getattr(importlib.import_module(module), attribute)()
+
+    numbaconv.register_backend("cuda", make_backend)
+    return (f"no 'cuda' entry point (numbaconv is not installed): registered "
+            f"{CUDA_ENTRY_POINT} in this process")
 
 
 # --- operands and the two implementations --------------------------------------------------
@@ -520,7 +547,10 @@ def run_rows(cases: Sequence[GpuCase], *, sim: bool, ops: Sequence[str] = OPS,
         return time_limit is not None and time.perf_counter() - started > time_limit
 
     set_torch_fp32("ieee")
-    with numbaconv.use_backend("cuda"):
+    with numbaconv.use_backend("cuda"), warnings.catch_warnings():
+        # Numba's "grid size N will likely result in GPU under-utilization" on the small
+        # launches of some algorithms: one per kernel, and the rows say how fast it is.
+        warnings.filterwarnings("ignore", message=".*under-utilization.*")
         for case in cases:
             for layout in layouts:
                 new_rows = [GpuRow(case.name, layout, op, case.flops / 1e9,

@@ -615,6 +615,7 @@ def _bench_cuda(args) -> int:
                "under Numba's CUDA simulator", file=sys.stderr)
         return 1
     import numbaconv
+    registered = bench_cuda.ensure_cuda_backend()
     info = {b.name: b for b in numbaconv.backends()}.get("cuda")
     if info is None or not info.available:
         _print(f"numbaconv bench: error: numbaconv's cuda backend is not available: "
@@ -640,7 +641,7 @@ def _bench_cuda(args) -> int:
         torch.cuda.init()
         stream_problem = bench_cuda.legacy_stream_problem()
     env = bench_cuda.environment(sim=sim)
-    env["stream_problem"] = stream_problem
+    env.update(stream_problem=stream_problem, cuda_backend_registered_here=bool(registered))
 
     _print(f"numbaconv {env['numbaconv']} GPU bench: {env['device']}")
     _print(f"versions: numba {env['numba']}, numba-cuda {env['numba_cuda']}, torch "
@@ -661,6 +662,8 @@ def _bench_cuda(args) -> int:
            f"abs error / max abs reference) <= {tolerance:g}, else the row fails and is not "
            f"timed; 'ieee/ours' and 'tf32/ours' are PyTorch's time over numbaconv's (> 1: "
            f"numbaconv is faster); TFLOP/s counts 2*N*K*(C/groups)*R*S*P*Q per op")
+    if registered:
+        _print(f"note: {registered}")
     if stream_problem:
         _print(f"WARNING: {stream_problem}; the times may be wrong")
     _print()

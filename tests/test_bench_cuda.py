@@ -218,3 +218,22 @@ def test_importing_it_loads_neither_numba_nor_torch():
     code = ("import sys, numbaconv.bench_cuda; "
             "assert 'numba' not in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+def test_an_uninstalled_tree_gets_the_cuda_backend_registered():
+    """Run from the source tree with PYTHONPATH=. (no entry points), the GPU bench registers
+    the cuda backend itself, through the entry point pyproject.toml declares."""
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        assert f'cuda = "{bench_cuda.CUDA_ENTRY_POINT}"' in f.read()
+    code = textwrap.dedent("""
+        import importlib.metadata
+        importlib.metadata.entry_points = lambda **kwargs: []   # as if not installed
+        import numbaconv
+        from numbaconv import bench_cuda
+        assert "cuda" not in [b.name for b in numbaconv.backends()]
+        assert bench_cuda.CUDA_ENTRY_POINT in bench_cuda.ensure_cuda_backend()
+        [info] = [b for b in numbaconv.backends() if b.name == "cuda"]
+        assert info.device == "cuda", info
+        assert bench_cuda.ensure_cuda_backend() is None
+        """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
