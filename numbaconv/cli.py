@@ -420,7 +420,25 @@ def _bench_rnn(args, bench, names) -> int:
     return 0
 
 
+#: ``bench`` options that only ``--device cuda`` reads (each defaults to None or False).
+CUDA_BENCH_OPTIONS = ("sim", "case", "tolerance", "budget", "warmup", "no_flush", "no_tf32",
+                      "time_limit")
+
+#: ``bench`` options that ``--device cuda`` does not read.
+CPU_BENCH_OPTIONS = ("backend", "include_reference", "threads", "no_torch", "first_call",
+                     "plot")
+
+
 def cmd_bench(args) -> int:
+    if args.device == "cuda":
+        return _bench_cuda(args)
+    given = [name for name in CUDA_BENCH_OPTIONS if _given(getattr(args, name))]
+    if given:
+        _print(f"numbaconv bench: error: {', '.join(_option(n) for n in given)} "
+               f"{'applies' if len(given) == 1 else 'apply'} to --device cuda only",
+               file=sys.stderr)
+        return USAGE_ERROR
+
     from numbaconv import bench, dispatch
     from numbaconv.problem import CONV_OPS
 
@@ -591,6 +609,154 @@ def cmd_bench(args) -> int:
         _print(f"{len(errors)} measurement(s) failed; see the 'error' rows")
         return 1
     return status
+
+
+def _given(value) -> bool:
+    """Whether an option was given: its value is not its default (None or False)."""
+    return value is not None and value is not False
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _bench_cuda(args) -> int:
+    """``bench --device cuda``: numbaconv's ``cuda`` backend against PyTorch on one GPU
+    (numbaconv.bench_cuda), or its correctness path under Numba's simulator (``--sim``)."""
+    from numbaconv import bench_cuda
+
+    given = [name for name in CPU_BENCH_OPTIONS if _given(getattr(args, name))]
+    if args.suite != "conv":
+        given.insert(0, "suite")
+    if given:
+        _print(f"numbaconv bench: error: --device cuda does not take "
+               f"{', '.join(_option(n) for n in given)}", file=sys.stderr)
+        return USAGE_ERROR
+    ops = tuple(dict.fromkeys(args.op)) if args.op else bench_cuda.OPS
+    wrong = [op for op in ops if op not in bench_cuda.OPS]
+    if wrong or args.dtype != "float32":
+        what = f"--op {', '.join(wrong)}" if wrong else f"--dtype {args.dtype}"
+        _print(f"numbaconv bench: error: --device cuda times float32 {', '.join(bench_cuda.OPS)}"
+               f" only, not {what}", file=sys.stderr)
+        return USAGE_ERROR
+    for name in ("tolerance", "budget", "time_limit"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            _print(f"numbaconv bench: error: {_option(name)}: expected a positive number, got "
+                   f"{value}", file=sys.stderr)
+            return USAGE_ERROR
+    sim = bool(args.sim) or bench_cuda.simulator_requested()
+    cases = bench_cuda.select_cases(sim=sim, quick=args.quick, patterns=args.case or ())
+    if not cases:
+        names = [c.name for c in bench_cuda.select_cases(sim=sim, quick=args.quick)]
+        _print(f"numbaconv bench: error: --case {args.case} matches none of {names}",
+               file=sys.stderr)
+        return USAGE_ERROR
+    layouts = bench_cuda.LAYOUTS if args.layout in (None, "both") else (args.layout,)
+    if sim:
+        try:
+            bench_cuda.enable_simulator()  # before numbaconv imports numba.cuda
+        except RuntimeError as exc:
+            _print(f"numbaconv bench: error: {exc}", file=sys.stderr)
+            return 1
+    try:
+        import torch
+    except ImportError:
+        _print("numbaconv bench: error: --device cuda needs PyTorch (a CUDA build on a GPU): "
+               "it is the oracle and the baseline", file=sys.stderr)
+        return 1
+    if not sim and not torch.cuda.is_available():
+        _print("numbaconv bench: error: no CUDA device visible to PyTorch (a CUDA build of "
+               "torch and a GPU are needed); --sim runs the correctness path on tiny shapes "
+               "under Numba's CUDA simulator", file=sys.stderr)
+        return 1
+    import numbaconv
+    registered = bench_cuda.ensure_cuda_backend()
+    info = {b.name: b for b in numbaconv.backends()}.get("cuda")
+    if info is None or not info.available:
+        _print(f"numbaconv bench: error: numbaconv's cuda backend is not available: "
+               f"{info.reason if info else 'not registered'}", file=sys.stderr)
+        return 1
+
+    reps = args.repeat or (bench_cuda.QUICK_REPS if args.quick else bench_cuda.DEFAULT_REPS)
+    budget = args.budget or (bench_cuda.QUICK_BUDGET if args.quick
+                             else bench_cuda.DEFAULT_BUDGET)
+    warmup = bench_cuda.DEFAULT_WARMUP if args.warmup is None else args.warmup
+    tolerance = args.tolerance or bench_cuda.DEFAULT_TOLERANCE
+    flush = not (args.no_flush or sim)
+    if sim:  # one wall-clock call per timing
+        warmup, reps, budget = 0, 1, None
+    settings = dict(sim=sim, quick=args.quick, ops=list(ops), layouts=list(layouts),
+                    tolerance=tolerance, warmup=warmup, reps=reps, budget_s=budget,
+                    flush_bytes=bench_cuda.FLUSH_BYTES if flush else 0,
+                    tf32=not args.no_tf32, time_limit_s=args.time_limit,
+                    argv=sys.argv[1:])
+    stream_problem = None
+    if not sim:
+        torch.backends.cudnn.benchmark = True
+        torch.cuda.init()
+        stream_problem = bench_cuda.legacy_stream_problem()
+    env = bench_cuda.environment(sim=sim)
+    env.update(stream_problem=stream_problem, cuda_backend_registered_here=bool(registered))
+
+    _print(f"numbaconv {env['numbaconv']} GPU bench: {env['device']}")
+    _print(f"versions: numba {env['numba']}, numba-cuda {env['numba_cuda']}, torch "
+           f"{env['torch']} (CUDA {env['torch_cuda']}"
+           + ("" if sim else f", cuDNN {env['cudnn']}") + f"), Python {env['python']}"
+           + ("" if sim else f"; NVIDIA driver {env['nvidia_driver']}, CUDA driver API "
+                             f"{env['cuda_driver_api']}, compute capability "
+                             f"{env['compute_capability']}, {env['multiprocessors']} SMs"))
+    if sim:
+        _print("SIMULATOR: tiny shapes, PyTorch on the CPU as the oracle, one wall-clock call "
+               "per timing: the times below mean nothing, only the checks do")
+    else:
+        _print(f"timing: CUDA events, {warmup} warm-up call(s), then the median of up to "
+               f"{reps} runs within {budget:g} s"
+               + (f", {bench_cuda.FLUSH_BYTES >> 20} MiB written between runs (L2 flush)"
+                  if flush else ", no L2 flush between runs"))
+    _print(f"checked first against PyTorch in IEEE float32 (TF32 off): relative error (max "
+           f"abs error / max abs reference) <= {tolerance:g}, else the row fails and is not "
+           f"timed; 'ieee/ours' and 'tf32/ours' are PyTorch's time over numbaconv's (> 1: "
+           f"numbaconv is faster); TFLOP/s counts 2*N*K*(C/groups)*R*S*P*Q per op")
+    if registered:
+        _print(f"note: {registered}")
+    if stream_problem:
+        _print(f"WARNING: {stream_problem}; the times may be wrong")
+    _print()
+    widths = bench_cuda.column_widths(cases, layouts, ops)
+    for line in bench_cuda.format_header(widths):
+        _print(line)
+
+    rows = []
+
+    def save(finished):
+        if args.json:
+            bench_cuda.write_json(args.json, environment=env, settings=settings, cases=cases,
+                                  rows=rows, finished=finished)
+
+    def report(row):
+        rows.append(row)
+        _print(bench_cuda.format_row(row, widths))
+        save(False)
+
+    def progress(text):
+        _print(text, file=sys.stderr)
+
+    timer = bench_cuda.Timer(sim=sim, warmup=warmup, reps=reps,
+                             budget=budget or bench_cuda.DEFAULT_BUDGET, flush=flush)
+    bench_cuda.run_rows(cases, sim=sim, ops=ops, layouts=layouts, tolerance=tolerance,
+                        timer=timer, tf32=not args.no_tf32, time_limit=args.time_limit,
+                        report=report,
+                        progress=progress if args.progress is not False else None)
+    _print()
+    for line in bench_cuda.summary_lines(rows):
+        _print(line)
+    if sim:
+        _print("(simulator: the times mean nothing)")
+    save(True)
+    if args.json:
+        _print(f"results written to {args.json}")
+    return 1 if any(r.status in ("FAIL", "error") for r in rows) else 0
 
 
 class _Progress:
@@ -933,8 +1099,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "--threads, --no-torch, --json")
     p.add_argument("--quick", action="store_true",
                    help="small shapes and few repeats (seconds; the reference included)")
-    p.add_argument("--repeat", type=_positive_int, metavar="N",
-                   help="timed samples per measurement (default 7, 3 with --quick)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default): the CPU backends, as described above; cuda: "
+                        "numbaconv's cuda backend against PyTorch (cuDNN) on one GPU, "
+                        "float32 conv and both gradients on ResNet 3x3 (stride 1 and 2), 1x1 "
+                        "and depthwise layers at N=32, each result checked against PyTorch "
+                        "in IEEE float32 before it is timed with CUDA events, PyTorch timed "
+                        "in IEEE float32 and with TF32 (docs/gpu-benchmark.md); honours "
+                        "--quick, --op, --layout, --repeat, --json, --progress")
+    p.add_argument("--repeat", "--reps", type=_positive_int, metavar="N",
+                   help="timed samples per measurement (default 7, 3 with --quick; with "
+                        "--device cuda: at most N runs within --budget, default "
+                        "25, 10 with --quick)")
     p.add_argument("--backend", action="append", metavar="NAME",
                    help="time this backend (repeatable); default: every available CPU backend")
     p.add_argument("--include-reference", action="store_true",
@@ -962,7 +1138,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "(pip install 'numbaconv[plot]')")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress line on stderr (default: when stderr is a "
-                        "terminal)")
+                        "terminal; with --device cuda: a line per step unless --no-progress)")
+    cuda = p.add_argument_group("--device cuda only")
+    cuda.add_argument("--sim", action="store_true", default=None,
+                      help="no GPU: tiny shapes under Numba's CUDA simulator, PyTorch on the "
+                           "CPU as the oracle, one wall-clock call per timing (meaningless; "
+                           "the checks are the point). Implied by NUMBA_ENABLE_CUDASIM=1")
+    cuda.add_argument("--case", "--only", action="append", metavar="TEXT",
+                      help="only the cases whose name contains TEXT (repeatable, or "
+                           "comma-separated)")
+    cuda.add_argument("--tolerance", type=float, metavar="REL",
+                      help="largest relative error (max abs error / max abs PyTorch) "
+                           "that passes (default 2e-4)")
+    cuda.add_argument("--warmup", type=_non_negative_int, metavar="N",
+                      help="untimed calls before each measurement (default 3)")
+    cuda.add_argument("--budget", type=float, metavar="SECONDS",
+                      help="no new timed run after this many seconds of one measurement, "
+                           "once 3 are done (default 5, 2 with --quick)")
+    cuda.add_argument("--no-flush", action="store_true", default=None,
+                      help="do not write 256 MiB between timed runs (keeps the L2 warm)")
+    cuda.add_argument("--no-tf32", action="store_true", default=None,
+                      help="do not time PyTorch with TF32 allowed")
+    cuda.add_argument("--time-limit", type=float, metavar="SECONDS",
+                      help="start no row after this many seconds; the rest are reported as "
+                           "skipped")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser(
@@ -1029,6 +1228,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
     return value
 
 
