@@ -481,7 +481,10 @@ def _metadata(value):
         return type(value), value.shape, value.dtype
     if isinstance(value, (tuple, list)):
         return repr(value)  # input_shape / weight_shape; repr tells 1 from True
-    raise _Uncacheable  # e.g. CUDA arrays: validate every time
+    cai = getattr(value, "__cuda_array_interface__", None)
+    if cai is not None:     # what inspect_array reads of a CUDA array
+        return type(value), tuple(cai["shape"]), cai["typestr"]
+    raise _Uncacheable  # e.g. the simulator's arrays: validate every time
 
 
 def _remembered(result_shape):

@@ -103,3 +103,24 @@ def test_the_loop_reader_counts_what_it_should():
     loop = machine_code.main_loop(sass, 4)
     assert loop["instructions"] == 3 + 4 * 4 and loop["fma"] == 8
     assert loop["global_loads"] == 1 and loop["calls"] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_depthwise_kernels_compile_without_spills(dtype, tmp_path):
+    from numba import cuda
+
+    from numbaconv.cuda import _depthwise as dw
+    keys = [("dw_conv", (dtype, cl, mode, stride1, False, bias, False))
+            for cl in (False, True) for mode, bias in (("forward", True), ("data", False))
+            for stride1 in (True, False)]
+    keys += [("dw_weight", (dtype, cl, (1, 3, 3), False)) for cl in (False, True)]
+    lines = []
+    for name, key in keys:
+        ptx, _ = cuda.compile_ptx(dw._FUNCTIONS[name](*key), dw._launch_types(name, key),
+                                  cc=CC)
+        label = f"{name}_{'_'.join(map(str, key[1:4]))}"
+        report = machine_code.assemble(ptx, CC, tmp_path, "kernel")
+        lines.append(f"sm_90 {label:40s} {report['registers']:3d} regs "
+                     f"{report['smem']:6d} B smem")
+        assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
+    print("\n" + "\n".join(lines))

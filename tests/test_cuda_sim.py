@@ -36,6 +36,8 @@ SIM_CASES = (
              padding=((1, 0), (0, 1)), dilation=(1, 2), groups=2, output_padding=(1, 0)),
     ConvCase("3d_tiny_depthwise", (1, 2, 3, 4, 3), (4, 1, 2, 2, 2), stride=(1, 2, 1),
              padding=1, groups=2, output_padding=(0, 1, 0)),
+    case("2d_depthwise"),
+    ConvCase("1d_depthwise_dilated", (2, 3, 9), (3, 1, 3), padding=2, dilation=2, groups=3),
 )
 
 

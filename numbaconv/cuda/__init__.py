@@ -3,7 +3,8 @@
 Serves any array exposing ``__cuda_array_interface__`` (Numba device arrays, CuPy, PyTorch
 CUDA tensors), with any strides, and returns Numba device arrays. float16 is stored as is and
 accumulated in float32. Every reduction is deterministic (fixed splits, partials added in
-order, no floating-point atomics); all index arithmetic is 64-bit; no op copies to the host.
+order, no floating-point atomics); the GEMMs index in 32 bits where the operands fit, else
+64; no op copies to the host.
 
 Importing this package imports neither Numba nor a kernel: creating the backend is free, and
 ``numba.cuda`` is imported by :meth:`CudaBackend.availability` and on the first run. Kernels
@@ -11,16 +12,20 @@ compile on first use of a (op, dtype, layout). Without a GPU the backend is unav
 except under Numba's simulator (``NUMBA_ENABLE_CUDASIM=1`` set before Numba is imported),
 which the tests use.
 
-Algorithms, per op (``numbaconv.explain`` says which one runs and why; README.md in this
-folder gives each kernel's performance model):
+Algorithms, per op (``numbaconv.explain`` says which one runs and why; docs/cuda.md gives
+each kernel's performance model, read from its machine code):
 
 ``implicit_gemm``
-    Any convolution, data gradient or transposed convolution: a tiled matrix product whose
-    input tile is gathered from the windows on the fly (no im2col in memory). The weight
-    gradient is the same product reduced over (image, position) in fixed chunks.
+    Any convolution, data gradient (by stride phases) or transposed convolution: a
+    register-tiled matrix product of the weights, packed once per call, and of windows
+    gathered on the fly (no im2col in memory). The weight gradient is the same product
+    reduced over (image, position) in chunks fixed by the shape.
+``depthwise``
+    One channel per group and per output channel: per-channel gathers for the forward and
+    data gradient, per-channel sums by chunks for the weight gradient.
 ``direct``
-    One thread per output element, for grouped convolutions with few channels per group
-    (depthwise above all), where GEMM tiles would be mostly empty.
+    One thread per output element, for other grouped convolutions with few channels per
+    group, where GEMM tiles would be mostly empty.
 ``reduce``
     The bias gradient (two passes).
 ``fused`` (rnn_forward, rnn_backward_data, rnn_backward_weights)
@@ -98,8 +103,13 @@ class CudaBackend(Backend):
             return ("fused",)
         if op == "conv_backward_bias":
             return ("reduce",)
+        from . import _depthwise
         if op == "conv_backward_weight":
+            if _depthwise.weight_applies(problem):
+                return ("depthwise", "implicit_gemm")
             return ("implicit_gemm",)
+        if _depthwise.applies(problem):
+            return ("depthwise", "direct", "implicit_gemm")
         if problem.groups > 1 and \
                 _channels_summed(op, problem) <= DIRECT_MAX_CHANNELS_PER_GROUP:
             return ("direct", "implicit_gemm")
@@ -111,14 +121,18 @@ class CudaBackend(Backend):
                              "gate kernel per step")
         if op == "conv_backward_bias":
             return "reduce", "the only algorithm (two passes, partials added in order)"
+        first = self.algorithms(op, problem)[0]
+        if first == "depthwise":
+            return "depthwise", ("depthwise (one channel per group and per output channel): "
+                                 "per-channel kernels, no GEMM tile to fill")
         if op == "conv_backward_weight":
-            return "implicit_gemm", ("the only algorithm (tiled product over fixed chunks of "
-                                     "images and positions, partials added in order)")
-        if self.algorithms(op, problem)[0] == "direct":
+            return "implicit_gemm", ("register-tiled product over fixed chunks of images and "
+                                     "positions, partials added in order")
+        if first == "direct":
             return "direct", (f"grouped with {_channels_summed(op, problem)} channels per "
                               f"group: GEMM tiles would be mostly empty")
-        return "implicit_gemm", ("general case: shared-memory tiles of the weights and of "
-                                 "windows gathered on the fly")
+        return "implicit_gemm", ("general case: register-tiled GEMM of the packed weights "
+                                 "and of windows gathered on the fly")
 
     def run(self, op, problem, operands, out, algorithm):
         module_name, function = _MODULES[op]

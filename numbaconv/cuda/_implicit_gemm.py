@@ -854,8 +854,28 @@ def _positive(a, g, channels_last):
     """``a`` itself, or a contiguous copy where it has a negative stride."""
     if all(s >= 0 for s in _shape_strides(a)[1]):
         return a
-    a5 = activation5(g, a) if channels_last is not None else weight5(a)
-    return _copy5(a5)
+    return _copy5(_five(a, g, channels_last))
+
+
+def _writable(result, shape, g, channels_last, accumulate):
+    """Where a kernel writes ``result``: itself, or (negative strides) a contiguous stand-in
+    holding its values when accumulating; and that target as an operand."""
+    if all(st >= 0 for st in _shape_strides(result)[1]):
+        return result, operand(result, channels_last)
+    target = device_array(shape, result.dtype)
+    if accumulate:
+        _copy5(_five(result, g, channels_last), into=_five(target, g, channels_last))
+    return target, operand(target, channels_last)
+
+
+def _written(target, result, g, channels_last) -> None:
+    """Copy a stand-in target back into ``result``."""
+    if target is not result:
+        _copy5(_five(target, g, channels_last), into=_five(result, g, channels_last))
+
+
+def _five(a, g, channels_last):
+    return weight5(a) if channels_last is None else activation5(g, a)
 
 
 def _copy5(src, into=None):
@@ -884,12 +904,7 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     tile, most_cols = _conv_tile(problem, forward)
     rp = _ceil(reduce, tile.bk) * tile.bk
     s = operand(_positive(src, g, cl), cl)
-    target = result
-    if not all(st >= 0 for st in _shape_strides(result)[1]):
-        target = device_array(result_shape, dtype)
-        if problem.accumulate:
-            _copy5(activation5(g, result), into=activation5(g, target))
-    o = operand(target, cl)
+    target, o = _writable(result, result_shape, g, cl, problem.accumulate)
     wo = operand(_positive(w, g, None))
     count = g.g * plan.taps * rp * rows
     wp = workspace("weights", count, _acc(dtype))
@@ -908,8 +923,7 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
         _table(plan.phases, index), len(plan.phases), g.n, rows, reduce, rp, plan.taps,
         *s.strides, *plan.src_size, *plan.col_stride, *plan.col_offset, *o.strides,
         *plan.out_step)
-    if target is not result:
-        _copy5(activation5(g, target), into=activation5(g, result))
+    _written(target, result, g, cl)
     return result
 
 
@@ -924,12 +938,7 @@ def weight_gradient(problem, x, dy, out):
         return result
     xo = operand(_positive(x, g, cl), cl)
     yo = operand(_positive(dy, g, cl), cl)
-    target = result
-    if not all(st >= 0 for st in _shape_strides(result)[1]):
-        target = device_array(problem.w_shape, dtype)
-        if problem.accumulate:
-            _copy5(weight5(result), into=weight5(target))
-    wo = operand(target)
+    target, wo = _writable(result, problem.w_shape, g, None, problem.accumulate)
     cols = g.taps * g.cg
     reduce_total = g.n * g.positions
     tile = _weight_tile(problem)
@@ -951,11 +960,11 @@ def weight_gradient(problem, x, dy, out):
     kernel("sum_chunks", dtype)[_ceil(count, 256), 256](
         _ref(partial), wo.ref, count, chunks, g.cg, g.taps, g.r[1], g.r[2],
         bool(problem.accumulate), *wo.strides)
-    if target is not result:
-        _copy5(weight5(target), into=weight5(result))
+    _written(target, result, g, None)
     return result
 
 
+@functools.lru_cache(maxsize=1024)
 def _conv_tile(problem, forward: bool):
     """The tile of a forward or data-gradient launch, and its most columns of a phase."""
     g = geom(problem)
@@ -965,6 +974,7 @@ def _conv_tile(problem, forward: bool):
     return choose_tile(rows, most_cols, g.g * len(plan.phases), problem.dtype), most_cols
 
 
+@functools.lru_cache(maxsize=1024)
 def _weight_tile(problem) -> Tile:
     """The weight gradient's tile: chunks of the reduction give the blocks, so only waste
     and size count."""
@@ -976,6 +986,10 @@ def kernel_keys(problem) -> list:
     """The ``kernel(name, *key)`` calls that ``problem`` (any convolution op) launches with
     32-bit indices: what :func:`precompile` compiles ahead of a run."""
     dtype, op = problem.dtype, problem.op
+    from . import _depthwise        # its kernels compile in about a second: not listed
+    if _depthwise.applies(problem) and (op != "conv_backward_weight"
+                                        or _depthwise.weight_applies(problem)):
+        return []
     if op == "conv_backward_weight":
         return [("weight_gemm", (dtype, problem.ndim, False, _weight_tile(problem))),
                 ("sum_chunks", (dtype,))]

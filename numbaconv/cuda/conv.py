@@ -1,15 +1,16 @@
 """CUDA forward convolution: backend entry -> driver -> kernels.
 
 Algorithms: ``implicit_gemm`` (register-tiled implicit GEMM, :mod:`._implicit_gemm`; any
-problem) and ``direct`` (one thread per output element; grouped convolutions with few
-channels per group). The data gradient and the transposed convolution run the same drivers
+problem), ``depthwise`` (:mod:`._depthwise`; one channel per group and per output channel)
+and ``direct`` (one thread per output element; grouped convolutions with few channels per
+group). The data gradient and the transposed convolution run the same drivers
 in ``"data"`` mode (see :mod:`.conv_backward_data`).
 """
 
 from __future__ import annotations
 
 from ..config import cuda_threads_per_block
-from . import _implicit_gemm, _kernels
+from . import _depthwise, _implicit_gemm, _kernels
 from ._layout import activation5, as_device, device_array, geom, geometry_args, weight5
 
 
@@ -22,6 +23,8 @@ def convolution(mode, problem, src, w, bias, out, algorithm, result_shape):
     """``out = [out +] conv(src, w) [+ bias]``, in ``mode`` "forward" or "data"."""
     if algorithm == "implicit_gemm":
         return _implicit_gemm.convolution(mode, problem, src, w, bias, out, result_shape)
+    if algorithm == "depthwise":
+        return _depthwise.convolution(mode, problem, src, w, bias, out, result_shape)
     if algorithm != "direct":
         raise ValueError(f"algorithm: {algorithm!r} is not a convolution algorithm here")
     g = geom(problem)
