@@ -66,21 +66,21 @@ def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
     if f >= n_images * C * rows * Q2:
         return
 #if cl
-    c = I(f % C)
-    rest = I(f // C)
-    q2 = I(rest % Q2)
-    rest = I(rest // Q2)
-    r01 = I(rest % rows)
-    n = I(rest // rows)
+    c = I(U(f) % U(C))
+    rest = I(U(f) // U(C))
+    q2 = I(U(rest) % U(Q2))
+    rest = I(U(rest) // U(Q2))
+    r01 = I(U(rest) % U(rows))
+    n = I(U(rest) // U(rows))
 #else
-    q2 = I(f % Q2)
-    rest = I(f // Q2)
-    r01 = I(rest % rows)
-    rest = I(rest // rows)
-    c = I(rest % C)
-    n = I(rest // C)
+    q2 = I(U(f) % U(Q2))
+    rest = I(U(f) // U(Q2))
+    r01 = I(U(rest) % U(rows))
+    rest = I(U(rest) // U(rows))
+    c = I(U(rest) % U(C))
+    n = I(U(rest) // U(C))
 #end
-    p0 = I(r01 // P1)
+    p0 = I(U(r01) // U(P1))
     p1 = I(r01 - p0 * P1)
     pb = I(q2 * V)
     sbase = I(n * sN + c * sC)
@@ -97,7 +97,7 @@ def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
         ok0 = U(i0) < U(S0)
 #else
         m0 = I(p0 + bf0 - t0 * dl0)
-        i0 = I(m0 // st0)
+        i0 = I(U(m0) // U(st0))
         ok0 = (m0 >= 0) & (m0 - i0 * st0 == 0) & (i0 < S0)
 #end
         if ok0:
@@ -110,7 +110,7 @@ def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
                 ok1 = U(i1) < U(S1)
 #else
                 m1 = I(p1 + bf1 - t1 * dl1)
-                i1 = I(m1 // st1)
+                i1 = I(U(m1) // U(st1))
                 ok1 = (m1 >= 0) & (m1 - i1 * st1 == 0) & (i1 < S1)
 #end
                 if ok1:
@@ -128,7 +128,7 @@ def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
                             acc_{v} += wv * acc(src[U(row + i2 * s2)])
 #else
                         m2 = I(pb + {v} + bf2 - t2 * dl2)
-                        i2 = I(m2 // st2)
+                        i2 = I(U(m2) // U(st2))
                         if (m2 >= 0) & (m2 - i2 * st2 == 0) & (i2 < S2):
                             acc_{v} += wv * acc(src[U(row + i2 * s2)])
 #end
@@ -171,7 +171,7 @@ def dw_weight(x, dy, partial, n_images, C, S0, S1, S2, P0, P1, P2,
               st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2, chunk_len):
     red = cuda.shared.array((T, THREADS), acc)
     tid = I(cuda.threadIdx.x)
-    lane = I(tid // CB)
+    lane = I(U(tid) // U(CB))
     c = I(cuda.blockIdx.x * CB + tid % CB)
     chunk = I(cuda.blockIdx.y)
     P12 = I(P1 * P2)
@@ -186,11 +186,11 @@ def dw_weight(x, dy, partial, n_images, C, S0, S1, S2, P0, P1, P2,
 #end
     j = I(chunk * chunk_len + lane)
     while (j < j_stop) & (c < C):
-        n = I(j // PP)
+        n = I(U(j) // U(PP))
         r = I(j - n * PP)
-        p0 = I(r // P12)
+        p0 = I(U(r) // U(P12))
         rr = I(r - p0 * P12)
-        p1 = I(rr // P2)
+        p1 = I(U(rr) // U(P2))
         p2 = I(rr - p1 * P2)
         g = acc(dy[U(ybase + n * yN + p0 * y0 + p1 * y1 + p2 * y2)])
         i0 = I(p0 * st0 - bf0)

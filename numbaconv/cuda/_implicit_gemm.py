@@ -304,10 +304,10 @@ def conv_gemm(src, wp, out, bias, taps, phases, nph, n_images, M, R, Rp, T,
     As = cuda.shared.array((2, BK, BMP), acc)
     Bs = cuda.shared.array((2, BK, BNP), acc)
     tid = I(cuda.threadIdx.x)
-    tx = I(tid % NTX)
-    ty = I(tid // NTX)
-    ph = cuda.blockIdx.z % nph
-    g = I(cuda.blockIdx.z // nph)
+    tx = I(U(tid) % U(NTX))
+    ty = I(U(tid) // U(NTX))
+    ph = I(U(cuda.blockIdx.z) % U(nph))
+    g = I(U(cuda.blockIdx.z) // U(nph))
     J0 = I(phases[ph * 8])
     J1 = I(phases[ph * 8 + 1])
     J2 = I(phases[ph * 8 + 2])
@@ -320,7 +320,7 @@ def conv_gemm(src, wp, out, bias, taps, phases, nph, n_images, M, R, Rp, T,
     m0 = I(cuda.blockIdx.y * BM)
     tap0 = I(phases[ph * 8 + 6])
     steps = I(I(phases[ph * 8 + 7]) * I((R + BK - 1) // BK))
-    am = I(tid % BM)
+    am = I(U(tid) % U(BM))
     a_ok = m0 + am < M
     a_ptr = I(I(I(g * T + tap0) * Rp + tid // BM) * M + m0 + am)
     a_step = I(BK * M)
@@ -328,23 +328,23 @@ def conv_gemm(src, wp, out, bias, taps, phases, nph, n_images, M, R, Rp, T,
     c_step = I(BK * sC)
     kc_step = I(KC * sC)
 #if cl
-    bk = I(tid % KC)
+    bk = I(U(tid) % U(KC))
 #else
-    bk = I(tid // BN)
+    bk = I(U(tid) // U(BN))
     b_kstep = I(B_KSTEP * sC)
 #end
 #unroll e NCOL
 #if cl
     q_{e} = col0 + I(tid // KC + {e * B_QSTEP})
 #else
-    q_{e} = col0 + I(tid % BN)
+    q_{e} = col0 + I(U(tid) % U(BN))
 #end
     qq_{e} = min(q_{e}, Q - 1)
-    n_{e} = I(qq_{e} // Jall)
+    n_{e} = I(U(qq_{e}) // U(Jall))
     r_{e} = I(qq_{e} - n_{e} * Jall)
-    j0_{e} = I(r_{e} // J12)
+    j0_{e} = I(U(r_{e}) // U(J12))
     rr_{e} = I(r_{e} - j0_{e} * J12)
-    j1_{e} = I(rr_{e} // J2)
+    j1_{e} = I(U(rr_{e}) // U(J2))
     j2_{e} = I(rr_{e} - j1_{e} * J2)
     nb_{e} = I(n_{e} * sN + I(g * R + bk) * sC) if q_{e} < Q else I(-1)
 #if use0
@@ -435,11 +435,11 @@ MULTIPLY
 #unroll j TN
     q_{j} = col0 + I(tx * HN + {j if j < HN else BN // 2 + j - HN})
     if q_{j} < Q:
-        n_{j} = I(q_{j} // Jall)
+        n_{j} = I(U(q_{j}) // U(Jall))
         r_{j} = I(q_{j} - n_{j} * Jall)
-        j0_{j} = I(r_{j} // J12)
+        j0_{j} = I(U(r_{j}) // U(J12))
         rr_{j} = I(r_{j} - j0_{j} * J12)
-        j1_{j} = I(rr_{j} // J2)
+        j1_{j} = I(U(rr_{j}) // U(J2))
         j2_{j} = I(rr_{j} - j1_{j} * J2)
         ob_{j} = I(n_{j} * oN + I(f0 + j0_{j} * os0) * o0 + I(f1 + j1_{j} * os1) * o1
                    + I(f2 + j2_{j} * os2) * o2)
@@ -513,10 +513,10 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     As = cuda.shared.array((2, BK, BMP), acc)
     Bs = cuda.shared.array((2, BK, BNP), acc)
     tid = I(cuda.threadIdx.x)
-    tx = I(tid % NTX)
-    ty = I(tid // NTX)
+    tx = I(U(tid) % U(NTX))
+    ty = I(U(tid) // U(NTX))
     by = I(cuda.blockIdx.y)
-    g = I(by // row_tiles)
+    g = I(U(by) // U(row_tiles))
     m0 = I(I(by - g * row_tiles) * BM)
     col0 = I(cuda.blockIdx.x * BN)
     chunk = I(cuda.blockIdx.z)
@@ -526,14 +526,14 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     j_start = I(chunk * chunk_len)
     j_stop = min(I(j_start + chunk_len), total)
     steps = I(I(j_stop - j_start + BK - 1) // BK)
-    kk = I(tid % BK)
+    kk = I(U(tid) % U(BK))
     jj = I(j_start + kk)
     jc = min(jj, total - 1)
-    n = I(jc // PP)
+    n = I(U(jc) // U(PP))
     r = I(jc - n * PP)
-    o0 = I(r // P12)
+    o0 = I(U(r) // U(P12))
     rr = I(r - o0 * P12)
-    o1 = I(rr // P2)
+    o1 = I(U(rr) // U(P2))
     o2 = I(rr - o1 * P2)
     ygoff = I(g * Kg * yC)
 #unroll e LA
@@ -546,11 +546,11 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     bc_{e} = I(col0 + tid // BK + {e * QSTEP})
     bok_{e} = bc_{e} < NC
     bcc_{e} = min(bc_{e}, NC - 1)
-    t_{e} = I(bcc_{e} // Cg)
+    t_{e} = I(U(bcc_{e}) // U(Cg))
     c_{e} = I(bcc_{e} - t_{e} * Cg)
-    t0_{e} = I(t_{e} // R12)
+    t0_{e} = I(U(t_{e}) // U(R12))
     tr_{e} = I(t_{e} - t0_{e} * R12)
-    t1_{e} = I(tr_{e} // R2)
+    t1_{e} = I(U(tr_{e}) // U(R2))
 #if use0
     e0_{e} = I(t0_{e} * dl0)
 #else
