@@ -24,11 +24,12 @@ TN`` register tile (split in two halves of rows and of columns so that neighbour
 read neighbouring shared words), the reduction advances ``BK`` at a time through two
 shared-memory buffers (the next step's global loads are issued before the current step's
 multiply-adds). Gathers use offsets computed once per thread and per tap and advanced by
-constants: the main loop has no division. Indices are 32-bit when every operand spans fewer
-than 2**31 elements (``wide=False``), else 64-bit. Operands are read through flat 1D views
-with element strides (:func:`._layout.flat`), so any strides work and channels-first and
-channels-last differ only in which threads load which elements (channels-last: a warp reads
-consecutive channels).
+constants: the main loop has no division, and the few outside it are unsigned 32-bit.
+Indices are 32-bit when every operand spans fewer than about 2**31 elements (``wide=False``),
+else 64-bit. Operands are passed as device pointers with element strides (:func:`operand`;
+flat 1D arrays under the simulator), so any non-negative strides work and channels-first
+and channels-last differ only in which threads load which elements (channels-last: a warp
+reads consecutive channels). docs/cuda.md gives the machine code and the measurements.
 """
 
 from __future__ import annotations
