@@ -130,3 +130,20 @@ def test_depthwise_kernels_compile_without_spills(dtype, tmp_path):
                      f"{report['smem']:6d} B smem")
         assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
     print("\n" + "\n".join(lines))
+
+
+def test_64_bit_and_other_ranks_compile(tmp_path):
+    """The variants a contiguous 2D float32 call does not compile: 1D and 3D, and 64-bit
+    indices (operands past 2**31 elements; they may spill, docs/cuda.md says how much)."""
+    from numba import cuda
+
+    from numbaconv.cuda import _implicit_gemm as ig
+    for layout, nd, wide in ((False, 1, False), (True, 3, False), (False, 2, True)):
+        for label, function, signature, tile in ig.signatures("float32", layout, nd, None,
+                                                              wide):
+            if "_data_" in label:
+                continue
+            ptx, _ = cuda.compile_ptx(function, signature, cc=CC,
+                                      launch_bounds=(tile.threads, 2))
+            report = machine_code.assemble(ptx, CC, tmp_path, "kernel")
+            assert report["registers"] <= REGISTERS_PER_SM // (2 * tile.threads), label
