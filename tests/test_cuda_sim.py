@@ -111,7 +111,10 @@ def test_strided_operands_and_out():
     want = expected("conv", c, layout, a)
     out_wide = cuda.to_device(np.zeros(want.shape[:2] + (want.shape[2] * 3,)))
     out = out_wide[:, :, ::3]
-    got = nc.conv(x, d["w"], d["bias"], out=out)
+    bias_wide = np.zeros(2 * a["bias"].shape[0])
+    bias_wide[::2] = a["bias"]
+    bias = cuda.to_device(bias_wide)[::2]                 # a strided bias too
+    got = nc.conv(x, d["w"], bias, out=out)
     assert relative_error(got.copy_to_host(), want) < 1e-11
     assert not out_wide.copy_to_host()[:, :, 1::3].any()   # nothing written between
 

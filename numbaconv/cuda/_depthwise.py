@@ -282,7 +282,7 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     stride1 = g.stride == (1, 1, 1)
     wide = max(s.span, o.span) > ig.INDEX32_LIMIT
     has_bias = bias is not None
-    bias_ref = ig.operand(bias).ref if has_bias else ig._no_bias(dtype)
+    bias_ref = ig.bias_operand(bias, dtype)
     run = kernel("dw_conv", dtype, cl, mode, stride1, wide, has_bias,
                  bool(problem.accumulate))
     threads = g.n * g.c * out_size[0] * out_size[1] * -(-out_size[2] // V)

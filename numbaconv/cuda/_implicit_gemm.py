@@ -49,7 +49,7 @@ from numba import cuda  # the simulator swaps this module global for its fake mo
 
 from .._geometry import stride_phases
 from ..config import cuda_gemm_tile, jit_cache, user_cache_dir
-from ._layout import activation5, as_device, device_array, geom, simulated, weight5
+from ._layout import activation5, as_device, device_array, geom, simulated, view5, weight5
 
 #: Largest element offset the 32-bit kernels handle (below 2**31 with room for the padding
 #: reads whose offsets are formed before their bounds check).
@@ -914,7 +914,7 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
         g.kg, forward, *wo.strides)
     wide = max(s.span, o.span, count) > INDEX32_LIMIT
     has_bias = bias is not None
-    bias_ref = operand(bias).ref if has_bias else _no_bias(dtype)
+    bias_ref = bias_operand(bias, dtype)
     run = kernel("conv_gemm", dtype, cl, problem.ndim, wide, tile, has_bias,
                  bool(problem.accumulate))
     index = np.int64 if wide else np.int32
@@ -1123,6 +1123,16 @@ def workspace(kind: str, elements: int, dtype):
         buffer = device_array((1 << max(10, (elements - 1).bit_length()),), dtype)
         cache[key] = buffer
     return buffer
+
+
+def bias_operand(bias, dtype: str):
+    """The bias as a kernel argument: its elements one after another (a strided bias is
+    copied), or a stand-in never read when there is none."""
+    if bias is None:
+        return _no_bias(dtype)
+    if _shape_strides(bias)[1][0] != 1:
+        bias = _copy5(view5(bias, 1))
+    return operand(bias).ref
 
 
 _NO_BIAS: dict = {}
