@@ -1094,9 +1094,9 @@ _TABLES: dict = {}
 
 
 def _table(rows: tuple, dtype):
-    """``rows`` flattened into a device array of ``dtype`` (copied to the device once per
-    ``rows``), as a kernel argument."""
-    key = (rows, np.dtype(dtype).str)
+    """``rows`` flattened into a device array of ``dtype`` (copied to the current device
+    once per ``rows``), as a kernel argument."""
+    key = (rows, np.dtype(dtype).str, _device_id())
     found = _TABLES.get(key)
     if found is None:
         if len(_TABLES) > 512:
@@ -1106,18 +1106,23 @@ def _table(rows: tuple, dtype):
     return found[1]
 
 
+def _device_id() -> int:
+    """The current device: device memory (tables, workspaces) is kept per device."""
+    return 0 if simulated() else cuda.get_current_device().id
+
+
 _WORKSPACES = threading.local()
 
 
 def workspace(kind: str, elements: int, dtype):
-    """A device buffer of at least ``elements`` of ``dtype`` for ``kind`` (packed weights,
-    weight-gradient partials), reused by later calls of this host thread: the kernels run in
-    order on one stream, so a later call's writes wait for an earlier call's reads. Grows by
-    powers of two."""
+    """A buffer on the current device of at least ``elements`` of ``dtype`` for ``kind``
+    (packed weights, weight-gradient partials), reused by later calls of this host thread on
+    that device: the kernels run in order on one stream, so a later call's writes wait for an
+    earlier call's reads. Grows by powers of two."""
     cache = getattr(_WORKSPACES, "buffers", None)
     if cache is None:
         cache = _WORKSPACES.buffers = {}
-    key = (kind, np.dtype(dtype).str)
+    key = (kind, np.dtype(dtype).str, _device_id())
     buffer = cache.get(key)
     if buffer is None or buffer.shape[0] < elements:
         buffer = device_array((1 << max(10, (elements - 1).bit_length()),), dtype)
