@@ -7,9 +7,7 @@ read from their machine code in tests/test_cuda_machine_code.py.
 
 import importlib.util
 import os
-import pathlib
-import re
-import subprocess
+import sys
 
 import pytest
 
@@ -21,38 +19,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
 
 from numbaconv.config import CUDA_THREADS_PER_BLOCK, CUDA_TILE  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+import machine_code  # noqa: E402
+
 CCS = ((8, 0), (9, 0))
-
-
-def _ptxas():
-    try:
-        import nvidia.cuda_nvcc as nvcc
-    except ImportError:
-        return None
-    for root in nvcc.__path__:
-        path = pathlib.Path(root) / "bin" / "ptxas"
-        if path.exists():
-            return path
-    return None
-
-
-def _ptxas_report(ptxas, ptx: str, cc, tmp_path) -> dict:
-    source = tmp_path / "kernel.ptx"
-    source.write_text(ptx)
-    done = subprocess.run([str(ptxas), "-v", f"-arch=sm_{cc[0]}{cc[1]}", str(source),
-                           "-o", str(tmp_path / "kernel.cubin")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    text = done.stderr
-
-    def number(pattern):
-        found = re.search(pattern, text)
-        return int(found.group(1)) if found else 0
-    return dict(registers=number(r"Used (\d+) registers"),
-                smem=number(r"(\d+) bytes smem"),
-                spill_stores=number(r"(\d+) bytes spill stores"),
-                spill_loads=number(r"(\d+) bytes spill loads"),
-                stack=number(r"(\d+) bytes stack frame"))
 
 
 @pytest.mark.parametrize("cc", CCS, ids=lambda cc: f"sm{cc[0]}{cc[1]}")
@@ -62,7 +32,7 @@ def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
     from numba import cuda
 
     from numbaconv.cuda import _kernels
-    ptxas = _ptxas()
+    ptxas = machine_code.ptxas()
     kernels = _kernels.signatures(dtype, layout == "channels_last", CUDA_THREADS_PER_BLOCK)
     assert len(kernels) >= 3
     lines = []
@@ -71,7 +41,7 @@ def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
         assert ".entry" in ptx, label
         if ptxas is None:
             continue
-        report = _ptxas_report(ptxas, ptx, cc, tmp_path)
+        report = machine_code.assemble(ptx, cc, tmp_path, "kernel")
         record_property(label, report)
         lines.append(f"sm_{cc[0]}{cc[1]} {label:36s} {report['registers']:4d} regs "
                      f"{report['smem']:6d} B smem  spills {report['spill_stores']}/"
@@ -87,7 +57,7 @@ def test_every_rnn_kernel_compiles(dtype, cc, tmp_path, record_property):
     from numba import cuda
 
     from numbaconv.cuda import _rnn_kernels
-    ptxas = _ptxas()
+    ptxas = machine_code.ptxas()
     kernels = _rnn_kernels.signatures(dtype, CUDA_TILE)
     assert len(kernels) >= 14
     lines = []
@@ -96,7 +66,7 @@ def test_every_rnn_kernel_compiles(dtype, cc, tmp_path, record_property):
         assert ".entry" in ptx, label
         if ptxas is None:
             continue
-        report = _ptxas_report(ptxas, ptx, cc, tmp_path)
+        report = machine_code.assemble(ptx, cc, tmp_path, "kernel")
         record_property(label, report)
         lines.append(f"sm_{cc[0]}{cc[1]} {label:36s} {report['registers']:4d} regs "
                      f"{report['smem']:6d} B smem  spills {report['spill_stores']}/"

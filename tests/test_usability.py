@@ -4,7 +4,6 @@ demo's loss change reads sensibly."""
 
 import pathlib
 import re
-import textwrap
 
 import numpy as np
 import pytest
