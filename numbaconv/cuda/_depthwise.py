@@ -26,10 +26,9 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda  # the simulator swaps this module global for its fake module
 
 from . import _implicit_gemm as ig
-from ._layout import device_array, geom, simulated
+from ._layout import device_array, geom
 
 #: Outputs a thread computes along the last spatial dimension (more: fewer position
 #: decodes per output, fewer threads for short rows).
@@ -167,7 +166,7 @@ def dw_conv_function(dtype: str, channels_last: bool, mode: str, stride1: bool, 
 
 DW_WEIGHT = """
 def dw_weight(x, dy, partial, n_images, C, S0, S1, S2, P0, P1, P2,
-              xN, xC, x0, x1, x2, yN, yC, y0, y1, y2, R1, R2,
+              xN, xC, x0, x1, x2, yN, yC, y0, y1, y2,
               st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2, chunk_len):
     red = cuda.shared.array((T, THREADS), acc)
     tid = I(cuda.threadIdx.x)
@@ -245,24 +244,16 @@ _FUNCTIONS = {"dw_conv": dw_conv_function, "dw_weight": dw_weight_function}
 
 @functools.lru_cache(maxsize=None)
 def kernel(name: str, *key):
-    """The kernel ``name`` for ``key``, compiled at once for pointer arguments on a GPU
-    (see :func:`._implicit_gemm.kernel`)."""
-    function = _FUNCTIONS[name](*key)
-    if simulated():
-        return cuda.jit(function)
-    return cuda.jit(_launch_types(name, key),
-                    cache=not function.__code__.co_filename.startswith("<"))(function)
+    """The kernel ``name`` for ``key`` (see :func:`._implicit_gemm.jit_kernel`)."""
+    return ig.jit_kernel(_FUNCTIONS[name](*key), _launch_types(name, key))
 
 
 def _launch_types(name: str, key: tuple) -> tuple:
     from numba import types
-    elem = {"float16": types.float16, "float32": types.float32,
-            "float64": types.float64}[key[0]]
-    acc = types.float64 if key[0] == "float64" else types.float32
-    data, i = types.CPointer(elem), types.int64
+    data, accs = ig.pointer_types(key[0])
     if name == "dw_conv":
-        return (data, data, data, data) + (i,) * 34
-    return (data, data, types.CPointer(acc)) + (i,) * 30
+        return (data, data, data, data) + (types.int64,) * 34
+    return (data, data, accs) + (types.int64,) * 28
 
 
 def convolution(mode: str, problem, src, w, bias, out, result_shape):
@@ -275,9 +266,9 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     if math.prod(result_shape) == 0:
         return result
     forward = mode == "forward"
-    s = ig.operand(ig._positive(src, g, cl), cl)
+    s = ig.operand(src, cl, g)
     target, o = ig._writable(result, result_shape, g, cl, problem.accumulate)
-    wo = ig.operand(ig._positive(w, g, None))
+    wo = ig.operand(w, None, g)
     src_size, out_size = (g.s, g.p) if forward else (g.p, g.s)
     stride1 = g.stride == (1, 1, 1)
     wide = max(s.span, o.span) > ig.INDEX32_LIMIT
@@ -302,8 +293,8 @@ def weight_gradient(problem, x, dy, out):
     result = out if out is not None else device_array(problem.w_shape, dtype)
     if math.prod(problem.w_shape) == 0:
         return result
-    xo = ig.operand(ig._positive(x, g, cl), cl)
-    yo = ig.operand(ig._positive(dy, g, cl), cl)
+    xo = ig.operand(x, cl, g)
+    yo = ig.operand(dy, cl, g)
     target, wo = ig._writable(result, problem.w_shape, g, None, problem.accumulate)
     cb = 32 if cl else 1
     channel_blocks = -(-g.c // cb)
@@ -319,7 +310,7 @@ def weight_gradient(problem, x, dy, out):
     run = kernel("dw_weight", dtype, cl, tuple(g.r), wide)
     run[(channel_blocks, chunks), THREADS](
         xo.ref, yo.ref, ig._ref(partial), g.n, g.c, *g.s, *g.p, *xo.strides, *yo.strides,
-        g.r[1], g.r[2], *g.stride, *g.dilation, *g.before, chunk_len)
+        *g.stride, *g.dilation, *g.before, chunk_len)
     ig.kernel("sum_chunks", dtype)[-(-count // 256), 256](
         ig._ref(partial), wo.ref, count, chunks, 1, g.taps, g.r[1], g.r[2],
         bool(problem.accumulate), *wo.strides)

@@ -763,18 +763,24 @@ _FUNCTIONS = {"conv_gemm": conv_gemm_function, "weight_gemm": weight_gemm_functi
 
 @functools.lru_cache(maxsize=None)
 def kernel(name: str, *key):
-    """The kernel ``name`` built from ``key``. On a GPU it is compiled at once for the
-    argument types every launch passes (device pointers and int64 scalars, see
-    :func:`_launch_types`), which keeps Numba's per-launch typing and array wrapping off the
-    hot path, and kept in Numba's disk cache; under the simulator it takes arrays."""
-    function = _FUNCTIONS[name](*key)
+    """The kernel ``name`` built from ``key`` (see :func:`jit_kernel`)."""
+    tile = {"conv_gemm": 4, "weight_gemm": 3}.get(name)
+    return jit_kernel(_FUNCTIONS[name](*key), _launch_types(name, key),
+                      None if tile is None else key[tile])
+
+
+def jit_kernel(function, types: tuple, tile: Tile = None):
+    """``function`` as a kernel. On a GPU it is compiled at once for ``types`` (device
+    pointers and int64 scalars: what every launch passes), which keeps Numba's per-launch
+    typing and array wrapping off the hot path, and kept in Numba's disk cache where its
+    source is a file; a tiled GEMM gets launch bounds of two blocks per SM (at most 128
+    registers at 256 threads). Under the simulator it takes arrays."""
     if simulated():
         return cuda.jit(function)
     options = dict(cache=not function.__code__.co_filename.startswith("<"))
-    if name in ("conv_gemm", "weight_gemm"):
-        tile = key[4] if name == "conv_gemm" else key[3]
-        options["launch_bounds"] = (tile.threads, 2)     # <= 128 registers at 256 threads
-    return cuda.jit(_launch_types(name, key), **options)(function)
+    if tile is not None:
+        options["launch_bounds"] = (tile.threads, 2)
+    return cuda.jit(types, **options)(function)
 
 
 @functools.lru_cache(maxsize=None)
@@ -794,10 +800,14 @@ class Operand(NamedTuple):
     span: int
 
 
-def operand(a, channels_last=None) -> Operand:
-    """``a`` (any ``__cuda_array_interface__`` object with non-negative strides) for the
-    kernels; ``channels_last`` None for weights (kept in their own order)."""
+def operand(a, channels_last=None, g=None) -> Operand:
+    """``a`` (any ``__cuda_array_interface__`` object) for the kernels; ``channels_last``
+    None for weights and biases (kept in their own order). An operand with a negative stride
+    is first copied (contiguous), which needs the problem's geometry ``g``."""
     shape, strides, itemsize = _shape_strides(a)
+    if any(st < 0 for st in strides):
+        a = _copy5(_five(a, g, channels_last))
+        shape, strides, itemsize = _shape_strides(a)
     if channels_last:
         shape = (shape[0], shape[-1]) + tuple(shape[1:-1])
         strides = (strides[0], strides[-1]) + tuple(strides[1:-1])
@@ -851,13 +861,6 @@ def _ref(devary):
     return devary if simulated() else (devary.device_ctypes_pointer.value or 0)
 
 
-def _positive(a, g, channels_last):
-    """``a`` itself, or a contiguous copy where it has a negative stride."""
-    if all(s >= 0 for s in _shape_strides(a)[1]):
-        return a
-    return _copy5(_five(a, g, channels_last))
-
-
 def _writable(result, shape, g, channels_last, accumulate):
     """Where a kernel writes ``result``: itself, or (negative strides) a contiguous stand-in
     holding its values when accumulating; and that target as an operand."""
@@ -904,9 +907,9 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     plan = _conv_plan(g, forward)
     tile, most_cols = _conv_tile(problem, forward)
     rp = _ceil(reduce, tile.bk) * tile.bk
-    s = operand(_positive(src, g, cl), cl)
+    s = operand(src, cl, g)
     target, o = _writable(result, result_shape, g, cl, problem.accumulate)
-    wo = operand(_positive(w, g, None))
+    wo = operand(w, None, g)
     count = g.g * plan.taps * rp * rows
     wp = workspace("weights", count, _acc(dtype))
     kernel("pack_weights", dtype)[_ceil(count, 256), 256](
@@ -937,8 +940,8 @@ def weight_gradient(problem, x, dy, out):
     result = out if out is not None else device_array(problem.w_shape, dtype)
     if math.prod(problem.w_shape) == 0:
         return result
-    xo = operand(_positive(x, g, cl), cl)
-    yo = operand(_positive(dy, g, cl), cl)
+    xo = operand(x, cl, g)
+    yo = operand(dy, cl, g)
     target, wo = _writable(result, problem.w_shape, g, None, problem.accumulate)
     cols = g.taps * g.cg
     reduce_total = g.n * g.positions
@@ -1026,15 +1029,20 @@ def precompile(problems, processes: int = 0) -> list:
     return keys
 
 
+def pointer_types(dtype: str) -> tuple:
+    """Numba types of a pointer to ``dtype`` elements and to their accumulators."""
+    from numba import types
+    elem = {"float16": types.float16, "float32": types.float32,
+            "float64": types.float64}[dtype]
+    acc = types.float64 if dtype == "float64" else types.float32
+    return types.CPointer(elem), types.CPointer(acc)
+
+
 def _launch_types(name: str, key: tuple) -> tuple:
     """The argument types of a launch: device pointers and int64 scalars (a boolean where
     the kernel takes a flag)."""
     from numba import types
-    dtype = key[0]
-    elem = {"float16": types.float16, "float32": types.float32,
-            "float64": types.float64}[dtype]
-    acc = types.float64 if dtype == "float64" else types.float32
-    data, accs = types.CPointer(elem), types.CPointer(acc)
+    data, accs = pointer_types(key[0])
     i, flag = types.int64, types.boolean
     if name == "conv_gemm":
         table = types.CPointer(types.int64 if key[3] else types.int32)
