@@ -49,6 +49,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from .problem import _physical
+
 #: The ops timed: the forward convolution and its data and weight gradients.
 OPS = ("conv", "conv_backward_data", "conv_backward_weight")
 
@@ -120,11 +122,11 @@ class GpuCase:
 
     def input_shape(self, layout: str) -> tuple:
         """Physical shape of x and dx: (N, C, H, W) or, channels-last, (N, H, W, C)."""
-        return _physical(self.batch, self.in_channels, self.size, layout)
+        return _physical(self.batch, self.in_channels, (self.size, self.size), layout)
 
     def output_shape(self, layout: str) -> tuple:
         """Physical shape of y and dy: (N, K, P, Q) or, channels-last, (N, P, Q, K)."""
-        return _physical(self.batch, self.out_channels, self.output_size, layout)
+        return _physical(self.batch, self.out_channels, (self.output_size,) * 2, layout)
 
     @property
     def flops(self) -> int:
@@ -141,12 +143,6 @@ class GpuCase:
         record = dataclasses.asdict(self)
         record.update(output_size=self.output_size, weight_shape=list(self.weight_shape))
         return record
-
-
-def _physical(batch, channels, size, layout):
-    if layout == "channels_last":
-        return (batch, size, size, channels)
-    return (batch, channels, size, size)
 
 
 #: The layers timed on a GPU.
