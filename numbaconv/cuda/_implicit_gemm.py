@@ -987,13 +987,9 @@ def _weight_tile(problem) -> Tile:
 
 
 def kernel_keys(problem) -> list:
-    """The ``kernel(name, *key)`` calls that ``problem`` (any convolution op) launches with
-    32-bit indices: what :func:`precompile` compiles ahead of a run."""
+    """The ``kernel(name, *key)`` calls that ``problem`` (a convolution op run by this
+    algorithm) launches with 32-bit indices: what :func:`precompile` compiles ahead."""
     dtype, op = problem.dtype, problem.op
-    from . import _depthwise        # its kernels compile in about a second: not listed
-    if _depthwise.applies(problem) and (op != "conv_backward_weight"
-                                        or _depthwise.weight_applies(problem)):
-        return []
     if op == "conv_backward_weight":
         return [("weight_gemm", (dtype, problem.ndim, False, _weight_tile(problem))),
                 ("sum_chunks", (dtype,))]
@@ -1007,9 +1003,10 @@ def kernel_keys(problem) -> list:
 
 
 def precompile(problems, processes: int = 0) -> list:
-    """Compile (into Numba's disk cache) every GEMM kernel that ``problems`` launch, in up
-    to ``processes`` Python processes at once (0: one per CPU, at most 16). Returns the
-    keys; later processes load each kernel from the cache in well under a second."""
+    """Compile (into Numba's disk cache) every GEMM kernel that ``problems`` (run by this
+    algorithm) launch, in up to ``processes`` Python processes at once (0: one per CPU, at
+    most 16). Returns the keys; later processes load each kernel from the cache in well
+    under a second. :meth:`numbaconv.cuda.CudaBackend.precompile` picks the problems."""
     keys = sorted({key for p in problems for key in kernel_keys(p)}, key=repr)
     workers = processes or min(16, os.cpu_count() or 1)
     if workers <= 1 or len(keys) <= 1 or simulated():
