@@ -137,8 +137,8 @@ class CudaBackend(Backend):
     def precompile(self, problems, processes: int = 0) -> list:
         """Compile ahead, into Numba's disk cache and in ``processes`` processes at once (0:
         one per CPU, at most 16), the ``implicit_gemm`` kernels that the convolution
-        ``problems`` would run (10-30 s each on 2 cores; the other kernels compile in about
-        a second). Returns what was compiled."""
+        ``problems`` would run (the slow ones to compile: docs/cuda.md gives the times).
+        Returns what was compiled."""
         from . import _implicit_gemm
         chosen = [p for p in problems if p.op in _MODULES and p.op not in _RNN_OPS
                   and self.choose(p.op, p)[0] == "implicit_gemm"]

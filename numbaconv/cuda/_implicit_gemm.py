@@ -203,8 +203,8 @@ def _compile_source(name: str, template: str, names: dict, types_: dict):
 
     The source is written to a file named by its hash under the cache folder and imported
     from there, so that Numba's disk cache keeps the compiled kernel for later processes
-    (a kernel takes 10-30 s to compile); with the cache off, or where the folder cannot be
-    written, under the simulator too, it is executed in memory."""
+    (these kernels are slow to compile: docs/cuda.md); with the cache off, or where the
+    folder cannot be written, under the simulator too, it is executed in memory."""
     body = "\n".join(_expand(template.strip("\n").splitlines(), names)) + "\n"
     header = ["import numba", "from numba import cuda", ""]
     header += [f"{key} = numba.{value}" for key, value in sorted(types_.items())]
@@ -1005,8 +1005,8 @@ def kernel_keys(problem) -> list:
 def precompile(problems, processes: int = 0) -> list:
     """Compile (into Numba's disk cache) every GEMM kernel that ``problems`` (run by this
     algorithm) launch, in up to ``processes`` Python processes at once (0: one per CPU, at
-    most 16). Returns the keys; later processes load each kernel from the cache in well
-    under a second. :meth:`numbaconv.cuda.CudaBackend.precompile` picks the problems."""
+    most 16). Returns the keys; later processes load each kernel from the cache.
+    :meth:`numbaconv.cuda.CudaBackend.precompile` picks the problems."""
     keys = sorted({key for p in problems for key in kernel_keys(p)}, key=repr)
     workers = processes or min(16, os.cpu_count() or 1)
     if workers <= 1 or len(keys) <= 1 or simulated():
