@@ -11,9 +11,11 @@ are recognised by their keys: the convolution suite (``numbaconv bench``), the r
 suite (``--suite rnn``) and the GPU suite (``--device cuda``). The page is generated: edit the
 JSON, the note or this script, never the page.
 
-To add a machine: run, on it,
-``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE numbaconv bench --json docs/benchmarks/<machine>.json``
-(``--quick`` for a short run), then this script.
+To add a machine: run, on it, ::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE numbaconv bench --json docs/benchmarks/M.json
+
+(``--quick`` for a short run; ``M`` names the machine), then this script.
 """
 
 from __future__ import annotations
