@@ -111,3 +111,13 @@ def test_the_rnn_and_gpu_suites_render():
             "1.50 | 1.000 ms | 0.50 |") in text
     with pytest.raises(ValueError):
         render.render_record("x", {"created": "?"}, "docs/benchmarks/x.json")
+
+
+def test_the_configuration_page_lists_every_documented_variable():
+    from numbaconv import config
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    section = text[text.index("## Environment variables"):]
+    section = section[:section.index("\n## ")]
+    in_table = re.findall(r"`(NUMBACONV_\w+)`", "\n".join(
+        line.split("|")[1] for line in section.splitlines() if line.startswith("| `")))
+    assert set(in_table) == set(config.documented_variables())
