@@ -2,9 +2,9 @@
 
 The ``cpu`` backend compiles its Numba kernels on first use, a few seconds per op, dtype,
 layout and dimensionality, and Numba's disk cache makes that a one-off per installation
-(see README, "Where compiled kernels go"). Warming up pays it before a long job, while
-building a Docker image or in a CI step whose cache directory is kept: every algorithm
-the dispatcher could choose for the typical layers asked for runs once, on small problems
+(see docs/configuration.md, "Where compiled kernels go"). Warming up pays it before a long
+job, while building a Docker image or in a CI step whose cache directory is kept: every
+algorithm the dispatcher could choose for the typical layers asked for runs once, on small problems
 whose sizes clear the size thresholds that switch a kernel on (so the kernels a real layer
 runs are the ones compiled), and its compilations land in the cache.
 

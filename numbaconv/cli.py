@@ -1173,9 +1173,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "Default: a float32 2D training step, channels-first: conv (with a "
                     "bias), conv_backward_data, conv_backward_weight, conv_backward_bias on "
                     "ResNet's 3x3, 3x3 stride 2, 1x1 and 1x1 stride 2 layers. Prints what "
-                    "was compiled or loaded and where the kernels are cached (see the "
-                    "README: NUMBA_CACHE_DIR, NUMBACONV_CACHE_DIR). Exit status 1 if a run "
-                    "failed.")
+                    "was compiled or loaded and where the kernels are cached (see "
+                    "docs/configuration.md: NUMBA_CACHE_DIR, NUMBACONV_CACHE_DIR). Exit "
+                    "status 1 if a run failed.")
     p.add_argument("--op", action="append", choices=_conv_ops() + ("all",), metavar="OP",
                    help="warm up this op (repeatable; 'all' for every one); default: conv, "
                         "conv_backward_data, conv_backward_weight, conv_backward_bias")

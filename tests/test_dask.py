@@ -238,11 +238,11 @@ def test_local_cluster_with_two_worker_processes(local_cluster):
         assert_close(got, want, np.float64)
 
 
-def test_the_readme_dask_switch_runs():
+def test_the_documented_dask_switch_runs():
     import pathlib
     import re
-    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(encoding="utf-8"), re.S)
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "dask.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
     [snippet] = [block for block in blocks if "import numbaconv.dask" in block]
     with dask.config.set(scheduler="threads"):
-        exec(compile(snippet, "README.md (dask switch)", "exec"), {})
+        exec(compile(snippet, "docs/dask.md (dask switch)", "exec"), {})
