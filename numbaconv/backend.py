@@ -55,9 +55,24 @@ not from ``problem.padding``, whose ``after`` part only determined ``output_size
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
+
+
+class NoBackendError(RuntimeError):
+    """No backend among the candidates supports the problem; the message says why each declined."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the dispatcher picked for one call, and why the others were not picked."""
+
+    backend: str
+    algorithm: str
+    reason: str
+    rejected: dict = field(default_factory=dict)
 
 
 class Backend:

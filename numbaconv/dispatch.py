@@ -19,20 +19,16 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Optional
 
+from .backend import Choice, NoBackendError
 from .config import environ_value
-from .problem import OPS
 
 log = logging.getLogger("numbaconv.dispatch")
 
 ENTRY_POINT_GROUP = "numbaconv.backends"
-
-
-class NoBackendError(RuntimeError):
-    """No backend among the candidates supports the problem; the message says why each declined."""
 
 
 @dataclass(frozen=True)
@@ -44,16 +40,6 @@ class BackendInfo:
     priority: Optional[int]
     available: bool
     reason: str
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What the dispatcher picked for one call, and why the others were not picked."""
-
-    backend: str
-    algorithm: str
-    reason: str
-    rejected: dict = field(default_factory=dict)
 
 
 @dataclass
