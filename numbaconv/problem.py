@@ -1346,3 +1346,28 @@ def rnn_backward_weights_problem(config, x, params, reserve, *, hx=None, seq_len
     check_out(out, (config.num_params,), device, dtype, accumulate, (x, params, hx, reserve))
     return RNNProblem("rnn_backward_weights", config, t, n, dtype, device, True,
                       lengths is not None, bool(accumulate)), lengths
+
+
+# --- one builder per op --------------------------------------------------------------------
+
+def _problem_only(builder):
+    """``builder`` returning only the problem of its ``(problem, lengths)``."""
+    @functools.wraps(builder)
+    def build(*args, **kwargs):
+        return builder(*args, **kwargs)[0]
+    return build
+
+
+#: The validating builder of each op in :data:`OPS`: called with exactly the arguments of the
+#: op's public function, it returns the op's problem description (``explain`` and ``warmup``
+#: build problems through it; the recurrent builders' sequence lengths are dropped).
+PROBLEM_BUILDERS = {
+    "conv": conv_problem,
+    "conv_backward_data": conv_backward_data_problem,
+    "conv_backward_weight": conv_backward_weight_problem,
+    "conv_backward_bias": conv_backward_bias_problem,
+    "conv_transpose": conv_transpose_problem,
+    "rnn_forward": _problem_only(rnn_forward_problem),
+    "rnn_backward_data": _problem_only(rnn_backward_data_problem),
+    "rnn_backward_weights": _problem_only(rnn_backward_weights_problem),
+}
