@@ -124,6 +124,10 @@ class Backend:
         algos = self.algorithms(op, problem)
         return algos[0], ("the only algorithm" if len(algos) == 1 else "the first listed")
 
+    def start_threads(self) -> None:
+        """Start what the backend's first parallel call would start (a threading layer,
+        thread pools), so that a warm-up pays for it. Optional; the default does nothing."""
+
     def run(self, op: str, problem, operands: tuple, out, algorithm: str):
         """Compute ``op`` (see the module docstring for operands and ``out`` semantics)."""
         raise NotImplementedError
