@@ -30,6 +30,7 @@ from ._arrays import contiguous as _contiguous
 from ._arrays import run as _run
 from ._device import as_device
 from .problem import RNNConfig, rnn_param_views
+from .rnn_problem import _positive_int
 
 __all__ = ["RNNConfig", "rnn_init_params", "rnn_param_views", "rnn_reserve_size",
            "rnn_forward", "rnn_backward_data", "rnn_backward_weights"]
@@ -62,8 +63,8 @@ def rnn_reserve_size(config, seq_len, batch) -> int:
     """Elements (of x's dtype) the training forward's reserve needs for T steps and N
     sequences; the layout is :class:`numbaconv.problem.RNNReserveLayout`."""
     config = pb.check_config(config)
-    seq_len = pb._positive_int(seq_len, "seq_len")
-    batch = pb._positive_int(batch, "batch")
+    seq_len = _positive_int(seq_len, "seq_len")
+    batch = _positive_int(batch, "batch")
     return pb.rnn_reserve_layout(config, seq_len, batch).size
 
 
