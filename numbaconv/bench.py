@@ -35,8 +35,6 @@ import time
 from typing import Callable, Iterable, Optional, Sequence
 
 from . import dispatch
-from .problem import CONV_OPS, LAYOUTS
-from .testing import ConvCase, case_arrays
 from .bench_cases import (BIG_SHAPE_NAMES, DEFAULT_SETTLE, ENV_VARS, GROUP_TARGETS, GROUPS,
                           PYTORCH, QUICK_SHAPES, SHAPES, TARGET_OPS, TINY, BenchCase, Call, Row,
                           cpu_backends, flops, group_of, make_call, supports)
@@ -48,6 +46,8 @@ from .bench_machine import (ISA_NAMES, OPENBLAS_KERNEL_ISA, blas_info, cpu_isa_l
 from .bench_plot import MATPLOTLIB_MISSING, plot_ratios, require_matplotlib
 from .bench_timing import Timing, format_seconds, geometric_mean, time_call
 from .bench_torch import import_torch, torch_callable
+from .problem import CONV_OPS, LAYOUTS
+from .testing import ConvCase, case_arrays
 
 # The module's pieces live in bench_cases, bench_timing, bench_torch, bench_machine,
 # bench_latency and bench_plot; this module runs the table and re-exports them all.
