@@ -27,7 +27,6 @@ from .config import environ_value
 # The dispatcher's logger: tuning is part of what it reports on each choice.
 log = logging.getLogger("numbaconv.dispatch")
 
-#
 # The cache is one JSON file, ``{"format": ..., "version": 1, "entries": {key: record}}``,
 # shared by every process of the user. Writers take an exclusive lock on a sidecar
 # ``.lock`` file, re-read the file under it, add their entry and replace the file atomically

@@ -17,9 +17,14 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from ._cli_output import (USAGE_ERROR, _conv_ops, _one_line, _openblas_warnings, _print,
-                          _Progress, _table, _wrapped_table)
-from .cli_bench import cmd_bench
+from ._cli_output import (OPENBLAS_TUNING_VARS, USAGE_ERROR, _conv_ops, _one_line,
+                          _openblas_warnings, _print, _Progress, _table, _wrapped_table)
+from .cli_bench import CPU_BENCH_OPTIONS, CUDA_BENCH_OPTIONS, cmd_bench
+
+# The bench command lives in cli_bench, what the commands share in _cli_output.
+__all__ = ["main", "build_parser", "cmd_info", "cmd_check", "cmd_bench", "cmd_demo",
+           "cmd_warmup", "cuda_status", "QUICK_CHECK_CASES", "USAGE_ERROR",
+           "OPENBLAS_TUNING_VARS", "CPU_BENCH_OPTIONS", "CUDA_BENCH_OPTIONS"]
 
 #: Cases of ``numbaconv.testing.CASES`` that ``check --quick`` runs: every dimensionality and
 #: the features most likely to go wrong (stride, dilation, groups, depthwise, "same" and
