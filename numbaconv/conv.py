@@ -74,6 +74,8 @@ def _run(op, problem, operands, out):
         return dispatch.run(op, problem, operands, out)
     if not all(a is None or arrays.ready(a) for a in operands):
         operands = tuple(map(arrays.contiguous, operands))
+    if out is None:  # the usual call: nothing to route, one function call fewer
+        return dispatch.run(op, problem, operands, None)
     return arrays.run(op, problem, operands, out)
 
 
