@@ -236,18 +236,14 @@ def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None,
     why = backend.availability() if hasattr(backend, "availability") else None
     if why:
         raise RuntimeError(f"numbaconv warmup: the cpu backend is not available: {why}")
-    builders = {"conv": pb.conv_problem, "conv_backward_data": pb.conv_backward_data_problem,
-                "conv_backward_weight": pb.conv_backward_weight_problem,
-                "conv_backward_bias": pb.conv_backward_bias_problem,
-                "conv_transpose": pb.conv_transpose_problem}
     rng = np.random.default_rng(0)
     report = WarmupReport(cache=describe_kernel_cache())
     start = time.perf_counter()
     before = kernel_cache_stats()
     # The first call that shares tiles among the tile workers launches a tiny kernel to pick
     # Numba's threading layer; small problems may never share tiles, so it is made here.
-    from .cpu import _gemm
-    _gemm._parallel_kernels_in_workers()
+    if hasattr(backend, "start_threads"):  # optional in the protocol
+        backend.start_threads()
     hits, misses = kernel_cache_stats()
     if hits + misses > sum(before):
         report.entries.append(Entry("threading-layer probe", "float64", "-", 0, "-", "-",
@@ -256,7 +252,7 @@ def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None,
     work = []
     for op, dtype, layout, ndim, layer in combos:
         args, kw = _operands(op, layer, dtype, layout, ndim, rng)
-        problem = builders[op](*args, **kw)
+        problem = pb.PROBLEM_BUILDERS[op](*args, **kw)
         for algorithm in backend.algorithms(op, problem):
             work.append((op, dtype, layout, ndim, layer, algorithm, problem, args))
     for done, (op, dtype, layout, ndim, layer, algorithm, problem, args) in enumerate(work):

@@ -55,9 +55,24 @@ not from ``problem.padding``, whose ``after`` part only determined ``output_size
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
+
+
+class NoBackendError(RuntimeError):
+    """No backend among the candidates supports the problem; the message says why each declined."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the dispatcher picked for one call, and why the others were not picked."""
+
+    backend: str
+    algorithm: str
+    reason: str
+    rejected: dict = field(default_factory=dict)
 
 
 class Backend:
@@ -108,6 +123,10 @@ class Backend:
         """The heuristic's algorithm for this problem and a short reason for it."""
         algos = self.algorithms(op, problem)
         return algos[0], ("the only algorithm" if len(algos) == 1 else "the first listed")
+
+    def start_threads(self) -> None:
+        """Start what the backend's first parallel call would start (a threading layer,
+        thread pools), so that a warm-up pays for it. Optional; the default does nothing."""
 
     def run(self, op: str, problem, operands: tuple, out, algorithm: str):
         """Compute ``op`` (see the module docstring for operands and ``out`` semantics)."""

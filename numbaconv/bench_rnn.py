@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .bench import geometric_mean, time_call
+from .bench_timing import geometric_mean, time_call
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _arrays as arrays
 from . import dispatch
 from . import problem as pb
 
@@ -67,25 +68,15 @@ def _keywords(*names):
 _ALL = ("stride", "padding", "dilation", "groups", "layout")
 
 
-def _contiguous(a):
-    if a is None or not isinstance(a, np.ndarray):
-        return a
-    if not a.dtype.isnative:
-        a = a.astype(a.dtype.newbyteorder("="))
-    return np.ascontiguousarray(a)
-
-
 def _run(op, problem, operands, out):
     """Hand CPU backends C-contiguous native arrays; route a strided ``out`` via a copy."""
     if problem.device != "cpu":
         return dispatch.run(op, problem, operands, out)
-    if not all(a is None or (a.flags.c_contiguous and a.dtype.isnative) for a in operands):
-        operands = tuple(map(_contiguous, operands))
-    if out is None or (out.flags.c_contiguous and out.dtype.isnative):
-        return dispatch.run(op, problem, operands, out)
-    scratch = _contiguous(out) if problem.accumulate else np.empty(out.shape, out.dtype.name)
-    out[...] = dispatch.run(op, problem, operands, scratch)
-    return out
+    if not all(a is None or arrays.ready(a) for a in operands):
+        operands = tuple(map(arrays.contiguous, operands))
+    if out is None:  # the usual call: nothing to route, one function call fewer
+        return dispatch.run(op, problem, operands, None)
+    return arrays.run(op, problem, operands, out)
 
 
 @_keywords(*_ALL)
@@ -343,15 +334,6 @@ def _shape_only(name, shape):
     return np.broadcast_to(np.zeros((), np.float32), tuple(int(v) for v in shape))
 
 
-_BUILDERS = {
-    "conv": pb.conv_problem,
-    "conv_backward_data": pb.conv_backward_data_problem,
-    "conv_backward_weight": pb.conv_backward_weight_problem,
-    "conv_backward_bias": pb.conv_backward_bias_problem,
-    "conv_transpose": pb.conv_transpose_problem,
-}
-
-
 def explain(op, *args, **kwargs):
     """Which backend and algorithm would run ``op`` with these arguments, and why.
 
@@ -364,9 +346,6 @@ def explain(op, *args, **kwargs):
         ``backend``, ``algorithm``, ``reason`` and ``rejected`` ({name: why} for every backend
         tried before the chosen one or not eligible).
     """
-    if op in pb.RNN_OPS:
-        from .rnn import rnn_problem
-        return dispatch.select(op, rnn_problem(op, *args, **kwargs))
-    if op not in _BUILDERS:
+    if op not in pb.PROBLEM_BUILDERS:
         raise ValueError(f"op: expected one of {sorted(pb.OPS)}, got {op!r}")
-    return dispatch.select(op, _BUILDERS[op](*args, **kwargs))
+    return dispatch.select(op, pb.PROBLEM_BUILDERS[op](*args, **kwargs))

@@ -26,8 +26,11 @@ import numpy as np
 
 from . import dispatch
 from . import problem as pb
-from .conv import _contiguous
+from ._arrays import contiguous as _contiguous
+from ._arrays import run as _run
+from ._device import as_device
 from .problem import RNNConfig, rnn_param_views
+from .rnn_problem import _positive_int
 
 __all__ = ["RNNConfig", "rnn_init_params", "rnn_param_views", "rnn_reserve_size",
            "rnn_forward", "rnn_backward_data", "rnn_backward_weights"]
@@ -60,8 +63,8 @@ def rnn_reserve_size(config, seq_len, batch) -> int:
     """Elements (of x's dtype) the training forward's reserve needs for T steps and N
     sequences; the layout is :class:`numbaconv.problem.RNNReserveLayout`."""
     config = pb.check_config(config)
-    seq_len = pb._positive_int(seq_len, "seq_len")
-    batch = pb._positive_int(batch, "batch")
+    seq_len = _positive_int(seq_len, "seq_len")
+    batch = _positive_int(batch, "batch")
     return pb.rnn_reserve_layout(config, seq_len, batch).size
 
 
@@ -86,8 +89,7 @@ def _user_order(a, config):
 def _device_swapped(a):
     """A device array's (T, N, F) <-> (N, T, F) as a new contiguous device array, swapped
     on the device (Numba device arrays have no 3-D swapaxes view; one copy kernel)."""
-    from .cuda.rnn_forward import swap_time_batch
-    return swap_time_batch(a)
+    return dispatch.get_backend("cuda").swap_time_batch(a)
 
 
 def _zeros_if_none(a, shape, dtype, device="cpu"):
@@ -127,8 +129,6 @@ def _fill_masks(problem, reserve, seed) -> None:
             _draw_masks(rng, layout.masks(reserve, layer), config.dropout)
         return
     from numba import cuda
-
-    from .cuda._layout import as_device
     dtype = problem.numpy_dtype
     shape = (len(layers), problem.seq_len, problem.batch,
              config.num_directions * config.out_size)  # the masks region of each layer
@@ -294,20 +294,5 @@ def rnn_backward_weights(config, x, params, reserve, *, hx=None, seq_lengths=Non
     hshape, _ = _states(config, problem.batch)
     operands = (_time_major(x, config), _contiguous(params), reserve,
                 _zeros_if_none(hx, hshape, problem.numpy_dtype, problem.device), lengths)
-    if isinstance(out, np.ndarray) and not (out.flags.c_contiguous and out.dtype.isnative):
-        scratch = _contiguous(out) if problem.accumulate else np.empty(out.shape, out.dtype.name)
-        out[...] = dispatch.run("rnn_backward_weights", problem, operands, scratch)
-        return out
-    return dispatch.run("rnn_backward_weights", problem, operands, out)
+    return _run("rnn_backward_weights", problem, operands, out)
 
-
-_BUILDERS = {
-    "rnn_forward": pb.rnn_forward_problem,
-    "rnn_backward_data": pb.rnn_backward_data_problem,
-    "rnn_backward_weights": pb.rnn_backward_weights_problem,
-}
-
-
-def rnn_problem(op, *args, **kwargs):
-    """The :class:`numbaconv.problem.RNNProblem` of ``op`` called with these arguments."""
-    return _BUILDERS[op](*args, **kwargs)[0]

@@ -21,6 +21,8 @@ import numpy as np
 
 from .conv import (conv, conv_backward_bias, conv_backward_data, conv_backward_weight,
                    conv_output_shape, conv_transpose)
+from . import _operands
+from ._operands import random_array
 from .dispatch import NoBackendError, use_backend
 from .problem import CONV_OPS, LAYOUTS, RNN_OPS, RNNConfig
 from .rnn import rnn_backward_data, rnn_backward_weights, rnn_forward, rnn_init_params
@@ -106,10 +108,6 @@ def case(name: str) -> ConvCase:
         if c.name == name:
             return c
     raise KeyError(name)
-
-
-def random_array(shape, dtype, rng) -> np.ndarray:
-    return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
 
 
 def case_arrays(c: ConvCase, layout: str, dtype, seed: int = 0) -> dict:
@@ -381,29 +379,5 @@ def check_rnn_backend(name: str, cases=RNN_CASES, dtypes=("float32", "float64"),
     return results
 
 
-def random_operands(op: str, problem, seed: int = 0) -> tuple:
-    """Random operands for ``op`` on ``problem`` (autotuning and benchmarks)."""
-    rng = np.random.default_rng(seed)
-    dtype = problem.dtype
-    if op == "conv_backward_bias":
-        operands = (random_array(problem.y_shape, dtype, rng),)
-    elif op == "conv":
-        bias = random_array((problem.out_channels,), dtype, rng) if problem.has_bias else None
-        operands = (random_array(problem.x_shape, dtype, rng),
-                    random_array(problem.w_shape, dtype, rng), bias)
-    elif op == "conv_backward_data":
-        operands = (random_array(problem.y_shape, dtype, rng),
-                    random_array(problem.w_shape, dtype, rng))
-    elif op == "conv_backward_weight":
-        operands = (random_array(problem.x_shape, dtype, rng),
-                    random_array(problem.y_shape, dtype, rng))
-    elif op == "conv_transpose":
-        bias = random_array((problem.in_channels,), dtype, rng) if problem.has_bias else None
-        operands = (random_array(problem.y_shape, dtype, rng),
-                    random_array(problem.w_shape, dtype, rng), bias)
-    else:
-        raise ValueError(f"op: expected one of {CONV_OPS}, got {op!r}")
-    if problem.device == "cuda":
-        from numba import cuda
-        operands = tuple(None if a is None else cuda.to_device(a) for a in operands)
-    return operands
+#: Random operands for an op on a problem (what the autotuner times), re-exported.
+random_operands = _operands.random_operands

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import numbaconv as nc
-from numbaconv import dispatch
+from numbaconv import autotune, dispatch
 from plugin_fixtures import FakeBackend
 
 X = np.random.default_rng(0).standard_normal((2, 3, 6, 6)).astype(np.float32)
@@ -48,7 +48,7 @@ def register(backend):
 
 
 def cache_file(tmp_path):
-    return tmp_path / "cache" / dispatch._Autotuner.FILE
+    return tmp_path / "cache" / autotune._Autotuner.FILE
 
 
 def read_cache(tmp_path) -> dict:
@@ -63,7 +63,7 @@ def tuned_backend():
 
 def fixed_times(monkeypatch, times):
     """Make the tuner measure ``times`` ({algorithm: seconds}) instead of timing."""
-    monkeypatch.setattr(dispatch._Autotuner, "_time",
+    monkeypatch.setattr(autotune._Autotuner, "_time",
                         lambda self, backend, op, problem, operands, algorithm, sync:
                         times[algorithm])
 
@@ -97,7 +97,7 @@ def test_warm_up_run_is_not_timed(monkeypatch):
             return result
 
     # One timed run each: were the first run timed, 'jit' would lose.
-    monkeypatch.setattr(dispatch._Autotuner, "REPEAT", 1)
+    monkeypatch.setattr(autotune._Autotuner, "REPEAT", 1)
     backend = register(CompilesFirst("tuned", priority=500, algorithms=("jit", "numpy")))
     nc.set_autotune(True)
     choice = nc.explain("conv", X, W)
@@ -275,12 +275,12 @@ def test_writes_are_atomic_and_leave_no_temporary_files(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     # A write failing half-way leaves the previous file whole and no temporary behind.
-    monkeypatch.setattr(dispatch.json, "dump", fail)
+    monkeypatch.setattr(autotune.json, "dump", fail)
     assert dispatch._autotune._save("another key", {"algorithm": "a", "times": {"a": 1.0}}) \
         is False
     assert cache_file(tmp_path).read_text() == before
     names = sorted(p.name for p in cache_file(tmp_path).parent.iterdir())
-    assert names == [dispatch._Autotuner.FILE, dispatch._Autotuner.FILE + ".lock"]
+    assert names == [autotune._Autotuner.FILE, autotune._Autotuner.FILE + ".lock"]
 
 
 def test_concurrent_processes_lose_no_entry(tmp_path):
@@ -330,12 +330,10 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 
 def test_problem_the_tuner_cannot_feed_keeps_the_heuristic(monkeypatch, caplog, tmp_path):
-    from numbaconv import testing
-
     def refuse(op, problem, seed=0):
         raise ValueError(f"op: no random operands for {op!r}")
 
-    monkeypatch.setattr(testing, "random_operands", refuse)
+    monkeypatch.setattr(autotune, "random_operands", refuse)
     tuned_backend()
     nc.set_autotune(True)
     with caplog.at_level(logging.WARNING, logger="numbaconv.dispatch"):

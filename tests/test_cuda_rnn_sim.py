@@ -290,12 +290,12 @@ def test_weight_gradient_is_deterministic_and_accumulates():
 
 def test_supports_every_rnn_feature():
     from numbaconv import dispatch
-    from numbaconv.rnn import rnn_problem
+    from numbaconv.problem import PROBLEM_BUILDERS
     backend = dispatch.get_backend("cuda")
     x = cuda.to_device(np.zeros((T, N, I), np.float16))
     for cfg in (nc.RNNConfig("lstm", I, H, proj_size=2),
                 nc.RNNConfig("gru", I, H, batch_first=True),
                 nc.RNNConfig("gru", I, H, num_layers=2, dropout=0.5)):
         params = cuda.to_device(np.zeros(cfg.num_params, np.float16))
-        problem = rnn_problem("rnn_forward", cfg, x, params, training=True)
+        problem = PROBLEM_BUILDERS["rnn_forward"](cfg, x, params, training=True)
         assert backend.supports("rnn_forward", problem) is None, cfg

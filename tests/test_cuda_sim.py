@@ -146,8 +146,8 @@ def _explain_kwargs(op, c, layout):
 
 
 def choice_problem(op, c, layout, d):
-    from numbaconv.conv import _BUILDERS
-    return _BUILDERS[op](*_explain_args(op, c, layout, d), **_explain_kwargs(op, c, layout))
+    from numbaconv.problem import PROBLEM_BUILDERS
+    return PROBLEM_BUILDERS[op](*_explain_args(op, c, layout, d), **_explain_kwargs(op, c, layout))
 
 def _operands(op, d):
     return {"conv": (d["x"], d["w"], d["bias"]), "conv_backward_data": (d["dy"], d["w"]),

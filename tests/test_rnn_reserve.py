@@ -8,6 +8,7 @@ import pytest
 
 import numbaconv as nc
 from numbaconv import problem as pb
+from numbaconv import rnn_problem
 
 CONFIGS = [
     nc.RNNConfig("lstm", 3, 4, num_layers=2, bidirectional=True, proj_size=2, dropout=0.3),
@@ -56,4 +57,4 @@ def test_the_reserve_header_is_exact_in_every_dtype(dtype):
     assert np.array_equal(stored.astype(np.float64), np.array(header))
     other = pb.reserve_header(config, 3001, 70000, lengths[::-1].copy(), pb.RESERVE_FORWARD)
     assert not np.array_equal(np.array(other, dtype=dtype), stored)
-    assert pb._from_digits(stored[2:5]) == 3001 and pb._from_digits(stored[5:8]) == 70000
+    assert rnn_problem._from_digits(stored[2:5]) == 3001 and rnn_problem._from_digits(stored[5:8]) == 70000

@@ -346,6 +346,12 @@ class CpuBackend(Backend):
             return "implicit", why
         return "im2col", "general case: packed windows and a BLAS product per tile"
 
+    def start_threads(self) -> None:
+        """Pick Numba's threading layer now: the first call that shares tiles among the tile
+        workers would (small problems may never share tiles), with a tiny kernel."""
+        from . import _gemm
+        _gemm._parallel_kernels_in_workers()
+
     def run(self, op, problem, operands, out, algorithm):
         if op in CONV_OPS:
             # The CPU contract is C-contiguous operands, which the public calls always hand

@@ -144,6 +144,12 @@ class CudaBackend(Backend):
                   and self.choose(p.op, p)[0] == "implicit_gemm"]
         return _implicit_gemm.precompile(chosen, processes)
 
+    def swap_time_batch(self, a):
+        """``(T, N, F) <-> (N, T, F)`` of a device array as a new C-contiguous device array
+        (one copy kernel): how ``numbaconv.rnn`` applies ``batch_first`` to device arrays."""
+        from .rnn_forward import swap_time_batch
+        return swap_time_batch(a)
+
     def run(self, op, problem, operands, out, algorithm):
         module_name, function = _MODULES[op]
         module = importlib.import_module(f"{__name__}.{module_name}")

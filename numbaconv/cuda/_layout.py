@@ -10,32 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._device import as_device, device_array, simulated
 from ..cpu._layout import Geom, geom
 
-__all__ = ["Geom", "geom", "device_array", "geometry_args", "view5", "as_device"]
-
-
-def _cuda():
-    from numba import cuda
-    return cuda
-
-
-def simulated() -> bool:
-    """Whether Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1 before import)."""
-    cuda = _cuda()
-    return bool(getattr(cuda, "simulator_enabled", False)
-                or getattr(getattr(cuda, "config", None), "ENABLE_CUDASIM", 0))
-
-
-def as_device(a):
-    """A Numba device array sharing ``a``'s memory (no copy)."""
-    if a is None or getattr(a, "__cuda_ndarray__", False):
-        return a
-    return _cuda().as_cuda_array(a)
-
-
-def device_array(shape, dtype):
-    return _cuda().device_array(tuple(shape), np.dtype(dtype))
+__all__ = ["Geom", "geom", "device_array", "geometry_args", "view5", "as_device",
+           "simulated"]
 
 
 def view5(a, at: int):

@@ -1,0 +1,73 @@
+"""PyTorch called directly, the comparison column of the benchmark table: the same computation
+as a :class:`numbaconv.bench_cases.Call` through ``torch.nn.functional`` and
+``torch.ops.aten.convolution_backward``. PyTorch is optional."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .bench_cases import Call
+
+
+def import_torch():
+    """PyTorch, or None when it is not installed (or fails to import)."""
+    try:
+        import torch
+    except Exception:  # an unusable install is as good as none for a comparison column
+        return None
+    return torch
+
+
+def torch_callable(call: Call, torch) -> Optional[Callable[[], object]]:
+    """The same computation as ``call`` in PyTorch, or None where PyTorch has no equivalent.
+
+    Forward and transposed convolutions go through ``torch.nn.functional``; the data and
+    weight gradients through ``torch.ops.aten.convolution_backward`` (the op PyTorch's
+    autograd itself calls), asked for that one gradient; the bias gradient is a plain
+    ``torch.sum``. Channels-last arrays become channels-last tensors (the same memory seen
+    through a permuted view), so neither side pays for a layout change. Asymmetric padding
+    has no direct PyTorch form: None.
+    """
+    p = call.problem
+    pads = getattr(p, "padding", None)  # a BiasProblem has no geometry
+    if pads is not None and any(before != after for before, after in pads):
+        return None
+    F = torch.nn.functional
+
+    def tensor(a, activation=True):
+        t = torch.from_numpy(a)
+        return t.movedim(-1, 1) if activation and call.layout == "channels_last" else t
+
+    if call.op == "conv_backward_bias":
+        # What PyTorch's convolution_backward does for the bias, minus its bookkeeping: a
+        # sum over every axis but the channels (the fair baseline for a standalone bgrad).
+        dy = tensor(call.operands[0])
+        dims = (0,) + tuple(range(2, dy.ndim))
+        return lambda: torch.sum(dy, dim=dims)
+
+    nd = p.ndim
+    stride, padding, dilation = list(p.stride), list(p.padding_before), list(p.dilation)
+    if call.op == "conv":
+        fn = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
+        x, w, b = tensor(call.operands[0]), tensor(call.operands[1], False), call.operands[2]
+        b = None if b is None else tensor(b, False)
+        return lambda: fn(x, w, b, stride, padding, dilation, p.groups)
+    if call.op == "conv_transpose":
+        fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
+        x, w, b = tensor(call.operands[0]), tensor(call.operands[1], False), call.operands[2]
+        b = None if b is None else tensor(b, False)
+        opad = list(p.output_padding)
+        return lambda: fn(x, w, b, stride, padding, opad, p.groups, dilation)
+    # The gradients: convolution_backward wants the forward input and weight tensors.
+    if call.op == "conv_backward_data":
+        dy, w = tensor(call.operands[0]), tensor(call.operands[1], False)
+        x = torch.empty(call.args[2], dtype=dy.dtype)
+        if call.layout == "channels_last":
+            x = x.movedim(-1, 1)
+        mask = [True, False, False]
+    else:  # conv_backward_weight
+        x, dy = (tensor(a) for a in call.operands)
+        w = torch.empty(call.args[2], dtype=dy.dtype)
+        mask = [False, True, False]
+    args = (dy, x, w, None, stride, padding, dilation, False, [0] * nd, p.groups, mask)
+    return lambda: torch.ops.aten.convolution_backward(*args)
