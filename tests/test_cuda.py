@@ -32,28 +32,64 @@ def test_creating_the_backend_touches_no_gpu():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-@needs_numba_cuda
-def test_kernels_under_the_simulator():
-    """Every op and algorithm on tiny cases, small tiles so last blocks are partial: the
-    GEMM tile is 8x16 outputs, step 8, 2x2 a thread (32 threads, two channels-last columns
-    a thread, as the full-size tiles have)."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBACONV_CUDA_TILE="4,8,4",
-               NUMBACONV_CUDA_THREADS="32", NUMBACONV_CUDA_GEMM_TILE="8,16,8,2,2")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
-                           "no:cacheprovider", os.path.join(HERE, "test_cuda_sim.py")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+#: The simulator runs: {name: (test file, environment)}. Each runs in a subprocess (the
+#: simulator must be on before Numba is first imported); the two start together, since each
+#: keeps one core busy for minutes of pure-Python simulation and CI has two.
+SIMULATOR_RUNS = {
+    # Every op and algorithm on tiny cases, small tiles so last blocks are partial: the GEMM
+    # tile is 8x16 outputs, step 8, 2x2 a thread (32 threads, two channels-last columns a
+    # thread, as the full-size tiles have).
+    "conv": ("test_cuda_sim.py", dict(NUMBACONV_CUDA_TILE="4,8,4", NUMBACONV_CUDA_THREADS="32",
+                                      NUMBACONV_CUDA_GEMM_TILE="8,16,8,2,2")),
+    # The recurrent ops on T=3, N=3, I=4, H=5 with small tiles and blocks, so that every GEMM
+    # tile and element-wise block is partly filled.
+    "rnn": ("test_cuda_rnn_sim.py", dict(NUMBACONV_CUDA_TILE="4,8,4",
+                                         NUMBACONV_CUDA_THREADS="32")),
+}
+
+#: Seconds a simulator run may take (each takes 2-4 minutes on 2 cores, cold).
+SIMULATOR_TIMEOUT = 900
+
+
+@pytest.fixture(scope="module")
+def simulator_runs(tmp_path_factory):
+    """{name: (process, stdout file, stderr file)}, all started at once."""
+    folder = tmp_path_factory.mktemp("simulator")
+    runs = {}
+    for name, (test_file, settings) in SIMULATOR_RUNS.items():
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", **settings)
+        out, err = folder / f"{name}.out", folder / f"{name}.err"
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                 os.path.join(HERE, test_file)], env=env, stdout=stdout, stderr=stderr)
+        runs[name] = (process, out, err)
+    yield runs
+    for process, _, _ in runs.values():
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def _passed(runs, name):
+    process, out, err = runs[name]
+    try:
+        process.wait(timeout=SIMULATOR_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"the {name} simulator run took more than {SIMULATOR_TIMEOUT} s")
+    stdout, stderr = out.read_text(), err.read_text()
+    assert process.returncode == 0, stdout[-6000:] + stderr[-3000:]
+    assert " passed" in stdout and "skipped" not in stdout.splitlines()[-1]
 
 
 @needs_numba_cuda
-def test_rnn_kernels_under_the_simulator():
-    """The recurrent ops (tests/test_cuda_rnn_sim.py) on T=3, N=3, I=4, H=5 with small tiles
-    and blocks, so that every GEMM tile and element-wise block is partly filled."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBACONV_CUDA_TILE="4,8,4",
-               NUMBACONV_CUDA_THREADS="32")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
-                           "no:cacheprovider", os.path.join(HERE, "test_cuda_rnn_sim.py")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+def test_kernels_under_the_simulator(simulator_runs):
+    """Every convolution op and algorithm (tests/test_cuda_sim.py), see SIMULATOR_RUNS."""
+    _passed(simulator_runs, "conv")
+
+
+@needs_numba_cuda
+def test_rnn_kernels_under_the_simulator(simulator_runs):
+    """The recurrent ops (tests/test_cuda_rnn_sim.py), see SIMULATOR_RUNS."""
+    _passed(simulator_runs, "rnn")
