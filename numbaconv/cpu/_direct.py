@@ -50,11 +50,10 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import numba
 import numpy as np
 from numba import prange, uint64
 
-from ..config import jit_options, parallel_jit
+from ..config import inline_jit, parallel_jit, serial_jit
 from ._gemm import serial
 from ._im2col import zero_rows
 from ._layout import int64_arrays
@@ -64,12 +63,9 @@ from ._sliding import (conv3_lanes1, conv3_lanes2, conv3_lanes4, conv3_lanes8,
                        grad3_lanes1, grad3_lanes2, grad3_lanes4, grad3_lanes8, grad3_lanes16,
                        grad3_row, lanes_for, row_lanes, row_pitch, same_units)
 
-_njit = parallel_jit
-_inline = numba.njit(**jit_options(parallel=False), inline="always")
-#: Row-level helpers of the channels-last kernels are called, not inlined: inlined into
-#: _cl_conv's parallel loop they made its first compilation 32-37 s (Zen 3, cold cache), 21-23
-#: s called, with no change in speed (a call per output row).
-_called = numba.njit(**jit_options(parallel=False))
+#: Row-level helpers of the channels-last kernels are called (``serial_jit``), not inlined:
+#: inlined into _cl_conv's parallel loop they compile far slower and run no faster
+#: (docs/cpu-algorithms.md, "Compile times").
 
 #: Parallel jobs to aim for: spatial rows are split until a problem has this many (or runs
 #: out of rows). Fixed, so the weight-gradient split never depends on the thread count.
@@ -127,7 +123,7 @@ def _row_split(rows: int, outer: int) -> int:
 # buf[row, column, k] is a padded source row; columns of pixel q, tap m: col + q*st + m*dl.
 # --------------------------------------------------------------------------------------------
 
-@_inline
+@inline_jit
 def _px3(buf, row, col, dl, k):
     """The three tap columns of one output pixel in a padded source row."""
     return buf[row, col, k], buf[row, col + dl, k], buf[row, col + 2 * dl, k]
@@ -138,7 +134,7 @@ def _px3(buf, row, col, dl, k):
 # checks than the arithmetic, for a hundred channels) and reuses the loads of overlapping
 # windows. Sums of several bodies go through a scratch row and a flat add.
 
-@_inline
+@inline_jit
 def _cl_taps9(out, orow, op, buf, ra, rb, rc, col, st, dl, wk, c, t, kk):
     """out[orow, op:op+4] = taps t..t+8: three source rows of three columns each."""
     c1 = col + st
@@ -174,7 +170,7 @@ def _cl_taps9(out, orow, op, buf, ra, rb, rc, col, st, dl, wk, c, t, kk):
         out[orow, op + 3, k] = s3
 
 
-@_inline
+@inline_jit
 def _cl_taps9_pair(out, orow, op, buf, ra, rb, rc, col, st, wk, c, t, kk):
     """out[orow, op:op+2] = taps t..t+8 (dilation 1). Stride 2 uses pairs throughout: the
     nine columns of four pixels would need more run-time alias checks than LLVM makes."""
@@ -196,7 +192,7 @@ def _cl_taps9_pair(out, orow, op, buf, ra, rb, rc, col, st, wk, c, t, kk):
         out[orow, op + 1, k] = s1
 
 
-@_inline
+@inline_jit
 def _cl_taps9_one(out, orow, op, buf, ra, rb, rc, col, wk, c, t, kk):
     """out[orow, op] = taps t..t+8 (dilation 1): row tails."""
     for k in range(kk):
@@ -209,7 +205,7 @@ def _cl_taps9_one(out, orow, op, buf, ra, rb, rc, col, wk, c, t, kk):
                             + wk[c, t + 7, k] * d1 + wk[c, t + 8, k] * d2)
 
 
-@_called
+@serial_jit
 def _cl_row9(out, orow, buf, ra, rb, rc, step, wk, c, t, kk, npx, vec, slide):
     """out[orow, :npx] = taps t..t+8 over one output row: stride 1 with ``vec`` (nonzero:
     the channels in whole vectors of that many) one vector of channels at a time along the
@@ -249,7 +245,7 @@ def _cl_row9(out, orow, buf, ra, rb, rc, step, wk, c, t, kk, npx, vec, slide):
         _cl_taps9_one(out, orow, p2, buf, ra, rb, rc, p2 * step, wk, c, t, kk)
 
 
-@_inline
+@inline_jit
 def _cl_taps3(out, orow, op, buf, row, col, st, dl, wk, c, t, kk):
     """out[orow, op:op+4] = taps t..t+2: one source row, three columns."""
     c1 = col + st
@@ -271,7 +267,7 @@ def _cl_taps3(out, orow, op, buf, row, col, st, dl, wk, c, t, kk):
         out[orow, op + 3, k] = s3
 
 
-@_inline
+@inline_jit
 def _cl_taps1(out, orow, op, buf, row, col, st, wk, c, t, kk):
     """out[orow, op:op+4] = tap t."""
     for k in range(kk):
@@ -286,7 +282,7 @@ def _cl_taps1(out, orow, op, buf, row, col, st, wk, c, t, kk):
         out[orow, op + 3, k] = s3
 
 
-@_inline
+@inline_jit
 def _cl_grad3(acc, t, dy3, drow, dp, buf, row, col, st, dl, kk):
     """acc[t..t+2] += dy at pixels dp..dp+3 times one source row at three tap columns.
 
@@ -311,7 +307,7 @@ def _cl_grad3(acc, t, dy3, drow, dp, buf, row, col, st, dl, kk):
         acc[t + 2, k] = s2
 
 
-@_inline
+@inline_jit
 def _cl_grad3_pair(acc, t, dy3, drow, dp, buf, row, col, st, kk):
     """acc[t..t+2] += dy at pixels dp, dp+1 times three tap columns (dilation 1): tails."""
     for k in range(kk):
@@ -326,7 +322,7 @@ def _cl_grad3_pair(acc, t, dy3, drow, dp, buf, row, col, st, kk):
         acc[t + 2, k] = s2
 
 
-@_inline
+@inline_jit
 def _cl_grad1(acc, t, dy3, drow, dp, buf, row, col, st, kk):
     """acc[t] += dy at pixels dp..dp+3 times one tap column."""
     for k in range(kk):
@@ -336,7 +332,7 @@ def _cl_grad1(acc, t, dy3, drow, dp, buf, row, col, st, kk):
                       + dy3[drow, dp + 3, k] * buf[row, col + 3 * st, k])
 
 
-@_inline
+@inline_jit
 def _cl_grad_pixel(acc, t, taps, dy3, drow, dp, buf, row, col, dl, kk):
     """acc[t..t+taps] += dy at one pixel times taps consecutive columns (row tails)."""
     for m in range(taps):
@@ -345,7 +341,7 @@ def _cl_grad_pixel(acc, t, taps, dy3, drow, dp, buf, row, col, dl, kk):
             acc[t + m, k] += dy3[drow, dp, k] * buf[row, c, k]
 
 
-@_inline
+@inline_jit
 def _cl_fill(buf, slot, src, n, a0, a1, before, stuff, size, width, cmap, c, identity, kk):
     """buf[slot] <- source row (n, a0, a1), its pixels at columns before + a*stuff.
 
@@ -364,7 +360,7 @@ def _cl_fill(buf, slot, src, n, a0, a1, before, stuff, size, width, cmap, c, ide
                     buf[slot, col, k] = src[n, a0, a1, a2, cmap[c, k]]
 
 
-@_called
+@serial_jit
 def _cl_rows(rowslot, tag, buf, src, n, o0, p1, out, size, stuff, before, stride, dil, r,
              span, width, cmap, c, identity, kk):
     """Make sure the source rows of output row (o0, p1) are in the ring; rowslot[t0, t1] is
@@ -389,7 +385,7 @@ def _cl_rows(rowslot, tag, buf, src, n, o0, p1, out, size, stuff, before, stride
                 rowslot[t0, t1] = zero
 
 
-@_njit
+@parallel_jit
 def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size, stuff, before,
              stride, dil, r, rows, overwrite, pitch, vec):
     """Channels-last forward-form convolution, K channels wide.
@@ -523,7 +519,7 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
                             dst3[drow, p2, grp * cg + c] += total
 
 
-@_njit
+@parallel_jit
 def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units):
     """Depthwise 3x3 rows of ``same`` padding and stride 1 along them, channels-last, read
     from src and written into dst3 where they lie (no row buffers): one output row a job,
@@ -568,7 +564,7 @@ def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units):
                 k0 += lanes
 
 
-@_njit
+@parallel_jit
 def _cf_same3(src4, wb, dst4, height, width, chunks, lanes):
     """Depthwise 3x3 planes of ``same`` padding and stride 1, channels-first: strips of
     adjacent columns walk down the plane as one vector (the ``same`` row of
@@ -616,7 +612,7 @@ def _cf_same3(src4, wb, dst4, height, width, chunks, lanes):
                 q += strip
 
 
-@_inline
+@inline_jit
 def _bordered_plane(buf, top, src4, n, c, a0, height, width):
     """buf[top + h, 1 + q] = plane (n, c, a0) of src4 (N, C, P, height * width); the
     border columns (and rows) of buf are never written."""
@@ -625,7 +621,7 @@ def _bordered_plane(buf, top, src4, n, c, a0, height, width):
             buf[top + h, q + 1] = src4[n, c, a0, h * width + q]
 
 
-@_inline
+@inline_jit
 def _strip(left, lanes):
     """Columns of the next strip: ``lanes``, or the largest power of two <= ``left``."""
     strip = lanes
@@ -634,7 +630,7 @@ def _strip(left, lanes):
     return strip
 
 
-@_njit
+@parallel_jit
 def _cf_same3_weight(x4, dy4, dw, height, width, chunks, lanes):
     """dw[c, t]: the weight gradient of a depthwise 3x3 layer of ``same`` padding and stride
     1, channels-first, the taps in w's order: strips of adjacent columns walk down each
@@ -667,7 +663,7 @@ def _cf_same3_weight(x4, dy4, dw, height, width, chunks, lanes):
                 dw[c, (t % 3) * 3 + t // 3] = total
 
 
-@_inline
+@inline_jit
 def _cf_strips(buf, pitch, dy4, base, acc, height, width, lanes):
     """acc += one plane's column strips (see :func:`_cf_same3_weight`)."""
     q = 0
@@ -688,7 +684,7 @@ def _cf_strips(buf, pitch, dy4, base, acc, height, width, lanes):
         q += strip
 
 
-@_njit
+@parallel_jit
 def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, stride, dil, r,
                         rows, pitch, vec):
     """partial[job, c, t, k]: the weight gradient of one job's output rows, channels-last.
@@ -771,7 +767,7 @@ def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, st
                     partial[job, c, t, k] = acc[t, k]
 
 
-@_njit
+@parallel_jit
 def _sum_partials(partial, total):
     """total[e] = partial[0, e] + partial[1, e] + ..., in that order (2D arrays)."""
     rows, width = partial.shape[0], partial.shape[1]
@@ -793,7 +789,7 @@ def _sum_partials(partial, total):
 # buf[phase, flat]; tap i reads buf[plane[i], offset[i] + q] for output position q.
 # --------------------------------------------------------------------------------------------
 
-@_inline
+@inline_jit
 def _cf_axpy9(out, q, buf, plane, offset, weight, i, write):
     """out[:q] (=|+=) the taps i..i+8: weight times a shifted run of one phase of buf."""
     p0, p1, p2 = plane[i], plane[i + 1], plane[i + 2]
@@ -818,7 +814,7 @@ def _cf_axpy9(out, q, buf, plane, offset, weight, i, write):
                        + w6 * buf[p6, f6 + m] + w7 * buf[p7, f7 + m] + w8 * buf[p8, f8 + m])
 
 
-@_inline
+@inline_jit
 def _cf_axpy3(out, q, buf, plane, offset, weight, i, write):
     p0, p1, p2 = plane[i], plane[i + 1], plane[i + 2]
     f0, f1, f2 = uint64(offset[i]), uint64(offset[i + 1]), uint64(offset[i + 2])
@@ -831,7 +827,7 @@ def _cf_axpy3(out, q, buf, plane, offset, weight, i, write):
             out[m] += w0 * buf[p0, f0 + m] + w1 * buf[p1, f1 + m] + w2 * buf[p2, f2 + m]
 
 
-@_inline
+@inline_jit
 def _cf_axpy1(out, q, buf, plane, offset, weight, i, write):
     p0, f0, w0 = plane[i], uint64(offset[i]), weight[i]
     if write:
@@ -842,7 +838,7 @@ def _cf_axpy1(out, q, buf, plane, offset, weight, i, write):
             out[m] += w0 * buf[p0, f0 + m]
 
 
-@_inline
+@inline_jit
 def _cf_dot9(acc, t, q, dyb, buf, plane, offset, i):
     """acc[t..t+8] += dot(dyb[:q], the shifted runs of taps i..i+8)."""
     p0, p1, p2 = plane[i], plane[i + 1], plane[i + 2]
@@ -870,7 +866,7 @@ def _cf_dot9(acc, t, q, dyb, buf, plane, offset, i):
     acc[t + 6], acc[t + 7], acc[t + 8] = s6, s7, s8
 
 
-@_inline
+@inline_jit
 def _cf_dot3(acc, t, q, dyb, buf, plane, offset, i):
     p0, p1, p2 = plane[i], plane[i + 1], plane[i + 2]
     f0, f1, f2 = uint64(offset[i]), uint64(offset[i + 1]), uint64(offset[i + 2])
@@ -883,7 +879,7 @@ def _cf_dot3(acc, t, q, dyb, buf, plane, offset, i):
     acc[t], acc[t + 1], acc[t + 2] = s0, s1, s2
 
 
-@_inline
+@inline_jit
 def _cf_dot1(acc, t, q, dyb, buf, plane, offset, i):
     p0, f0 = plane[i], uint64(offset[i])
     s0 = acc[t]
@@ -892,7 +888,7 @@ def _cf_dot1(acc, t, q, dyb, buf, plane, offset, i):
     acc[t] = s0
 
 
-@_inline
+@inline_jit
 def _cf_fill(buf, src, n, ch, a0, row0, nrows, size, stuff, before, s1, s2, zero):
     """Padded rows row0 .. row0+nrows of source plane (n, ch, a0) into buf, phase-split.
 
@@ -970,7 +966,7 @@ def _cf_fill(buf, src, n, ch, a0, row0, nrows, size, stuff, before, s1, s2, zero
     return check
 
 
-@_inline
+@inline_jit
 def _cf_taps(r, dil, s1, s2, m2, plane, offset):
     """Phase plane and flat offset of each in-plane tap (t1, t2)."""
     for t1 in range(r[1]):
@@ -980,7 +976,7 @@ def _cf_taps(r, dil, s1, s2, m2, plane, offset):
             offset[t1 * r[2] + t2] = (e1 // s1) * m2 + e2 // s2
 
 
-@_njit
+@parallel_jit
 def _cf_conv(src, wsrc, dst, per_group, add, out, size, stuff, before, stride, dil, r,
              rows, chunks, zero):
     """Channels-first forward-form convolution, plane by plane.
@@ -1070,7 +1066,7 @@ def _cf_conv(src, wsrc, dst, per_group, add, out, size, stuff, before, stride, d
                         n += 1
 
 
-@_njit
+@parallel_jit
 def _cf_weight_partials(x, dy, partial, per_group, out, size, before, stride, dil, r, rows,
                         chunks, zero):
     """partial[job, j, t]: weight gradient of one job (image, output plane, rows), CF.
@@ -1174,12 +1170,12 @@ def _cf_weight_partials(x, dy, partial, per_group, out, size, before, stride, di
 # multiply, so NaN and inf in the wrapped value do not leak).
 # --------------------------------------------------------------------------------------------
 
-@_inline
+@inline_jit
 def _sel(keep, v, zero):
     return v if keep else zero
 
 
-@_inline
+@inline_jit
 def _flat9(out, n, o, o0, q0, q, xg, fo, mask, mo, w, i, write, zero):
     """out[n, o, o0, q0:q0+q] (=|+=) taps i..i+8: three tap rows of three columns."""
     f0, f1, f2 = uint64(fo[i] + q0), uint64(fo[i + 1] + q0), uint64(fo[i + 2] + q0)
@@ -1204,7 +1200,7 @@ def _flat9(out, n, o, o0, q0, q, xg, fo, mask, mo, w, i, write, zero):
         out[n, o, o0, u0 + m] = v
 
 
-@_inline
+@inline_jit
 def _flat3(out, n, o, o0, q0, q, xg, fo, mask, mo, w, i, write, zero):
     f0, f1, f2 = uint64(fo[i] + q0), uint64(fo[i + 1] + q0), uint64(fo[i + 2] + q0)
     m0, m1, m2 = mo[i], mo[i + 1], mo[i + 2]
@@ -1219,7 +1215,7 @@ def _flat3(out, n, o, o0, q0, q, xg, fo, mask, mo, w, i, write, zero):
         out[n, o, o0, u0 + m] = v
 
 
-@_inline
+@inline_jit
 def _flat1(out, n, o, o0, q0, q, xg, fo, mask, mo, w, i, write, zero):
     f0, m0, w0 = uint64(fo[i] + q0), mo[i], w[i]
     u0 = uint64(q0)
@@ -1230,7 +1226,7 @@ def _flat1(out, n, o, o0, q0, q, xg, fo, mask, mo, w, i, write, zero):
         out[n, o, o0, u0 + m] = v
 
 
-@_inline
+@inline_jit
 def _flat_dot9(acc, t, dy, n, o, o0, q0, q, xg, fo, mask, mo, i, zero):
     """acc[t..t+8] += sum over q of dy times taps i..i+8 (three tap rows of three)."""
     f0, f1, f2 = uint64(fo[i] + q0), uint64(fo[i + 1] + q0), uint64(fo[i + 2] + q0)
@@ -1260,7 +1256,7 @@ def _flat_dot9(acc, t, dy, n, o, o0, q0, q, xg, fo, mask, mo, i, zero):
     acc[t + 6], acc[t + 7], acc[t + 8] = s6, s7, s8
 
 
-@_inline
+@inline_jit
 def _flat_dot3(acc, t, dy, n, o, o0, q0, q, xg, fo, mask, mo, i, zero):
     f0, f1, f2 = uint64(fo[i] + q0), uint64(fo[i + 1] + q0), uint64(fo[i + 2] + q0)
     m0, m1, m2 = mo[i], mo[i + 1], mo[i + 2]
@@ -1274,7 +1270,7 @@ def _flat_dot3(acc, t, dy, n, o, o0, q0, q, xg, fo, mask, mo, i, zero):
     acc[t], acc[t + 1], acc[t + 2] = s0, s1, s2
 
 
-@_inline
+@inline_jit
 def _flat_dot1(acc, t, dy, n, o, o0, q0, q, xg, fo, mask, mo, i, zero):
     f0, m0 = uint64(fo[i] + q0), mo[i]
     s0 = acc[t]
@@ -1284,7 +1280,7 @@ def _flat_dot1(acc, t, dy, n, o, o0, q0, q, xg, fo, mask, mo, i, zero):
     acc[t] = s0
 
 
-@_inline
+@inline_jit
 def _flat_plan(r, dil, before, width, fo, mo, chunk):
     """Flat offset (before the guard), mask row and chunk size of each in-plane tap.
 
@@ -1309,7 +1305,7 @@ def _flat_plan(r, dil, before, width, fo, mo, chunk):
         t += chunk[t]
 
 
-@_inline
+@inline_jit
 def _flat_fill(xg, src, n, ch, a0, lo, hi, guard, width):
     """Source rows lo..hi of plane (n, ch, a0) into the guarded buffer (src is 4D, flat)."""
     start = uint64(guard + lo * width)
@@ -1318,7 +1314,7 @@ def _flat_fill(xg, src, n, ch, a0, lo, hi, guard, width):
         xg[start + m] = src[n, ch, a0, first + m]
 
 
-@_njit
+@parallel_jit
 def _cf_flat_conv(src4, wsrc, dst4, per_group, add, mask, out, size, stuff, before,
                   stride, dil, r, rows, chunks, zero):
     """Channels-first convolution, stride 1, output rows as wide as the source rows.
@@ -1399,7 +1395,7 @@ def _cf_flat_conv(src4, wsrc, dst4, per_group, add, mask, out, size, stuff, befo
                         n += 1
 
 
-@_njit
+@parallel_jit
 def _cf_flat_weight(x4, dy4, partial, per_group, mask, out, size, before, stride, dil, r, rows,
                     chunks, zero):
     """partial[job, j, t] for stride 1 and output rows as wide as x rows (see _cf_flat_conv).

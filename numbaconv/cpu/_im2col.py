@@ -15,21 +15,17 @@ padding before. Index arithmetic is int64 throughout.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange, uint64
 
-from ..config import jit_options, parallel_jit
+from ..config import inline_jit, parallel_jit, serial_jit
 
-_njit = parallel_jit
-_inline = numba.njit(**jit_options(parallel=False), inline="always")
-#: Job- and row-level helpers that are called, not inlined: inlined into the kernels'
-#: parallel loops they made the first (cold) compilation of im2col_cf_phased 16 s instead of
-#: 12 (the packing before this session's rewrite: 7 s), and ran no faster (0.98-1.27x).
-_called = numba.njit(**jit_options(parallel=False))
+#: Job- and row-level helpers are called (``serial_jit``), not inlined: inlined into the
+#: kernels' parallel loops they compile slower and run no faster (docs/cpu-algorithms.md,
+#: "Compile times").
 
 
-@_inline
+@inline_jit
 def _valid(size, stride, dilation, before, tap, positions):
     """Output positions p in [lo, hi) whose input index p*stride - before + tap*dilation
     lies in [0, size)."""
@@ -43,7 +39,7 @@ def _valid(size, stride, dilation, before, tap, positions):
     return lo, min(max(hi, lo), positions)
 
 
-@_inline
+@inline_jit
 def _copy_row_runs(xf, plane, cf, line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil, before,
                    stride0):
     """cf[line + (q - q0) * P2 + p2] = x[plane + (i0, p1 + off1, p2 + off2)] (zero outside),
@@ -79,7 +75,7 @@ def _copy_row_runs(xf, plane, cf, line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
         q += pb - pa
 
 
-@_inline
+@inline_jit
 def _clipped_copy(cf, out, src, base, first, count, limit):
     """cf[out + k] = src[base + first + k] for k < count where 0 <= first + k < limit: a
     run of whole rows shifted by a tap, whose ends, outside the source, are fringe columns
@@ -91,7 +87,7 @@ def _clipped_copy(cf, out, src, base, first, count, limit):
         cf[fd + k] = src[fs + k]
 
 
-@_inline
+@inline_jit
 def _zero_fringes(cf, out, rows, width, lo2, hi2):
     """Zero columns [0, lo2) and [hi2, width) of ``rows`` packed rows from ``out`` (the
     columns whose tap falls outside the input)."""
@@ -100,7 +96,7 @@ def _zero_fringes(cf, out, rows, width, lo2, hi2):
         _zero_run(cf, out + v * width + hi2, width - hi2)
 
 
-@_inline
+@inline_jit
 def _split_row(ph, at, pitch, xf, fs, size, step):
     """ph[at + a * pitch + j] = xf[fs + a + step * j] for the stride phases a < step of one
     input row of ``size`` values (its j < ceil((size - a) / step))."""
@@ -110,14 +106,14 @@ def _split_row(ph, at, pitch, xf, fs, size, step):
             ph[fd + j] = xf[uint64(fs + a) + uint64(step) * j]
 
 
-@_inline
+@inline_jit
 def _packed_at(row, b, nb, rows, rows_first, length):
     """Offset of packed row ``row`` of tile image ``b`` in the flat col of im2col_cf:
     (nb, rows, length), or (rows, nb, length) when ``rows_first``."""
     return ((row * nb + b) if rows_first else (b * rows + row)) * length
 
 
-@_called
+@serial_jit
 def _zero_run(a, start, count):
     """a[start:start + count] = 0 (a flat; nothing where count <= 0)."""
     f = uint64(start)
@@ -125,7 +121,7 @@ def _zero_run(a, start, count):
         a[f + k] = 0
 
 
-@_njit
+@parallel_jit
 def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
     """col: (nb, C * taps, positions), or (C * taps, nb, positions) when ``rows_first``."""
     nb = col.shape[1] if rows_first else col.shape[0]
@@ -162,7 +158,7 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
                     t += 1
 
 
-@_inline
+@inline_jit
 def _fill_rows(cf, line, src, start, pitch, row0, step, q0, q1, t0, t1, lo2, hi2, s, p,
                stride, dil, before):
     """One packed row of im2col_cf, flat at ``cf[line:]``, output rows q0..q1 of tap (t0, t1,
@@ -192,7 +188,7 @@ def _fill_rows(cf, line, src, start, pitch, row0, step, q0, q1, t0, t1, lo2, hi2
             _zero_run(cf, out + hi2, width - hi2)
 
 
-@_njit
+@parallel_jit
 def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
     """im2col_cf for a stride above 1 in the last dimension: each job, one (image, channel),
     first splits the input rows that the tile's windows read by stride phase along that
@@ -222,7 +218,7 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
                         span, s, r, p, stride, dil, before)
 
 
-@_called
+@serial_jit
 def _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, span, s,
                 r, p, stride, dil, before):
     """im2col_cf_phased's job (image, channel) in general: its input rows [lo, hi) split by
@@ -251,7 +247,7 @@ def _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi
                 t += 1
 
 
-@_called
+@serial_jit
 def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, s, r, p,
                   stride, dil, before):
     """im2col_cf_phased's job (image, channel) for 2D planes whose output rows are as wide
@@ -300,7 +296,7 @@ def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, 
         _zero_fringes(cf, rows, vb - va, w2, lo2, hi2)
 
 
-@_inline
+@inline_jit
 def _input_rows(q0, q1, s, r, p, stride, dil, before):
     """[lo, hi): the input rows i0 * S1 + i1 (clipped to the input) that output rows q0..q1
     read, a superset when the tile spans several p0 (then every i1)."""
@@ -320,7 +316,7 @@ def _input_rows(q0, q1, s, r, p, stride, dil, before):
     return i0a * s[1] + i1a, i0b * s[1] + i1b + 1
 
 
-@_inline
+@inline_jit
 def _copy_window_runs(xflat, cflat, n, p0, p1, m0, row_length, c_total, s0, s1, s2, r0, r1,
                       r2, width, st0, st1, st2, d0, d1, b0, b1, b2):
     """im2col_cl's undilated single-group case for one output row (p0, p1): each (t0, t1)
@@ -354,7 +350,7 @@ def _copy_window_runs(xflat, cflat, n, p0, p1, m0, row_length, c_total, s0, s1, 
                     dst[k] = 0
 
 
-@_njit
+@parallel_jit
 def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
     """col: (nb * (q1 - q0) * P2, G, taps, Cg)."""
     c_total = x.shape[4]
@@ -400,7 +396,7 @@ def im2col_cl(x, col, n0, q0, q1, groups, s, r, p, stride, dil, before):
                         t += 1
 
 
-@_called
+@serial_jit
 def _window_rows(size, taps, stride, dil, before, positions):
     """which[i, t]: the output index whose tap t reads input index i, or -1 (a table, so
     that the integer divisions are not redone for every row)."""
@@ -413,7 +409,7 @@ def _window_rows(size, taps, stride, dil, before, positions):
     return which
 
 
-@_njit
+@parallel_jit
 def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
     """dx[n, c, i0, i1, :] += every packed value whose window reads it (dcol as im2col_cf).
 
@@ -489,7 +485,7 @@ def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
                         dst[fd + j * uint64(step)] += ph[fp + j]
 
 
-@_njit
+@parallel_jit
 def col2im_cl(dcol, dx, n0, q0, q1, groups, s, r, p, stride, dil, before):
     """dx[n, i0, i1, :, :] += packed values (dcol as im2col_cl); parallel over input rows."""
     c_total = dx.shape[4]
@@ -531,7 +527,7 @@ def col2im_cl(dcol, dx, n0, q0, q1, groups, s, r, p, stride, dil, before):
                                 dx[n, i0, i1, i2, g * cg + c] += dcol[mrow + p2, g, t, c]
 
 
-@_njit
+@parallel_jit
 def zero_rows(a):
     """a[...] = 0 in parallel over the first axis (np.zeros_like is single-threaded)."""
     flat = a.reshape(a.shape[0], -1)
@@ -539,7 +535,7 @@ def zero_rows(a):
         flat[i, :] = 0
 
 
-@_njit
+@parallel_jit
 def add_row_vector(a, v, first):
     """a[i, :] += v for the rows of a (R, K) (a channels-last bias; ``first`` unused)."""
     for i in prange(a.shape[0]):
@@ -547,7 +543,7 @@ def add_row_vector(a, v, first):
             a[i, j] += v[j]
 
 
-@_njit
+@parallel_jit
 def add_row_scalars(a, v, first):
     """a[i, :] += v[(first + i) % len(v)] for the rows of a (R, P) (a channels-first bias:
     a's rows are planes from plane ``first`` of an (N * K, P) array)."""

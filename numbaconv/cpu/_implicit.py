@@ -36,11 +36,10 @@ from __future__ import annotations
 import functools
 import types
 
-import numba
 import numpy as np
 from numba import prange
 
-from ..config import jit_options, parallel_jit
+from ..config import parallel_jit, serial_jit
 from ._direct import _add_partials
 from ._layout import Geom
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose_tile,
@@ -164,7 +163,7 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     return np.ascontiguousarray(total.transpose(4, 3, 0, 1, 2))
 
 
-@numba.njit(**jit_options(parallel=False))
+@serial_jit
 def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
     """dst[d0 + j * ldd + i] = src[s0 + i * lds + j] for i < rows, j < columns: whole
     lanes x lanes blocks in registers (_transpose_tile), the edges value by value (a plain
@@ -182,7 +181,7 @@ def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
             dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
 
 
-@numba.njit(**jit_options(parallel=False))
+@serial_jit
 def _tile(t, per_plane, rows, p):
     """Tile t's image, output plane and output rows [o0, o1): tiles run over the planes
     (n, od), ``per_plane`` tiles of ``rows`` rows each."""
@@ -191,7 +190,7 @@ def _tile(t, per_plane, rows, p):
     return plane // p[0], plane % p[0], o0, min(p[1], o0 + rows)
 
 
-@numba.njit(**jit_options(parallel=False))
+@serial_jit
 def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, width, rows_in,
                  lanes):
     """The input rows that output rows [o0, o1) of plane (n, od) read, for every kd, into
