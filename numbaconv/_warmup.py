@@ -246,8 +246,8 @@ def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None,
     before = kernel_cache_stats()
     # The first call that shares tiles among the tile workers launches a tiny kernel to pick
     # Numba's threading layer; small problems may never share tiles, so it is made here.
-    from .cpu import _gemm
-    _gemm._parallel_kernels_in_workers()
+    from .cpu import _tiles
+    _tiles._parallel_kernels_in_workers()
     hits, misses = kernel_cache_stats()
     if hits + misses > sum(before):
         report.entries.append(Entry("threading-layer probe", "float64", "-", 0, "-", "-",

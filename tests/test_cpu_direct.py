@@ -206,12 +206,12 @@ def test_same_planes_weight_gradient_takes_the_column_strips(monkeypatch):
     """A channels-first depthwise 3x3 weight gradient of ``same`` windows on rows of at
     least SAME_WEIGHT_MIN_WIDTH pixels runs _cf_same3_weight (strips of 8, 2 and 1 columns
     with AVX2 on 11), like the reference; narrower rows take the flat kernel."""
-    from numbaconv.cpu import _direct
+    from numbaconv.cpu import _direct, _heuristics
     calls = []
     real = _direct._cf_same3_weight
     monkeypatch.setattr(_direct, "_cf_same3_weight", lambda *a: calls.append(1) or real(*a))
     kw = dict(padding=1, groups=4, layout="channels_first")
-    for width, taken in ((11, 1), (_direct.SAME_WEIGHT_MIN_WIDTH - 1, 0)):
+    for width, taken in ((11, 1), (_heuristics.SAME_WEIGHT_MIN_WIDTH - 1, 0)):
         x, w, dy = _arrays((3, 4, 6, width), (3, 3), "float64", "channels_first", padding=1)
         with nc.use_backend("reference"):
             expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
@@ -240,7 +240,8 @@ def test_direct_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundsc
 
 
 def test_partials_sum_in_the_same_order_on_one_thread_or_several():
-    from numbaconv.cpu import _direct
+    from numbaconv.config import serial_version
+    from numbaconv.cpu._rows import sum_partials
     rng = np.random.default_rng(3)
     # Magnitudes 1e-6..1e6: any other order of the additions rounds differently.
     partial = (rng.standard_normal((7, 1000)) * 10.0 ** rng.integers(-6, 6, (7, 1000))
@@ -248,7 +249,7 @@ def test_partials_sum_in_the_same_order_on_one_thread_or_several():
     expected = partial[0].copy()
     for row in partial[1:]:
         expected += row
-    for kernel in (_direct._sum_partials, _direct.serial(_direct._sum_partials)):
+    for kernel in (sum_partials, serial_version(sum_partials)):
         total = np.full(1000, np.nan, np.float32)
         kernel(partial, total)
         assert np.array_equal(total, expected)

@@ -54,9 +54,11 @@ import numpy as np
 from numba import prange, uint64
 
 from ..config import inline_jit, parallel_jit, serial_jit
-from ._gemm import serial
-from ._im2col import zero_rows
-from ._layout import int64_arrays
+from .._geometry import dgrad_as_conv
+from .._kernel_geometry import int64_arrays
+from . import _heuristics
+from ._rows import zero_rows
+from ._tiles import add_partials
 from ._microkernel import _at
 from ._sliding import (conv3_lanes1, conv3_lanes2, conv3_lanes4, conv3_lanes8,
                        conv3_lanes16, conv3_row, conv3_same1, conv3_same2, conv3_same4, conv3_same8,
@@ -72,13 +74,6 @@ from ._sliding import (conv3_lanes1, conv3_lanes2, conv3_lanes4, conv3_lanes8,
 MIN_JOBS = 16
 #: Most buffer-sharing chunks of channels-first jobs (each chunk allocates its buffers once).
 MAX_CHUNKS = 64
-#: Channels-first depthwise weight gradients of ``same`` 3x3 windows take the column strips
-#: of :func:`_cf_same3_weight` on rows of at least this many pixels: narrower rows are
-#: strips of 4, 2 and 1 columns, which do a whole vector's work for fewer columns. Against
-#: the flat kernel (Zen 3, 2 cores, N = 8, float32, alternating in one process, best of 90):
-#: 1024 channels at 7x7 0.91x, 512 at 14x14 1.36x, 256 at 28x28 1.80x, 128 at 56x56 1.74x,
-#: 32 at 112x112 1.55x.
-SAME_WEIGHT_MIN_WIDTH = 8
 
 
 class _Form(NamedTuple):
@@ -107,8 +102,10 @@ def _forward_form(g) -> _Form:
 
 
 def _transposed_form(g) -> _Form:
-    """dx as a stride-1 convolution of dy, spread ``stride`` apart, with the flipped kernel."""
-    before = tuple((r - 1) * d - b for r, d, b in zip(g.r, g.dilation, g.before))
+    """dx as a stride-1 convolution of dy, spread ``stride`` apart, with the flipped kernel
+    (the padding before it: :func:`numbaconv._geometry.dgrad_as_conv`)."""
+    before = tuple(dgrad_as_conv(*dims).padding[0]
+                   for dims in zip(g.s, g.p, g.r, g.stride, g.dilation, g.before))
     return _Form(g.s, g.p, g.stride, before, (1, 1, 1), g.dilation, g.r)
 
 
@@ -765,23 +762,6 @@ def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, st
             for t in range(acc.shape[0]):
                 for k in range(kk):
                     partial[job, c, t, k] = acc[t, k]
-
-
-@parallel_jit
-def _sum_partials(partial, total):
-    """total[e] = partial[0, e] + partial[1, e] + ..., in that order (2D arrays)."""
-    rows, width = partial.shape[0], partial.shape[1]
-    block = 256
-    for b in prange((width + block - 1) // block):
-        lo = b * block
-        hi = min(lo + block, width)
-        dst = total[lo:hi]
-        for m in range(hi - lo):
-            dst[m] = partial[0, lo + m]
-        for i in range(1, rows):
-            part = partial[i, lo:hi]
-            for m in range(hi - lo):
-                dst[m] += part[m]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1490,18 +1470,9 @@ def _channel_map(g) -> tuple:
     return np.ascontiguousarray(cmap), g.cg == 1 and g.kg == 1
 
 
-def finite(w) -> bool:
-    """Whether every weight is finite (0.19 ms for 2.4M float32 values; one np.sum 0.38)."""
-    return bool(np.isfinite(w).all())
-
-
 def forward(g, x, w, y) -> None:
-    """y = conv(x, w) over the problem's groups."""
-    if not finite(w):
-        # Padding times a non-finite weight is NaN in the reference: let im2col multiply it.
-        from .conv import im2col_forward
-        im2col_forward(g, x, w, y)
-        return
+    """y = conv(x, w) over the problem's groups; every weight finite (the padding is not
+    multiplied: see :func:`._tiles.finite`)."""
     form = _forward_form(g)
     if g.channels_last:
         cmap, identity = _channel_map(g)
@@ -1518,12 +1489,7 @@ def forward(g, x, w, y) -> None:
 
 
 def data_gradient(g, dy, w, dx, accumulate: bool = True) -> None:
-    """dx += the data gradient, or dx = it when not ``accumulate``."""
-    if not finite(w):
-        # The reference never multiplies a weight by padding here; im2col does not either.
-        from .conv_backward_data import _im2col_dgrad
-        _im2col_dgrad(g, dy, w, dx, accumulate)     # zeroes dx itself unless accumulating
-        return
+    """dx += the data gradient, or dx = it when not ``accumulate``; every weight finite."""
     form = _transposed_form(g)
     flipped = w.reshape(g.k, g.cg, g.taps)[:, :, ::-1]
     if g.channels_last:
@@ -1544,7 +1510,7 @@ def data_gradient(g, dy, w, dx, accumulate: bool = True) -> None:
     else:
         # dx plane g*Cg + c sums dy planes g*Kg + j, each with flip(w[g*Kg + j, c]).
         wsrc = np.ascontiguousarray(
-            flipped.reshape(g.g, g.kg, g.cg, g.taps).transpose(0, 2, 1, 3)
+            flipped.reshape(g.groups, g.kg, g.cg, g.taps).transpose(0, 2, 1, 3)
             .reshape(g.c, g.kg, g.taps))
         # Added into dx, or written (zeros where no dy reaches) when not accumulating.
         _cf_convolve(form, g.y5(dy), wsrc, g.x5(dx), g.cg, accumulate)
@@ -1563,11 +1529,11 @@ def weight_gradient(g, x, dy) -> np.ndarray:
         _cl_weight_partials(g.x5(x), dy3, partial, cmap, identity, out, size, before, stride,
                             dil, r, rows, *_row_kernels(g.k, dy.dtype))
         total = np.empty(g.cg * g.taps * g.k, dy.dtype)
-        _add_partials(partial.reshape(jobs, -1), total)
+        add_partials(partial.reshape(jobs, -1), total)
         return np.ascontiguousarray(total.reshape(g.cg, g.taps, g.k).transpose(2, 0, 1))
     x5, dy5 = g.x5(x), g.y5(dy)
     lanes = (_same_planes(form, None, x5, dy5, False)
-             if g.cg == 1 and g.kg == 1 and g.p[2] >= SAME_WEIGHT_MIN_WIDTH else 0)
+             if g.cg == 1 and g.kg == 1 and g.p[2] >= _heuristics.SAME_WEIGHT_MIN_WIDTH else 0)
     if lanes:
         dw = np.empty((g.k, g.taps), dy.dtype)
         _cf_same3_weight(_planes(x5), _planes(dy5), dw, g.p[1], g.p[2], _chunks(g.k), lanes)
@@ -1585,25 +1551,8 @@ def weight_gradient(g, x, dy) -> np.ndarray:
     # Jobs run (image, plane, split): bring the images and splits of each plane together.
     ordered = partial.reshape(g.n, g.k, split, g.cg * g.taps).transpose(0, 2, 1, 3)
     total = np.empty(g.k * g.cg * g.taps, dy.dtype)
-    _add_partials(np.ascontiguousarray(ordered).reshape(g.n * split, -1), total)
+    add_partials(np.ascontiguousarray(ordered).reshape(g.n * split, -1), total)
     return total.reshape((g.k, g.cg) + g.r)
-
-
-#: Partials of at most this many values are summed on the calling thread alone: a parallel
-#: launch wakes the sleeping OpenMP threads (passive, see numbaconv.config), which cost more
-#: than such a sum. Measured on 2 cores, depthwise 3x3 weight gradients of 512 channels at
-#: 14x14 (36,864 partial values channels-first, 73,728 channels-last): 8 images 620 -> 530
-#: us channels-first, 680 -> 527 us channels-last; 1 image 250 -> 190 us (medians of six
-#: alternating runs).
-PARALLEL_SUM_ABOVE = 2**18
-
-
-def _add_partials(partial, total) -> None:
-    """total = partial[0] + partial[1] + ... (the same order on one thread or several)."""
-    if partial.size > PARALLEL_SUM_ABOVE:
-        _sum_partials(partial, total)
-    else:
-        serial(_sum_partials)(partial, total)
 
 
 def _row_kernels(channels: int, dtype) -> tuple:

@@ -17,7 +17,7 @@ additions only (B, A) or done once per call (G, on the weights).
 
 The tiles of the problem (over images, tile rows, tile columns) are cut into jobs of
 consecutive tiles, shared out among the tile workers like im2col's tiles
-(:func:`._gemm.run_tiles`): each job transforms its input patches into U, multiplies, and
+(:func:`._tiles.run_tiles`): each job transforms its input patches into U, multiplies, and
 transforms M into its output pixels, all in per-worker workspaces of a few MiB (U is 16/4
 times the job's input pixels, M 16/4 times its output pixels), so that they stay in cache.
 Patches that overlap the padding read clamped indices and multiply the values by zero
@@ -45,11 +45,11 @@ import numpy as np
 from numba import prange, uint64
 
 from ..config import parallel_jit, serial_jit
-from . import _gemm
-from ._layout import Geom
+from .._kernel_geometry import Geom
+from . import _tiles
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
-#: :func:`._gemm.run_tiles`): Numba marks the arrays of a ``prange`` body's function
+#: :func:`._tiles.run_tiles`): Numba marks the arrays of a ``prange`` body's function
 #: ``noalias``, which lets LLVM vectorise their inner loops over channels or tiles.
 #: Their helpers are compiled apart (``serial_jit``) and inlined by LLVM, not by Numba
 #: (``inline_jit`` re-types every call site's copy: slower to compile, no faster; see
@@ -71,7 +71,7 @@ def applies(g: Geom, weight_gradient: bool = False) -> bool:
     """Whether the forward-form geometry ``g`` is a 2D 3x3 convolution, or (not for the
     weight gradient) a 3D 3x3x3 one (see :func:`forward`), with stride and dilation 1 and
     one group (any padding)."""
-    return (g.g == 1 and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
+    return (g.groups == 1 and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
             and (g.r == (1, 3, 3) and g.s[0] == 1 and g.p[0] == 1
                  or g.r == (3, 3, 3) and not weight_gradient))
 
@@ -121,8 +121,8 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
         pick(_weights)(w.reshape(-1), v.reshape(-1), *span, v.shape[2], swap, flipped,
                        w.dtype.type(0.5))
 
-    _gemm.run_tiles(part, _gemm.worker_ranges(
-        v.shape[1], w.nbytes > _gemm.SHARED_RELAYOUT_ABOVE))
+    _tiles.run_tiles(part, _tiles.worker_ranges(
+        v.shape[1], w.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
     return v
 
 
@@ -195,7 +195,7 @@ def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
         np.matmul(v, u, out=m)
         return pick(_output_cf)(mf, mstep, yf, *args, 1)
 
-    return sum(_gemm.run_tiles(job, jobs)) == 0
+    return sum(_tiles.run_tiles(job, jobs)) == 0
 
 
 def _jobs(g: Geom, itemsize: int) -> tuple:
@@ -259,7 +259,7 @@ def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
             return pick(_output_cl)(*out)
         return pick(_output_cf)(*out, out_depth)
 
-    return sum(_gemm.run_tiles(job, jobs)) == 0
+    return sum(_tiles.run_tiles(job, jobs)) == 0
 
 
 def _input_args(g: Geom, th: int, tw: int, dtype) -> tuple:
@@ -298,7 +298,7 @@ def _planes(shape: tuple, dtype, slot: str) -> tuple:
     itemsize = np.dtype(dtype).itemsize
     size = shape[0] * shape[1]
     step = (-(-size * itemsize // 4096) * 4096 + PLANE_SKEW) // itemsize
-    flat = _gemm.workspace((16 * step,), dtype, slot)
+    flat = _tiles.workspace((16 * step,), dtype, slot)
     planes = np.lib.stride_tricks.as_strided(flat, (16,) + shape,
                                              (step * itemsize, shape[1] * itemsize, itemsize))
     return planes, flat, np.uint64(step)
@@ -608,10 +608,10 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         part = job(jobs[first], pick, np.empty(shape, x.dtype))
         for span in jobs[first + slots::slots]:
             # A reused buffer (a fresh array per job costs page faults), then the sum.
-            part += job(span, pick, _gemm.workspace(shape, x.dtype, "product"))
+            part += job(span, pick, _tiles.workspace(shape, x.dtype, "product"))
         return part
 
-    dv = _gemm.sum_in_order(_gemm.run_tiles(slot, list(range(slots))))
+    dv = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
     dw = np.empty((g.k, g.c, 3, 3), x.dtype)
     # Through the tile workers like every other kernel here (shared out only when large):
     # launched from this thread as a parallel region, it left an OpenMP thread spinning
@@ -621,7 +621,7 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         pick(_weights_back)(dv.reshape(-1), dw.reshape(-1), *span, g.k, g.c, g.channels_last,
                             x.dtype.type(0.5))
 
-    _gemm.run_tiles(part, _gemm.worker_ranges(g.k, dv.nbytes > _gemm.SHARED_RELAYOUT_ABOVE))
+    _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
     return dw if np.isfinite(dw).all() else None
 
 

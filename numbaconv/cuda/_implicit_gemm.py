@@ -910,7 +910,7 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     s = operand(src, cl, g)
     target, o = _writable(result, result_shape, g, cl, problem.accumulate)
     wo = operand(w, None, g)
-    count = g.g * plan.taps * rp * rows
+    count = g.groups * plan.taps * rp * rows
     wp = workspace("weights", count, _acc(dtype))
     kernel("pack_weights", dtype)[_ceil(count, 256), 256](
         wo.ref, _ref(wp), _table(plan.wtaps, np.int64), count, plan.taps, rows, reduce, rp,
@@ -921,7 +921,7 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     run = kernel("conv_gemm", dtype, cl, problem.ndim, wide, tile, has_bias,
                  bool(problem.accumulate))
     index = np.int64 if wide else np.int32
-    grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm), g.g * len(plan.phases))
+    grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm), g.groups * len(plan.phases))
     run[grid, tile.threads](
         s.ref, _ref(wp), o.ref, bias_ref, _table(plan.deltas, index),
         _table(plan.phases, index), len(plan.phases), g.n, rows, reduce, rp, plan.taps,
@@ -947,7 +947,7 @@ def weight_gradient(problem, x, dy, out):
     reduce_total = g.n * g.positions
     tile = _weight_tile(problem)
     row_tiles = _ceil(g.kg, tile.bm)
-    base = _ceil(cols, tile.bn) * row_tiles * g.g
+    base = _ceil(cols, tile.bn) * row_tiles * g.groups
     steps = _ceil(reduce_total, tile.bk)
     chunks = max(1, min(steps, _ceil(WEIGHT_TARGET_BLOCKS, base), 65535,
                         MAX_PARTIAL_ELEMENTS // (g.k * cols)))
@@ -957,8 +957,8 @@ def weight_gradient(problem, x, dy, out):
     partial = workspace("partials", chunks * count, _acc(dtype))
     wide = max(xo.span, yo.span, chunks * count) > INDEX32_LIMIT
     run = kernel("weight_gemm", dtype, problem.ndim, wide, tile)
-    run[(_ceil(cols, tile.bn), row_tiles * g.g, chunks), tile.threads](
-        xo.ref, yo.ref, _ref(partial), g.n, g.g, g.kg, g.cg, cols, row_tiles, chunk_len,
+    run[(_ceil(cols, tile.bn), row_tiles * g.groups, chunks), tile.threads](
+        xo.ref, yo.ref, _ref(partial), g.n, g.groups, g.kg, g.cg, cols, row_tiles, chunk_len,
         *xo.strides, *g.s, *yo.strides, *g.p, g.r[1], g.r[2], *g.stride, *g.dilation,
         *g.before)
     kernel("sum_chunks", dtype)[_ceil(count, 256), 256](
@@ -975,7 +975,7 @@ def _conv_tile(problem, forward: bool):
     plan = _conv_plan(g, forward)
     rows = g.kg if forward else g.cg
     most_cols = max(g.n * math.prod(ph[:3]) for ph in plan.phases)
-    return choose_tile(rows, most_cols, g.g * len(plan.phases), problem.dtype), most_cols
+    return choose_tile(rows, most_cols, g.groups * len(plan.phases), problem.dtype), most_cols
 
 
 @functools.lru_cache(maxsize=1024)
