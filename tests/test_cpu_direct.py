@@ -180,10 +180,11 @@ def test_same_windows_take_their_kernel_with_strided_operands_copied_once(
     the reference); strided (non-contiguous) operands, which the public calls never hand a
     backend but its run() takes, are copied once by run(), so the same kernels run them,
     with the same result."""
-    from numbaconv.cpu import _direct
+    from numbaconv.cpu import _direct_cf_plane, _direct_cl
+    module = _direct_cl if kernel == "_cl_same3" else _direct_cf_plane
     calls = []
-    real = getattr(_direct, kernel)
-    monkeypatch.setattr(_direct, kernel, lambda *a: calls.append(1) or real(*a))
+    real = getattr(module, kernel)
+    monkeypatch.setattr(module, kernel, lambda *a: calls.append(1) or real(*a))
     x, w, dy = _arrays((2, 16, 5, 6), (3, 3), "float32", layout, padding=1)
     kw = dict(padding=1, groups=16, layout=layout)
 
@@ -206,10 +207,11 @@ def test_same_planes_weight_gradient_takes_the_column_strips(monkeypatch):
     """A channels-first depthwise 3x3 weight gradient of ``same`` windows on rows of at
     least SAME_WEIGHT_MIN_WIDTH pixels runs _cf_same3_weight (strips of 8, 2 and 1 columns
     with AVX2 on 11), like the reference; narrower rows take the flat kernel."""
-    from numbaconv.cpu import _direct, _heuristics
+    from numbaconv.cpu import _direct_cf_plane, _heuristics
     calls = []
-    real = _direct._cf_same3_weight
-    monkeypatch.setattr(_direct, "_cf_same3_weight", lambda *a: calls.append(1) or real(*a))
+    real = _direct_cf_plane._cf_same3_weight
+    monkeypatch.setattr(_direct_cf_plane, "_cf_same3_weight",
+                        lambda *a: calls.append(1) or real(*a))
     kw = dict(padding=1, groups=4, layout="channels_first")
     for width, taken in ((11, 1), (_heuristics.SAME_WEIGHT_MIN_WIDTH - 1, 0)):
         x, w, dy = _arrays((3, 4, 6, width), (3, 3), "float64", "channels_first", padding=1)
