@@ -23,10 +23,10 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     the windows in a padded channels-last copy of the input rows (:mod:`._implicit`). The
     weight gradient (any stride) multiplies them by dy's rows, one output row deep; the
     forward and the stride-1 data gradient multiply them by the weights, one tap row of
-    window features deep. Chosen for rows of at least ``_heuristics.IMPLICIT_MIN_WIDTH`` pixels, with
-    the conditions given there. The channels-last data gradient with a stride runs by
-    stride phases: each tap's product of dy's pixels (read in place) by its weights is
-    written straight into the dx pixels of its phase, no col2im
+    window features deep. Chosen for rows of at least ``IMPLICIT_MIN_WIDTH`` pixels, with
+    the conditions given there (:mod:`._heuristics`). The channels-last data gradient with a
+    stride runs by stride phases: each tap's product of dy's pixels (read in place) by its
+    weights is written straight into the dx pixels of its phase, no col2im
     (``_heuristics.IMPLICIT_PHASED_MAX_DEPTH``).
 ``winograd``
     2D 3x3 kernels with stride and dilation 1, one group: the forward, the data gradient and
@@ -41,6 +41,15 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     (depthwise above all), where a GEMM would multiply one-column matrices.
 ``reduce``
     The bias gradient.
+
+Modules, imports going down: this entry (its choices and thresholds in :mod:`._heuristics`)
+-> one module per op (``conv``, ``conv_backward_data``, ``conv_backward_weight``, ...), which
+maps each algorithm to its driver -> one module per algorithm, owning its drivers (``_gemm``,
+``_im2col``, ``_implicit``, ``_winograd``, ``_direct``) and kernels (``_im2col_kernels``,
+``_direct_cl``, ``_direct_cf_plane``, ``_direct_cf_slab``) -> the shared pieces: ``_tiles``
+(tile workers, workspaces, BLAS products, weight matrices, fixed-order sums), ``_rows`` (row
+kernels), ``_microkernel`` and ``_sliding`` (kernels written in LLVM IR). The geometry the
+kernels see is :mod:`numbaconv._kernel_geometry`, shared with the cuda backend.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
                              target.reshape(-1, g.groups, g.cg))
     elif g.whole_input:
         wmat = _tiles.weight_cl(g, w) if g.channels_last else _tiles.weight_cf(g, w)
-        _tiles.grouped_matmul(dy.reshape(g.n, g.groups, g.kg), wmat, target.reshape(g.n, g.groups, -1))
+        _tiles.grouped_matmul(dy.reshape(g.n, g.groups, g.kg), wmat,
+                              target.reshape(g.n, g.groups, -1))
     else:
         raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
     if accumulate:
@@ -62,7 +63,8 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
             np.empty((g.n, g.groups, g.kg, g.cg), x.dtype))
         return _tiles.sum_in_order(per_image)
     if g.pointwise and g.n * g.positions >= _heuristics.POSITION_SPLIT_FROM * max(g.kg, g.cg):
-        return _pointwise_by_positions(g, x.reshape(-1, g.groups, g.cg), dy.reshape(-1, g.groups, g.kg))
+        return _pointwise_by_positions(g, x.reshape(-1, g.groups, g.cg),
+                                       dy.reshape(-1, g.groups, g.kg))
     if g.pointwise:
         rows = dy.reshape(-1, g.groups, g.kg).transpose(1, 2, 0)      # (G, Kg, N * S)
         return _tiles.matmul(rows, x.reshape(-1, g.groups, g.cg).transpose(1, 0, 2),

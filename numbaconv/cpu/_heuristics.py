@@ -13,120 +13,43 @@ from typing import Optional
 
 from ..backend import DIRECT_MAX_CHANNELS_PER_GROUP
 
-#: The weight gradient of one group runs ``implicit`` for output rows of at least this many
-#: pixels (the depth of its products); channels-last only with stride 1 along them or
-#: windows of at most ``IMPLICIT_MAX_RUN`` values per tap row (KW * C). Measured on one core
-#: (Zen 4), float32, N = 8, min of 7, implicit against im2col. Channels-last: the 7x7
-#: stride-2 stem (runs of 21) 21.3 against 29.3 ms; stride 1 with rows of 56, 28 and 1024
-#: pixels (ResNet 64c 56x56, 128c 28x28, 1D k5 128c) 1.00-1.03x; 14 pixels (256c 14x14)
-#: 0.87x, 7 (512c 7x7) 0.41x; stride 2 with long runs (128c and 256c ResNet, 1D 256c k3,
-#: 3D 32c) 0.70-0.96x. Channels-first, where im2col packs more slowly: 1.11-1.61x on every
-#: shape with rows of 28 pixels or more, strides 1 and 2 (stem 23.2 against 27.1 ms),
-#: 0.90-0.96x at 14.
-#:
-#: The forward and the stride-1 data gradient (a forward convolution of dy) run
-#: ``implicit`` for output rows (y's, dx's) of at least this many pixels, channels-first
-#: only with at least ``IMPLICIT_MIN_CHANNELS_FIRST`` input channels (dy's for the data
-#: gradient; fewer leave its register transposes to a scalar loop). Measured the same way,
-#: data gradient: ResNet 64c 56x56 1.30x channels-first, 1.13x channels-last; 128c 28x28
-#: 1.09x, 1.07x; 256c 14x14 1.08x, 1.01x; 512c 7x7 1.03x, 0.85x; 3D 64c 8x28x28 1.25x,
-#: 1.11x; 1D k5 128c 0.97x, 1.09x. Forward, channels-first: 64c 56x56 1.19x, 512c 7x7
-#: 0.78x, 8 and 3 input channels at 56x56 0.84x and 0.56x; channels-last 1.13x, 0.72x,
-#: 1.29x, 1.51x.
-#:
-#: Their output channels (the forward's K, the data gradient's C) fill micro-kernel tiles
-#: IMPLICIT_OUTPUT_BLOCK wide (float32 with AVX-512), so they must be a multiple of it, or
-#: at least 8 times it (at most 1/9 of the tiles' columns wasted). Data gradients of 64
-#: output channels at 56x56 into 3, 16 and 32 channels: 0.35-0.42x, 0.46-0.57x, 0.67-0.79x.
-#:
-#: The forward and the data gradient run it only with AVX-512 (:func:`wide_registers`): with
-#: 16 vector registers their micro-kernel tile shrinks to 6 x 2 vectors (16 columns, see
-#: ``_microkernel.strided_shape``) and loses to im2col. Measured on Zen 3 (AVX2, 2 cores,
-#: float32, N = 8, medians of 3 alternating rounds in one process), data gradient, implicit
-#: against im2col: ResNet 64c 56x56 0.75x channels-first, 0.78x channels-last; 128c 28x28
-#: 0.65x, 0.58x; 256c 14x14 0.60x, 0.73x; mixed elsewhere (3D 64c 8x28x28 1.24x, 0.75x; 1D
-#: k5 128c 0.85x, 1.08x). Its weight gradient still wins there (64c 56x56 1.33x, 1.38x; 128c 28x28
-#: 1.00x, 1.25x), and more often: channels-last with stride 2 and long runs, where it lost
-#: with AVX-512, it wins there with at least ``IMPLICIT_STRIDED_MIN_CHANNELS`` input
-#: channels (ResNet 128c 56x56 1.37x, 1D k3 256c 1.20x; 3D 32c 0.79x).
+# Every threshold's measurements (machine, timing, date): docs/cpu-algorithms.md, "Thresholds".
+
+# --- implicit ------------------------------------------------------------------------------
+#: ``implicit`` needs output rows (y's, dx's; for the weight gradient, its products' depth) of
+#: at least this many pixels: shorter products lose to im2col + BLAS.
 IMPLICIT_MIN_WIDTH = 16
-
-
+#: Channels-last weight gradients with a stride along the rows take ``implicit`` only for
+#: windows of at most this many values per tap row (KW * C): longer runs pack fast enough.
 IMPLICIT_MAX_RUN = 32
-
-
-#: The strided data gradient (channels-last, one group, a kernel of several taps) runs
-#: ``implicit`` by stride phases (``_implicit.strided_data_gradient``) where dy has at
-#: most IMPLICIT_PHASED_MAX_DEPTH channels (its products' depth: BLAS multiplies short
-#: depths slowly, and im2col's col2im then moves taps * C values per dy pixel), dx at least
-#: IMPLICIT_PHASED_MIN_OUTPUTS (the micro-kernel's tiles are 16 channels wide with AVX2) and
-#: IMPLICIT_PHASED_MIN_PIXELS pixels over the batch. Measured on Zen 3 (AVX2, 2 cores,
-#: float32, medians of 11 alternating rounds), stride 2, against im2col: dy channels -> dx
-#: channels, 3x3 at 112x112, N = 8: 32 -> 32 7.9 against 10.4 ms, 32 -> 64 10.9 against
-#: 15.4; 56x56: 32 -> 32 1.7 against 2.6, 16 -> 16 1.14 against 1.32, 64 -> 64 6.5 against
-#: 6.7, 128 -> 128 22.9 against 19.3; 256 -> 256 at 28x28 29.4 against 18.1; 32 -> 32 at
-#: 28x28 0.69 against 0.62; 3D 3x3x3 N = 2, 32 -> 32 at 16x56x56 9.2 against 11.4, 16 -> 16
-#: 3.1 against 6.1; 1D k3 32 -> 32 at 2048 1.00 against 1.22, 256 -> 256 at 512 9.4 against
-#: 9.0; but a 1x1 kernel of stride 2 (a strided 1x1 product) 1.00 against 0.53.
+#: Without AVX-512, channels-last strided weight gradients with longer runs take ``implicit``
+#: from this many input channels (with AVX-512 they lose to im2col).
+IMPLICIT_STRIDED_MIN_CHANNELS = 64
+#: The channels-first ``implicit`` forward and data gradient need this many input channels:
+#: fewer leave the micro-kernel's register transposes to a scalar loop.
+IMPLICIT_MIN_CHANNELS_FIRST = 16
+#: Their output channels fill micro-kernel tiles this wide (float32, AVX-512): a multiple of
+#: it, or at least 8 times it (at most 1/9 of the tiles' columns wasted).
+IMPLICIT_OUTPUT_BLOCK = 64
+#: The channels-last strided data gradient runs by stride phases for dy of at most this many
+#: channels (short depths are slow in BLAS, and col2im then moves the most), dx of at least
+#: IMPLICIT_PHASED_MIN_OUTPUTS channels (a micro-kernel tile is 16 wide with AVX2) and at
+#: least IMPLICIT_PHASED_MIN_PIXELS pixels over the batch.
 IMPLICIT_PHASED_MAX_DEPTH = 32
-
-
 IMPLICIT_PHASED_MIN_OUTPUTS = 16
-
-
 IMPLICIT_PHASED_MIN_PIXELS = 2**14
 
-
-IMPLICIT_STRIDED_MIN_CHANNELS = 64
-
-
-IMPLICIT_MIN_CHANNELS_FIRST = 16
-
-
-IMPLICIT_OUTPUT_BLOCK = 64
-
-
-#: ``winograd`` (2D 3x3, stride and dilation 1, one group) is chosen for the forward and the
-#: data gradient with at least this many input and output channels (of the forward form:
-#: dy's and dx's for the data gradient) and WINOGRAD_MIN_TILES 2x2 output tiles over the
-#: batch. Measured on Zen 3 (AVX2, 2 cores, float32, N = 8, medians of 7 alternating
-#: rounds in one process), data gradient, winograd against im2col, channels-first /
-#: channels-last: ResNet 64c 56x56 1.44x / 1.80x, 128c 28x28 1.52x / 1.67x, 256c 14x14
-#: 1.69x / 1.36x, 512c 7x7 1.56x / 1.41x; 32c 56x56 1.20x / 1.54x, 16c 112x112 1.05x /
-#: 1.56x; N = 2, 64c 9x9 (50 tiles) 0.95x / 0.95x. Not measured with AVX-512, where it is
-#: also chosen over ``implicit`` (its products are BLAS's, 2.25 times fewer multiply-adds).
-#: Nor is it chosen where its transformed weights (16/9 of w) would pass the workspace
-#: bound, max(64 MiB, the largest operand) (``_tiles.WORKSPACE_BYTES``).
-#: 3D 3x3x3 layers (forward and data gradient, per depth slice, tiles counted over every
-#: slice) follow the same rule. Measured the same way (medians of 9), winograd against
-#: im2col, channels-first / channels-last, data gradient and forward: N = 2, 64c 8x28x28
-#: 16.6 / 14.4 against 25.6 / 24.4 ms and 14.7 / 15.1 against 25.2 / 29.9; 32c 16x56x56
-#: 43.8 / 47.2 against 64.6 / 98.3 and 45.0 / 26.7 against 67.8 / 48.9; 128c 8x14x14 13.0 /
-#: 11.3 against 21.6 / 20.4; N = 4, 64c 4x14x14 7.5 / 6.1 against 9.7 / 9.2; N = 1, 16c
-#: 16x32x32 4.3 / 3.7 against 4.5 / 4.6 (forward 5.3 / 3.8 against 5.2 / 4.9). But a job
-#: is one slice's tiles at most, so slices of fewer than WINOGRAD_3D_MIN_SLICE_TILES tiles
-#: are left to the others: N = 8, 64c 4x6x6 (9 tiles a slice) 7.5 / 7.6 against 6.1 / 4.0
-#: ms; at 16 tiles a slice, N = 4, 128c 8x8x8 15.6 / 13.9 against 18.8 / 18.7, N = 8, 256c
-#: 4x7x7 60.4 / 47.9 against 58.1 / 53.9.
+# --- winograd ------------------------------------------------------------------------------
+#: ``winograd`` (forward and data gradient) needs this many input and output channels (of the
+#: forward form) and WINOGRAD_MIN_TILES 2x2 output tiles: fewer, and the transforms dominate.
 WINOGRAD_MIN_CHANNELS = 16
-
-
 WINOGRAD_MIN_TILES = 128
-
-
+#: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
+#: the other algorithms.
 WINOGRAD_3D_MIN_SLICE_TILES = 16
-
-
-#: The weight gradient by ``winograd`` is chosen from these: its products are one job of
-#: tiles deep and add into a 16/9 dw-sized sum per job. Measured the same way (another run,
-#: beside a CI job), winograd against implicit and im2col, channels-first / channels-last:
-#: ResNet 64c 56x56 18.7 / 16.5 ms against 24.0 / 22.6 and 28.3 / 31.6; 128c 28x28 11.7 /
-#: 15.5 against 25.9 / 24.9 and 22.1 / 39.8; 256c 14x14 18.8 / 17.9 against 33.4 / 33.9
-#: and 27.5 / 26.7; but 512c 7x7 (128 tiles) 27.6 / 47.8 against im2col's 29.2 / 28.4,
-#: and implicit wins below 64 channels (32c 56x56 6.5 / 4.1 against 7.6 / 9.3 ms).
+#: The weight gradient by ``winograd`` adds into a 16/9 dw-sized sum per job: it pays from
+#: this many channels and tiles (below, ``implicit`` or im2col win).
 WINOGRAD_WGRAD_MIN_CHANNELS = 64
-
-
 WINOGRAD_WGRAD_MIN_TILES = 256
 
 
@@ -268,23 +191,20 @@ def gemm_reason(problem) -> Optional[str]:
     return None
 
 
-#: One-group channels-last 1x1 forward and data-gradient products whose rows (N * S) number
-#: at least this many times the larger channel count run through
-#: :func:`._microkernel.rows_gemm` (:func:`rows_matmul`), which reads the activations' rows
-#: in place; fewer, longer rows go to BLAS (figures at rows_gemm).
+# --- paths inside the algorithms ----------------------------------------------------------
+#: Channels-last 1x1 products (one group) with at least this many rows (N * S) per channel
+#: (of the larger count) run through the micro-kernel reading the rows in place; fewer, BLAS.
 ROWS_GEMM_FROM = 16
 
 
 def rows_in_place(g) -> bool:
-    """Whether the channels-last 1x1 product of ``g`` goes to :func:`rows_matmul`."""
+    """Whether the channels-last 1x1 product of ``g`` goes to :func:`._tiles.rows_matmul`."""
     return (g.pointwise and g.channels_last and g.groups == 1
             and g.n * g.positions >= ROWS_GEMM_FROM * max(g.c, g.k))
 
 
 #: Channels-first tiles of several images with fewer output positions per image than this
-#: are multiplied as one product over all their positions (columns ordered image by image)
-#: instead of one product per image: at 7x7 (49 columns) the per-image products ran at half
-#: speed and the weight gradient wrote a whole dw per image.
+#: are one product over all their positions: per-image products that narrow run slowly.
 BATCH_COLUMNS_BELOW = 512
 
 
@@ -292,38 +212,21 @@ def batch_columns(g, nb: int) -> bool:
     return nb > 1 and g.positions < BATCH_COLUMNS_BELOW
 
 
-#: A channels-last 1x1 weight gradient whose positions (N * S, the products' shared axis)
-#: number at least this many times its larger channel count is summed over SLOTS runs of
-#: positions, each one BLAS product into a partial of dw, added in slot order; below, it is
-#: one product over all positions, dw's rows shared out (every worker then reads all of x).
-#: Measured on Zen 3 (AVX2, 2 cores, float32, one process, medians of 20 alternating
-#: rounds), positions x K x C against the one product: 25,088 x 256 x 64 124 against 111
-#: GFLOP/s, 25,088 x 64 x 256 122 against 115, 25,088 x 64 x 64 66 against 54, 6,272 x
-#: 128 x 128 70 against 65; but 6,272 x 512 x 128 136 against 139, 1,568 x 256 x 1,024 135
-#: against 156, 392 x 512 x 2,048 82 against 150.
+#: A channels-last 1x1 weight gradient with at least this many positions per channel (of the
+#: larger count) is SLOTS products over runs of positions; fewer, one product, rows shared.
 POSITION_SPLIT_FROM = 16
 
 
-#: dw (G, Kg, features) is computed transposed, (G, features, Kg), below this many output
-#: channels per group: OpenBLAS runs that product faster for small Kg (64: 191 against 136
-#: GFLOP/s on one thread, 512: 217 against 211), and wide layers would pay for transposing
-#: the dw-sized result back (ResNet's 512-channel 7x7 layer: 9.4 MB).
+#: dw (G, Kg, features) is computed transposed below this many output channels per group:
+#: BLAS runs that product faster for small Kg; wide layers would pay for the transpose back.
 TRANSPOSED_BELOW = 256
 
 
-#: Channels-last, one group: dw's product runs through numbaconv's own micro-kernel, reading
-#: the packed windows and dy in place (_microkernel.gram), for dw of at most this many values;
-#: a larger dw, re-read and re-written per chunk of positions, ran slower there than BLAS.
-#: One thread, one tile (Zen 4): the 7x7 stem 102 against 91 GFLOP/s, ResNet's 64-channel
-#: 3x3 111 against 98, the 1D k5 128-channel layer 114 against 102; 256 channels at 14x14
-#: (590k values) 104 both, 512 at 7x7 (2.4M) 79 against 100.
+#: Channels-last, one group: dw of at most this many values is multiplied by the micro-kernel
+#: reading windows and dy in place (``_microkernel.gram``); a larger dw is faster by BLAS.
 IN_PLACE_DW_UP_TO = 2**18
 
 
-#: Channels-first depthwise weight gradients of ``same`` 3x3 windows take the column strips
-#: of :func:`_cf_same3_weight` on rows of at least this many pixels: narrower rows are
-#: strips of 4, 2 and 1 columns, which do a whole vector's work for fewer columns. Against
-#: the flat kernel (Zen 3, 2 cores, N = 8, float32, alternating in one process, best of 90):
-#: 1024 channels at 7x7 0.91x, 512 at 14x14 1.36x, 256 at 28x28 1.80x, 128 at 56x56 1.74x,
-#: 32 at 112x112 1.55x.
+#: Channels-first depthwise ``same`` 3x3 weight gradients take the column strips of
+#: :func:`._direct_cf_plane._cf_same3_weight` on rows of at least this many pixels.
 SAME_WEIGHT_MIN_WIDTH = 8

@@ -75,8 +75,8 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
         def image_tiles(job, pick):
             clear(job, pick)
             for n0, nb, q0, q1 in job:
-                dcol = _tiles.workspace((nb, g.groups, g.cg * g.taps, _tiles.positions_in(q0, q1, g)),
-                                       dx.dtype)
+                columns = _tiles.positions_in(q0, q1, g)
+                dcol = _tiles.workspace((nb, g.groups, g.cg * g.taps, columns), dx.dtype)
                 np.matmul(wmat, _tiles.output_columns(g, dy, n0, nb, q0, q1), out=dcol)
                 pick(col2im_cf)(dcol.reshape(nb, g.c * g.taps, -1), dx5, n0, q0, q1, *args)
     else:
@@ -100,7 +100,8 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     tiles = list(_tiles.tiles(g, per_position, _tiles.largest_operand(x, dy)))
     slots = min(_tiles.SLOTS, len(tiles))
     transposed = g.kg < _heuristics.TRANSPOSED_BELOW
-    in_place = g.channels_last and g.groups == 1 and g.cg * g.taps * g.kg <= _heuristics.IN_PLACE_DW_UP_TO
+    in_place = (g.channels_last and g.groups == 1
+                and g.cg * g.taps * g.kg <= _heuristics.IN_PLACE_DW_UP_TO)
 
     def dot(features, grads, out=None):
         """Over the last axis: features (..., F, L) and grads (..., Kg, L) give dw's part,
@@ -163,8 +164,8 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
 
 def packed_cf(g: Geom, x5, args, job, pick, one_product: bool) -> np.ndarray:
     """A channels-first tile's windows, packed into the workspace: (G, Cg * taps, nb * L),
-    columns ordered (image, position), with ``one_product`` (see :func:`._heuristics.batch_columns`);
-    else (nb, G, Cg * taps, L)."""
+    columns ordered (image, position), with ``one_product`` (see
+    :func:`._heuristics.batch_columns`); else (nb, G, Cg * taps, L)."""
     n0, nb, q0, q1 = job
     columns = _tiles.positions_in(q0, q1, g)
     shape = (g.c * g.taps, nb, columns) if one_product else (nb, g.c * g.taps, columns)

@@ -427,12 +427,8 @@ def flipped_matrix(g: Geom, w: np.ndarray, channels_last=None) -> np.ndarray:
     return relayout(flipped.transpose(0, 2, 1, 3), 1).reshape(g.groups, g.cg, -1)
 
 
-#: Partials of at most this many values are summed on the calling thread alone: a parallel
-#: launch wakes the sleeping OpenMP threads (passive, see numbaconv.config), which cost more
-#: than such a sum. Measured on 2 cores, depthwise 3x3 weight gradients of 512 channels at
-#: 14x14 (36,864 partial values channels-first, 73,728 channels-last): 8 images 620 -> 530
-#: us channels-first, 680 -> 527 us channels-last; 1 image 250 -> 190 us (medians of six
-#: alternating runs).
+#: Partials of at most this many values are summed on the calling thread: waking the
+#: OpenMP threads costs more than such a sum (docs/cpu-algorithms.md, "Thresholds").
 PARALLEL_SUM_ABOVE = 2**18
 
 
@@ -444,13 +440,9 @@ def add_partials(partial, total) -> None:
         serial_version(sum_partials)(partial, total)
 
 
-#: Outputs of at least this many values get their bias in a Numba pass shared among the
-#: tile workers; smaller ones from NumPy (no kernel to compile, no workers to wake).
-#: NumPy's broadcast add, on one thread, was a quarter of a 1x1 forward: channels-last 64 ->
-#: 256 channels at 56x56, N = 8 (y 25.7 MB), 7.8 ms with the bias against 5.7 without
-#: (Zen 4, 2 cores). A parallel Numba region instead (its OpenMP threads) made the next
-#: BLAS-based call slower wherever those threads spin (PyTorch's OpenMP loaded first):
-#: hence the tile workers, which the products use anyway.
+#: Outputs of at least this many values get their bias in a Numba pass on the tile workers
+#: (NumPy's add is one thread; a parallel region would leave OpenMP threads spinning);
+#: measurements in docs/cpu-algorithms.md, "Thresholds".
 PARALLEL_BIAS_FROM = 2**16
 
 
