@@ -664,8 +664,8 @@ def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
     """Every algorithm on every case once more, compiled with NUMBA_BOUNDSCHECK=1."""
     run_under_boundscheck("from test_cpu import check_every_algorithm\n"
                           "from numbaconv.testing import CASES\n"
-                          "from numbaconv.cpu import conv\n"
-                          "conv.PARALLEL_BIAS_FROM = 0  # every bias by the kernels\n"
+                          "from numbaconv.cpu import _tiles\n"
+                          "_tiles.PARALLEL_BIAS_FROM = 0  # every bias by the kernels\n"
                           "for c in CASES:\n"
                           "    for layout in ('channels_first', 'channels_last'):\n"
                           "        check_every_algorithm(c, layout, 'float64')\n")
@@ -703,9 +703,9 @@ def test_bias_added_by_the_tile_workers_equals_numpy(monkeypatch, workers, layou
     """Above PARALLEL_BIAS_FROM the bias is added by a Numba kernel in chunks of rows shared
     among the tile workers (channels-first chunks start at any plane, not only at a whole
     image): bit for bit NumPy's broadcast add, NaN and infinities included."""
-    from numbaconv.cpu import conv as cpu_conv
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, workers)
-    monkeypatch.setattr(cpu_conv, "PARALLEL_BIAS_FROM", 0)
+    monkeypatch.setattr(_tiles, "PARALLEL_BIAS_FROM", 0)
     rng = np.random.default_rng(21)
     for shape in ((1, 5, 3, 7), (3, 7, 2, 1), (2, 1, 4, 4)):       # (N, C, H, W)
         a = rng.standard_normal(shape).astype(dtype)
@@ -716,7 +716,7 @@ def test_bias_added_by_the_tile_workers_equals_numpy(monkeypatch, workers, layou
             a = np.ascontiguousarray(np.moveaxis(a, 1, -1))
         with np.errstate(invalid="ignore"):                # inf - inf
             expected = a + (v if layout == "channels_last" else v[:, None, None])
-        cpu_conv.add_channel_vector(None, a, v, layout == "channels_last")
+        _tiles.add_channel_vector(None, a, v, layout == "channels_last")
         np.testing.assert_array_equal(a, expected)
 
 
@@ -724,9 +724,9 @@ def test_bias_added_by_the_tile_workers_equals_numpy(monkeypatch, workers, layou
 def test_forward_and_transposed_bias_by_the_tile_workers(monkeypatch, layout):
     """Every forward and transposed algorithm with its bias added by the kernels (not
     NumPy) still matches the reference."""
-    from numbaconv.cpu import conv as cpu_conv
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, 2)
-    monkeypatch.setattr(cpu_conv, "PARALLEL_BIAS_FROM", 0)
+    monkeypatch.setattr(_tiles, "PARALLEL_BIAS_FROM", 0)
     for c in CASES:
         check_every_algorithm(c, layout, "float64", ops=("conv", "conv_transpose"))
 
