@@ -55,6 +55,7 @@ not from ``problem.padding``, whose ``after`` part only determined ``output_size
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -142,3 +143,30 @@ def store(result: np.ndarray, out: Optional[np.ndarray], accumulate: bool) -> np
     else:
         out[...] = result
     return out
+
+
+#: Where the built-in backends keep each op: the module (one per op, in the backend's
+#: package) and its function, imported on the op's first run (:func:`run_op`).
+OP_MODULES = {
+    "conv": ("conv", "run"),
+    "conv_backward_data": ("conv_backward_data", "run"),
+    "conv_backward_weight": ("conv_backward_weight", "run"),
+    "conv_backward_bias": ("conv_backward_bias", "run"),
+    "conv_transpose": ("conv_backward_data", "run_transpose"),
+    "rnn_forward": ("rnn_forward", "run"),
+    "rnn_backward_data": ("rnn_backward_data", "run"),
+    "rnn_backward_weights": ("rnn_backward_weights", "run"),
+}
+
+#: Channels per group up to which the built-in backends offer their ``direct`` algorithm
+#: (and choose it for grouped problems): a GEMM over so few channels multiplies thin
+#: matrices.
+DIRECT_MAX_CHANNELS_PER_GROUP = 16
+
+
+def run_op(package: str, op: str, problem, operands: tuple, out, algorithm: str):
+    """Run ``op`` by the op module of the backend package ``package`` (a module name), as
+    :data:`OP_MODULES` files it; the module is imported on first use."""
+    module_name, function = OP_MODULES[op]
+    module = importlib.import_module(f"{package}.{module_name}")
+    return getattr(module, function)(problem, operands, out, algorithm)

@@ -342,6 +342,20 @@ def parallel_jit(func):
     return kernel
 
 
+def serial_jit(func):
+    """``numba.njit(**jit_options(parallel=False))(func)``: a kernel or helper without
+    ``prange`` threads (called from other kernels, or run on one thread)."""
+    import numba
+    return numba.njit(**jit_options(parallel=False))(func)
+
+
+def inline_jit(func):
+    """:func:`serial_jit`, inlined into its callers at the Numba IR level
+    (``inline="always"``)."""
+    import numba
+    return numba.njit(**jit_options(parallel=False), inline="always")(func)
+
+
 @functools.lru_cache(maxsize=None)
 def serial_version(kernel):
     """The one-thread compilation of the parallel kernel ``kernel`` (a Numba dispatcher),
@@ -358,11 +372,10 @@ def serial_twin(func):
     """
     import types
 
-    import numba
     twin = types.FunctionType(func.__code__, func.__globals__, func.__name__ + "_serial",
                               func.__defaults__, func.__closure__)
     twin.__qualname__ = twin.__name__
-    return numba.njit(**jit_options(parallel=False))(twin)
+    return serial_jit(twin)
 
 
 # --- forked children -----------------------------------------------------------------------

@@ -35,13 +35,23 @@ def test_lint_imports_keeps_every_contract():
     assert f"{len(contracts())} kept, 0 broken" in proc.stdout
 
 
-def test_every_module_has_a_layer():
-    (layers,) = [c["layers"] for c in contracts() if c["type"] == "layers"]
-    placed = {name.strip() for layer in layers for name in layer.replace(":", "|").split("|")}
-    package = os.path.join(ROOT, "numbaconv")
-    modules = {f"numbaconv.{name[:-3]}" for name in os.listdir(package)
+def _modules(package: str) -> set:
+    """The modules and subpackages directly in ``package`` (a dotted name)."""
+    folder = os.path.join(ROOT, *package.split("."))
+    modules = {f"{package}.{name[:-3]}" for name in os.listdir(folder)
                if name.endswith(".py") and name != "__init__.py"}
-    modules |= {f"numbaconv.{name}" for name in os.listdir(package)
-                if os.path.isfile(os.path.join(package, name, "__init__.py"))}
+    return modules | {f"{package}.{name}" for name in os.listdir(folder)
+                      if os.path.isfile(os.path.join(folder, name, "__init__.py"))}
+
+
+@pytest.mark.parametrize("container", [None, "numbaconv.cpu"])
+def test_every_module_has_a_layer(container):
+    """The package's layers name every top-level module; the cpu backend's, every module in
+    it."""
+    [layers] = [c["layers"] for c in contracts()
+                if c["type"] == "layers" and (c.get("containers") or [None])[0] == container]
+    names = {name.strip() for layer in layers for name in layer.replace(":", "|").split("|")}
+    placed = {f"{container}.{name}" for name in names} if container else names
+    modules = _modules(container or "numbaconv")
     assert modules - placed == set(), "modules missing from the layers in pyproject.toml"
     assert placed - modules == set(), "layers naming modules that do not exist"

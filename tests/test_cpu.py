@@ -68,12 +68,12 @@ def check_every_algorithm(c, layout, dtype, ops=OPS):
 def assert_shared_geometry_intact(c, layout, dtype):
     """The int arrays the cpu kernels take are made once per geometry and shared by every
     call: after all algorithms ran, each still holds its geometry (no kernel wrote one)."""
-    from numbaconv.cpu import _direct, _layout
-    from numbaconv.cpu.conv_backward_data import _stride1_as_forward
+    from numbaconv._kernel_geometry import data_gradient_as_forward, geom
+    from numbaconv.cpu import _direct
     for op in OPS[:3]:
-        g = _layout.geom(build_problem(op, c, layout, case_arrays(c, layout, dtype))[0])
+        g = geom(build_problem(op, c, layout, case_arrays(c, layout, dtype))[0])
         pairs = []
-        for geometry in (g, _stride1_as_forward(g)):
+        for geometry in (g, data_gradient_as_forward(g)):
             pairs += zip(geometry.geometry_args(), (geometry.s, geometry.r, geometry.p,
                                                     geometry.stride, geometry.dilation,
                                                     geometry.before))
@@ -149,11 +149,11 @@ def test_random_problems_match_the_reference(c, layout):
 def _force_tile_workers(monkeypatch, workers):
     """Run the GEMM algorithms' tiles one after another (1) or shared out (2), whatever
     the thread count."""
-    from numbaconv.cpu import _gemm
-    if workers > 1 and _gemm._blas() is None:
+    from numbaconv.cpu import _tiles
+    if workers > 1 and _tiles._blas() is None:
         pytest.skip("NumPy's BLAS is not an OpenBLAS numbaconv can set the threads of")
-    monkeypatch.setattr(_gemm, "tile_workers",
-                        lambda jobs: 1 if _gemm.in_tile_worker() else min(workers, jobs))
+    monkeypatch.setattr(_tiles, "tile_workers",
+                        lambda jobs: 1 if _tiles.in_tile_worker() else min(workers, jobs))
 
 
 @pytest.mark.parametrize("c", [
@@ -171,30 +171,30 @@ def test_taps_that_read_no_input_at_all(c, layout):
 
 @pytest.mark.parametrize("workers", [1, 2, "twins"])
 def test_workspace_tiling_splits_batches_and_rows(monkeypatch, workers):
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     if workers == "twins":  # the packing kernels' serial twins (workqueue threading layer)
-        monkeypatch.setattr(_gemm, "_parallel_kernels_in_workers", lambda: False)
+        monkeypatch.setattr(_tiles, "_parallel_kernels_in_workers", lambda: False)
         workers = 2
     _force_tile_workers(monkeypatch, workers)
     c = ConvCase("tiled", (3, 4, 9, 8), (6, 2, 3, 3), stride=(2, 1), padding=1, groups=2,
                  output_padding=(1, 0))
-    monkeypatch.setattr(_gemm, "WORKSPACE_BYTES", 0)   # the largest operand bounds it
-    monkeypatch.setattr(_gemm, "TILE_BYTES", 2**40)
+    monkeypatch.setattr(_tiles, "WORKSPACE_BYTES", 0)   # the largest operand bounds it
+    monkeypatch.setattr(_tiles, "TILE_BYTES", 2**40)
     for layout in ("channels_first", "channels_last"):
         check_every_algorithm(c, layout, "float64")
-    tiles = list(_gemm.tiles(_geom_of(c), 4 * 1000, 1))
+    tiles = list(_tiles.tiles(_geom_of(c), 4 * 1000, 1))
     assert all(nb == 1 for _, nb, _, _ in tiles) and len(tiles) > 3  # one row per tile
-    monkeypatch.setattr(_gemm, "WORKSPACE_BYTES", 2**40)
+    monkeypatch.setattr(_tiles, "WORKSPACE_BYTES", 2**40)
     per_position = 4 * 9 * 8                     # channels * taps * float64
-    monkeypatch.setattr(_gemm, "TILE_BYTES", 2 * per_position * 5 * 8)  # two images
-    tiles = list(_gemm.tiles(_geom_of(c), per_position, 1))
+    monkeypatch.setattr(_tiles, "TILE_BYTES", 2 * per_position * 5 * 8)  # two images
+    tiles = list(_tiles.tiles(_geom_of(c), per_position, 1))
     assert [(n0, nb) for n0, nb, _, _ in tiles] == [(0, 2), (2, 1)]
     for layout in ("channels_first", "channels_last"):
         check_every_algorithm(c, layout, "float64")
     # Stride 1 and output rows as long as input rows: the packing copies runs of rows,
     # here split across row tiles, 3D, dilated.
-    monkeypatch.setattr(_gemm, "WORKSPACE_BYTES", 0)
-    monkeypatch.setattr(_gemm, "TILE_BYTES", 2**40)
+    monkeypatch.setattr(_tiles, "WORKSPACE_BYTES", 0)
+    monkeypatch.setattr(_tiles, "TILE_BYTES", 2**40)
     for same in (ConvCase("runs", (2, 3, 5, 7, 6), (4, 3, 3, 3, 3), padding=(1, 2, 2),
                           dilation=(1, 2, 2)),
                  ConvCase("runs_uneven", (2, 3, 9, 5), (4, 3, 2, 3), padding=((1, 0), 1)),
@@ -211,7 +211,7 @@ def test_phased_packing_equals_the_strided_gather_on_any_row_tile():
     """im2col_cf_phased splits only the input rows a row tile reads: the same packed
     windows as im2col_cf for random 2D/3D geometries and tiles (NaN-filled, so an unwritten
     element shows)."""
-    from numbaconv.cpu._im2col import im2col_cf, im2col_cf_phased
+    from numbaconv.cpu._im2col_kernels import im2col_cf, im2col_cf_phased
     rng = np.random.default_rng(14)
 
     def ints(*t):
@@ -323,7 +323,7 @@ def test_channels_first_packing_equals_a_plain_gather_on_any_row_tile(unit_rows,
     above 1 along rows, im2col_cf_phased pack the windows of random 2D/3D geometries and
     row tiles, both orders of the packed rows, exactly as a plain NumPy gather (NaN-filled,
     so an unwritten element shows)."""
-    from numbaconv.cpu._im2col import im2col_cf, im2col_cf_phased
+    from numbaconv.cpu._im2col_kernels import im2col_cf, im2col_cf_phased
     rng = np.random.default_rng(41)
     for _ in range(60):
         s, r, p, stride, dil, before = _random_packing_geometry(rng, unit_rows,
@@ -352,7 +352,7 @@ def test_channels_first_col2im_equals_a_plain_scatter_add_on_any_row_tile():
     """col2im_cf (stride phases gathered first where the stride along rows is above 1) adds
     every packed value into the input element its window reads, as np.add.at does, for
     random 2D/3D geometries and row tiles, into images that already hold values."""
-    from numbaconv.cpu._im2col import col2im_cf
+    from numbaconv.cpu._im2col_kernels import col2im_cf
     rng = np.random.default_rng(42)
     for _ in range(60):
         s, r, p, stride, dil, before = _random_packing_geometry(rng, False)
@@ -378,17 +378,17 @@ def test_channels_first_col2im_equals_a_plain_scatter_add_on_any_row_tile():
 def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     """Tiles shared out among threads, or run one after another, are summed in the same
     fixed order (slots chosen by the shape alone)."""
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6, 5, 9, 9)).astype(np.float32)
     dy = rng.standard_normal((6, 7, 9, 9)).astype(np.float32)
-    monkeypatch.setattr(_gemm, "TILE_BYTES", 4 * 5 * 9 * 9 * 9)     # one image per tile
+    monkeypatch.setattr(_tiles, "TILE_BYTES", 4 * 5 * 9 * 9 * 9)     # one image per tile
     results = []
     for workers, twins in ((1, False), (2, False), (2, False), (2, True)):
         _force_tile_workers(monkeypatch, workers)
         # The serial twins of the packing kernels, which workers use under the workqueue
         # threading layer.
-        monkeypatch.setattr(_gemm, "_parallel_kernels_in_workers", lambda: not twins)
+        monkeypatch.setattr(_tiles, "_parallel_kernels_in_workers", lambda: not twins)
         with nc.use_backend("cpu"):
             results.append(nc.conv_backward_weight(x, dy, (7, 5, 3, 3), padding=1))
     with nc.use_backend("reference"):
@@ -406,13 +406,13 @@ def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels,
     SLOTS runs of positions (whichever side the wider product's columns): the reference's
     result, bitwise the same for one or two tile workers, and the one-product path's
     result when the split is switched off."""
-    from numbaconv.cpu import _gemm, conv_backward_weight as wgrad
+    from numbaconv.cpu import _heuristics, _tiles
     c, k = channels
     rng = np.random.default_rng(13)
     x = rng.standard_normal((3, 7, 5, c))               # 105 positions: runs of 14, last 7
     dy = rng.standard_normal((3, 7, 5, k))
     shape = (k, c // groups, 1, 1)
-    assert 3 * 7 * 5 >= wgrad.POSITION_SPLIT_FROM * max(c, k) // groups
+    assert 3 * 7 * 5 >= _heuristics.POSITION_SPLIT_FROM * max(c, k) // groups
     with nc.use_backend("reference"):
         expected = nc.conv_backward_weight(x, dy, shape, groups=groups, layout="channels_last")
     results = []
@@ -423,11 +423,11 @@ def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels,
             _force_tile_workers(monkeypatch, workers)
             results.append(nc.conv_backward_weight(x, dy, shape, groups=groups,
                                                    layout="channels_last"))
-        monkeypatch.setattr(wgrad, "POSITION_SPLIT_FROM", 2**62)
+        monkeypatch.setattr(_heuristics, "POSITION_SPLIT_FROM", 2**62)
         one_product = nc.conv_backward_weight(x, dy, shape, groups=groups,
                                               layout="channels_last")
     assert relative_error(results[0], expected) < TOL["float64"]
-    if _gemm._blas() is not None:
+    if _tiles._blas() is not None:
         assert np.array_equal(results[0], results[1])
     assert results[0].flags.c_contiguous
     np.testing.assert_allclose(one_product, results[0], rtol=1e-12, atol=1e-12)
@@ -439,10 +439,10 @@ def test_pointwise_products_reading_rows_in_place(monkeypatch, op):
     per channel go to _microkernel.rows_gemm (rows shared out in whole micro-kernel bands):
     the reference's result, bitwise the same on one or two tile workers, close to BLAS's
     when the rule is switched off."""
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _heuristics, _tiles
     calls = []
-    monkeypatch.setattr(_gemm, "rows_matmul",
-                        lambda *args, real=_gemm.rows_matmul: calls.append(1) or real(*args))
+    monkeypatch.setattr(_tiles, "rows_matmul",
+                        lambda *args, real=_tiles.rows_matmul: calls.append(1) or real(*args))
     rng = np.random.default_rng(17)
     c, k = 24, 40                          # columns: whole tiles and an edge either way
     x = rng.standard_normal((2, 23, 16, c)).astype(np.float32)     # 736 rows: bands + 4
@@ -464,10 +464,10 @@ def test_pointwise_products_reading_rows_in_place(monkeypatch, op):
             _force_tile_workers(monkeypatch, workers)
             results.append(fn(*args, **kw))
         assert calls
-        monkeypatch.setattr(_gemm, "ROWS_GEMM_FROM", 2**62)
+        monkeypatch.setattr(_heuristics, "ROWS_GEMM_FROM", 2**62)
         blas = fn(*args, **kw)
     assert relative_error(results[0], expected) < TOL["float32"]
-    if _gemm._blas() is not None:
+    if _tiles._blas() is not None:
         assert np.array_equal(results[0], results[1])
     np.testing.assert_allclose(blas, results[0], rtol=1e-5, atol=1e-5)
 
@@ -481,9 +481,9 @@ def _channels_last(*arrays):
 def test_weight_gradient_sums_several_tiles_per_slot(monkeypatch, layout, tile_bytes):
     """More tiles than slots: later tiles' products go through the reused product buffer
     (one output row per tile; two 23x23 images per tile, multiplied image by image)."""
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, 2)
-    monkeypatch.setattr(_gemm, "TILE_BYTES", tile_bytes)
+    monkeypatch.setattr(_tiles, "TILE_BYTES", tile_bytes)
     rng = np.random.default_rng(11)
     x = rng.standard_normal((18, 3, 23, 23))
     dy = rng.standard_normal((18, 4, 23, 23))
@@ -505,9 +505,9 @@ def test_strided_data_gradient_overwrites_every_element_of_out(monkeypatch, layo
                                                                tile_bytes):
     """col2im adds into dx, which each tile job zeroes first (its own images): NaN in
     ``out`` must not survive, with row tiles of one image or one tile of all images."""
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, 2)
-    monkeypatch.setattr(_gemm, "TILE_BYTES", tile_bytes)
+    monkeypatch.setattr(_tiles, "TILE_BYTES", tile_bytes)
     rng = np.random.default_rng(12)
     dy = rng.standard_normal((3, 5, 6, 6))
     w = rng.standard_normal((5, 4, 3, 3))
@@ -529,12 +529,12 @@ def test_strided_data_gradient_overwrites_every_element_of_out(monkeypatch, layo
 
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_relayout_in_pieces_equals_a_contiguous_copy(monkeypatch, axis):
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, 2)
-    monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0)
+    monkeypatch.setattr(_tiles, "SHARED_RELAYOUT_ABOVE", 0)
     view = np.arange(5 * 7 * 3 * 2, dtype=np.float32).reshape(5, 7, 3, 2)[..., ::-1]
     view = view.transpose(2, 0, 3, 1)
-    got = _gemm.relayout(view, axis)
+    got = _tiles.relayout(view, axis)
     assert got.flags.c_contiguous
     np.testing.assert_array_equal(got, view)
 
@@ -543,7 +543,7 @@ def test_relayout_in_pieces_equals_a_contiguous_copy(monkeypatch, axis):
 def test_weight_relayouts_shared_out_give_the_same_gradients(monkeypatch, layout):
     """Data gradient (flipped weight), channels-last forward and weight gradient with the
     weight re-layouts copied in pieces by the workers."""
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     rng = np.random.default_rng(13)
     x = rng.standard_normal((2, 6, 7, 7))
     w = rng.standard_normal((5, 6, 3, 3))
@@ -554,7 +554,7 @@ def test_weight_relayouts_shared_out_give_the_same_gradients(monkeypatch, layout
     results = []
     for shared in (False, True):
         _force_tile_workers(monkeypatch, 2 if shared else 1)
-        monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0 if shared else 2**62)
+        monkeypatch.setattr(_tiles, "SHARED_RELAYOUT_ABOVE", 0 if shared else 2**62)
         with nc.use_backend("cpu"):
             results.append((nc.conv_backward_data(dy, w, x.shape, **kw),
                             nc.conv_backward_weight(x, dy, w.shape, **kw), nc.conv(x, w, **kw)))
@@ -573,29 +573,29 @@ def test_weight_relayouts_shared_out_give_the_same_gradients(monkeypatch, layout
     ((2, 1, 3), (2, 3, 60), (2, 1, 60)),
 ])
 def test_products_shared_out_among_the_workers(monkeypatch, shapes):
-    """_gemm.matmul slices out's longest axis among the workers: the same product as
+    """_tiles.matmul slices out's longest axis among the workers: the same product as
     np.matmul, and called from a worker it multiplies there (no job waits on the pool)."""
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, 2)
-    monkeypatch.setattr(_gemm, "SHARED_PRODUCT_ABOVE", 0)
+    monkeypatch.setattr(_tiles, "SHARED_PRODUCT_ABOVE", 0)
     rng = np.random.default_rng(15)
     a, b = rng.standard_normal(shapes[0]), rng.standard_normal(shapes[1])
     out = np.full(shapes[2], np.nan)
-    assert _gemm.matmul(a, b, out) is out
+    assert _tiles.matmul(a, b, out) is out
     np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-13, atol=1e-13)
     outs = [np.full(shapes[2], np.nan) for _ in range(3)]
-    _gemm.run_tiles(lambda i, pick: _gemm.matmul(a, b, outs[i]), [0, 1, 2])
+    _tiles.run_tiles(lambda i, pick: _tiles.matmul(a, b, outs[i]), [0, 1, 2])
     for got in outs:
         np.testing.assert_array_equal(got, np.matmul(a, b))
     # In a worker, a re-layout copies there, and a nested run_tiles runs its jobs there,
     # instead of waiting on the pool the worker occupies.
-    monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0)
-    copies = _gemm.run_tiles(lambda i, pick: _gemm.relayout(b.swapaxes(-1, -2), 0),
+    monkeypatch.setattr(_tiles, "SHARED_RELAYOUT_ABOVE", 0)
+    copies = _tiles.run_tiles(lambda i, pick: _tiles.relayout(b.swapaxes(-1, -2), 0),
                              [0, 1, 2, 3])
     for got in copies:
         np.testing.assert_array_equal(got, b.swapaxes(-1, -2))
-    nested = _gemm.run_tiles(
-        lambda i, pick: _gemm.run_tiles(lambda j, pick: (i, j, _gemm.in_tile_worker()),
+    nested = _tiles.run_tiles(
+        lambda i, pick: _tiles.run_tiles(lambda j, pick: (i, j, _tiles.in_tile_worker()),
                                         [0, 1]), [0, 1, 2, 3])
     assert nested == [[(i, j, True) for j in (0, 1)] for i in range(4)]
 
@@ -603,10 +603,10 @@ def test_products_shared_out_among_the_workers(monkeypatch, shapes):
 def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
     """The workers hold NumPy's OpenBLAS to one thread (a process-wide setting) only while
     they run: a leaked setting once halved the speed of every later product."""
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, 2)
-    monkeypatch.setattr(_gemm, "TILE_BYTES", 1)                  # one output row per tile
-    blas = _gemm._blas()
+    monkeypatch.setattr(_tiles, "TILE_BYTES", 1)                  # one output row per tile
+    blas = _tiles._blas()
     before = blas.get_num_threads()
     x = np.ones((2, 3, 6, 6))
     with nc.use_backend("cpu"):
@@ -618,7 +618,7 @@ def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
 
 
 def _geom_of(c):
-    from numbaconv.cpu._layout import geom
+    from numbaconv._kernel_geometry import geom
     a = case_arrays(c, "channels_first", "float64")
     return geom(build_problem("conv", c, "channels_first", a)[0])
 
@@ -664,8 +664,8 @@ def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
     """Every algorithm on every case once more, compiled with NUMBA_BOUNDSCHECK=1."""
     run_under_boundscheck("from test_cpu import check_every_algorithm\n"
                           "from numbaconv.testing import CASES\n"
-                          "from numbaconv.cpu import conv\n"
-                          "conv.PARALLEL_BIAS_FROM = 0  # every bias by the kernels\n"
+                          "from numbaconv.cpu import _tiles\n"
+                          "_tiles.PARALLEL_BIAS_FROM = 0  # every bias by the kernels\n"
                           "for c in CASES:\n"
                           "    for layout in ('channels_first', 'channels_last'):\n"
                           "        check_every_algorithm(c, layout, 'float64')\n")
@@ -703,9 +703,9 @@ def test_bias_added_by_the_tile_workers_equals_numpy(monkeypatch, workers, layou
     """Above PARALLEL_BIAS_FROM the bias is added by a Numba kernel in chunks of rows shared
     among the tile workers (channels-first chunks start at any plane, not only at a whole
     image): bit for bit NumPy's broadcast add, NaN and infinities included."""
-    from numbaconv.cpu import conv as cpu_conv
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, workers)
-    monkeypatch.setattr(cpu_conv, "PARALLEL_BIAS_FROM", 0)
+    monkeypatch.setattr(_tiles, "PARALLEL_BIAS_FROM", 0)
     rng = np.random.default_rng(21)
     for shape in ((1, 5, 3, 7), (3, 7, 2, 1), (2, 1, 4, 4)):       # (N, C, H, W)
         a = rng.standard_normal(shape).astype(dtype)
@@ -716,7 +716,7 @@ def test_bias_added_by_the_tile_workers_equals_numpy(monkeypatch, workers, layou
             a = np.ascontiguousarray(np.moveaxis(a, 1, -1))
         with np.errstate(invalid="ignore"):                # inf - inf
             expected = a + (v if layout == "channels_last" else v[:, None, None])
-        cpu_conv.add_channel_vector(None, a, v, layout == "channels_last")
+        _tiles.add_channel_vector(None, a, v, layout == "channels_last")
         np.testing.assert_array_equal(a, expected)
 
 
@@ -724,9 +724,9 @@ def test_bias_added_by_the_tile_workers_equals_numpy(monkeypatch, workers, layou
 def test_forward_and_transposed_bias_by_the_tile_workers(monkeypatch, layout):
     """Every forward and transposed algorithm with its bias added by the kernels (not
     NumPy) still matches the reference."""
-    from numbaconv.cpu import conv as cpu_conv
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, 2)
-    monkeypatch.setattr(cpu_conv, "PARALLEL_BIAS_FROM", 0)
+    monkeypatch.setattr(_tiles, "PARALLEL_BIAS_FROM", 0)
     for c in CASES:
         check_every_algorithm(c, layout, "float64", ops=("conv", "conv_transpose"))
 
@@ -736,9 +736,9 @@ def test_tile_workers_in_a_forked_child(monkeypatch):
     """A child forked after the tile workers started gets its own pool (the parent's
     threads do not exist in it) and the same result."""
     import multiprocessing
-    from numbaconv.cpu import _gemm
+    from numbaconv.cpu import _tiles
     _force_tile_workers(monkeypatch, 2)
-    monkeypatch.setattr(_gemm, "TILE_BYTES", 1)
+    monkeypatch.setattr(_tiles, "TILE_BYTES", 1)
     x = np.arange(2 * 3 * 6 * 6, dtype=np.float64).reshape(2, 3, 6, 6) % 7
     w = np.ones((4, 3, 3, 3))
     with nc.use_backend("cpu"):

@@ -180,10 +180,11 @@ def test_same_windows_take_their_kernel_with_strided_operands_copied_once(
     the reference); strided (non-contiguous) operands, which the public calls never hand a
     backend but its run() takes, are copied once by run(), so the same kernels run them,
     with the same result."""
-    from numbaconv.cpu import _direct
+    from numbaconv.cpu import _direct_cf_plane, _direct_cl
+    module = _direct_cl if kernel == "_cl_same3" else _direct_cf_plane
     calls = []
-    real = getattr(_direct, kernel)
-    monkeypatch.setattr(_direct, kernel, lambda *a: calls.append(1) or real(*a))
+    real = getattr(module, kernel)
+    monkeypatch.setattr(module, kernel, lambda *a: calls.append(1) or real(*a))
     x, w, dy = _arrays((2, 16, 5, 6), (3, 3), "float32", layout, padding=1)
     kw = dict(padding=1, groups=16, layout=layout)
 
@@ -206,12 +207,13 @@ def test_same_planes_weight_gradient_takes_the_column_strips(monkeypatch):
     """A channels-first depthwise 3x3 weight gradient of ``same`` windows on rows of at
     least SAME_WEIGHT_MIN_WIDTH pixels runs _cf_same3_weight (strips of 8, 2 and 1 columns
     with AVX2 on 11), like the reference; narrower rows take the flat kernel."""
-    from numbaconv.cpu import _direct
+    from numbaconv.cpu import _direct_cf_plane, _heuristics
     calls = []
-    real = _direct._cf_same3_weight
-    monkeypatch.setattr(_direct, "_cf_same3_weight", lambda *a: calls.append(1) or real(*a))
+    real = _direct_cf_plane._cf_same3_weight
+    monkeypatch.setattr(_direct_cf_plane, "_cf_same3_weight",
+                        lambda *a: calls.append(1) or real(*a))
     kw = dict(padding=1, groups=4, layout="channels_first")
-    for width, taken in ((11, 1), (_direct.SAME_WEIGHT_MIN_WIDTH - 1, 0)):
+    for width, taken in ((11, 1), (_heuristics.SAME_WEIGHT_MIN_WIDTH - 1, 0)):
         x, w, dy = _arrays((3, 4, 6, width), (3, 3), "float64", "channels_first", padding=1)
         with nc.use_backend("reference"):
             expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
@@ -240,7 +242,8 @@ def test_direct_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundsc
 
 
 def test_partials_sum_in_the_same_order_on_one_thread_or_several():
-    from numbaconv.cpu import _direct
+    from numbaconv.config import serial_version
+    from numbaconv.cpu._rows import sum_partials
     rng = np.random.default_rng(3)
     # Magnitudes 1e-6..1e6: any other order of the additions rounds differently.
     partial = (rng.standard_normal((7, 1000)) * 10.0 ** rng.integers(-6, 6, (7, 1000))
@@ -248,7 +251,7 @@ def test_partials_sum_in_the_same_order_on_one_thread_or_several():
     expected = partial[0].copy()
     for row in partial[1:]:
         expected += row
-    for kernel in (_direct._sum_partials, _direct.serial(_direct._sum_partials)):
+    for kernel in (sum_partials, serial_version(sum_partials)):
         total = np.full(1000, np.nan, np.float32)
         kernel(partial, total)
         assert np.array_equal(total, expected)

@@ -337,9 +337,9 @@ def test_the_same_dw_bit_for_bit_on_one_thread_or_two():
 
 
 def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
-    import numbaconv.cpu as cpu
+    from numbaconv.cpu import _heuristics
     backend = dispatch.get_backend("cpu")
-    monkeypatch.setattr(cpu, "wide_registers", lambda: True)        # AVX-512's rules
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)        # AVX-512's rules
 
     def choice(x_shape, w_shape, **kw):
         x = np.zeros(x_shape, np.float32)
@@ -381,7 +381,7 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert data((1, 16, 20, 20), (32, 16, 3, 3), padding=1) == "im2col"      # dx: 16
     # Without AVX-512 the forward and the data gradient keep im2col; the weight gradient
     # keeps its rules...
-    monkeypatch.setattr(cpu, "wide_registers", lambda: False)
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: False)
     assert forward((1, 16, 20, 20), (64, 16, 3, 3), padding=1) == "im2col"
     assert data((1, 64, 20, 20), (32, 64, 3, 3), padding=1) == "im2col"
     assert choice((1, 20, 20, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"

@@ -168,7 +168,7 @@ def test_non_finite_values_propagate_like_the_reference(layout):
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 def test_the_transformed_weights_are_g_w_g_transposed(layout):
     from numbaconv.cpu import _winograd
-    from numbaconv.cpu._layout import geom
+    from numbaconv._kernel_geometry import geom
     rng = np.random.default_rng(3)
     w = rng.standard_normal((5, 3, 3, 3))
     x = np.zeros((1, 3, 4, 4)) if layout == "channels_first" else np.zeros((1, 4, 4, 3))
@@ -421,15 +421,15 @@ def test_weight_transforms_shared_among_the_workers(monkeypatch, layout, workers
     """Large weights are transformed (G g G^T) and large weight gradients transformed
     back (G^T dV G) in ranges of output channels shared among the tile workers: every op
     still matches the reference, and dw is bit for bit the one of a single job."""
-    from numbaconv.cpu import _gemm
-    if _gemm._blas() is None:
+    from numbaconv.cpu import _tiles
+    if _tiles._blas() is None:
         pytest.skip("NumPy's BLAS is not an OpenBLAS numbaconv can set the threads of")
     x, dy, w, _, kw = _arrays(CASES[1], "float64", layout)
     p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
     whole = _backend().run("conv_backward_weight", p, (x, dy), None, "winograd")
-    monkeypatch.setattr(_gemm, "SHARED_RELAYOUT_ABOVE", 0)
-    monkeypatch.setattr(_gemm, "tile_workers",
-                        lambda jobs: 1 if _gemm.in_tile_worker() else min(workers, jobs))
+    monkeypatch.setattr(_tiles, "SHARED_RELAYOUT_ABOVE", 0)
+    monkeypatch.setattr(_tiles, "tile_workers",
+                        lambda jobs: 1 if _tiles.in_tile_worker() else min(workers, jobs))
     shared = _backend().run("conv_backward_weight", p, (x, dy), None, "winograd")
     np.testing.assert_array_equal(shared, whole)
     for case in CASES:

@@ -1,5 +1,5 @@
-"""The register-tiled CUDA GEMMs (numbaconv/cuda/_implicit_gemm.py), read from their sm_90
-machine code, no GPU needed: compiled as a contiguous call compiles them (flat 'C' views,
+"""The register-tiled CUDA GEMMs (numbaconv/cuda/_implicit_gemm_kernels.py), read from their
+sm_90 machine code, no GPU needed: compiled as a contiguous call compiles them (flat 'C' views,
 32-bit indices, the largest tile), assembled by the pip toolkit's ``ptxas`` and disassembled
 by ``nvdisasm`` (pip ``nvidia-cuda-nvdisasm``). The reduction step's loop must be mostly
 FFMA, no kernel may call a division routine (their divisions are unsigned 32-bit, inline,

@@ -1,456 +1,97 @@
-"""Shared pieces of the GEMM-based algorithms: weight matrices, grouped products, tiles.
-
-Matrix products go to NumPy's ``matmul`` (its BLAS: OpenBLAS in NumPy's wheels), which
-multiplies strided operands and writes strided outputs without copies as long as each 2D
-slice has a unit inner stride. Packing (im2col/col2im) is Numba; see :mod:`._im2col`.
-"""
+"""The ``gemm`` algorithm's drivers: the convolution is a plain matrix product over x (1x1
+kernels with stride 1 and no padding, or kernels exactly as large as the unpadded input). No
+packing: BLAS products (:mod:`._tiles`), or for channels-last rows numbaconv's micro-kernel
+reading them in place (:func:`._tiles.rows_matmul`)."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import math
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor, wait
-
-import numba
 import numpy as np
 
-from ..config import serial_after_fork, serial_version
-from ._layout import Geom
+from .._kernel_geometry import Geom
+from . import _heuristics, _tiles
 
-#: Workspace for packed (im2col) buffers is bounded by max(this, the largest operand).
-WORKSPACE_BYTES = 64 * 2**20
-#: Packed bytes per tile that the tiling aims at (cache-sized; see :func:`tiles`).
-TILE_BYTES = 4 * 2**20
-
-
-def weight_cf(g: Geom, w: np.ndarray) -> np.ndarray:
-    """w as (G, K/G, Cg * taps), features ordered (c, t): a view."""
-    return w.reshape(g.g, g.kg, g.cg * g.taps)
-
-
-def weight_cl(g: Geom, w: np.ndarray) -> np.ndarray:
-    """w as (G, K/G, taps * Cg), features ordered (t, c) like channels-last windows: a copy."""
-    return relayout(w.reshape(g.g, g.kg, g.cg, g.taps).transpose(0, 1, 3, 2), 1).reshape(
-        g.g, g.kg, g.taps * g.cg)
-
-
-def weight_from_cl(g: Geom, dw: np.ndarray) -> np.ndarray:
-    """(G, K/G, taps * Cg) back to the (K, Cg, *R) weight layout (a copy)."""
-    return relayout(dw.reshape(g.g, g.kg, g.taps, g.cg).transpose(0, 1, 3, 2), 1).reshape(
-        (g.k, g.cg) + g.r)
-
-
-#: Weight re-layouts of more bytes than this are shared out among the tile workers.
-SHARED_RELAYOUT_ABOVE = 4 * 2**20
+def forward(g: Geom, x, w, y) -> None:
+    if g.pointwise and not g.channels_last:
+        # y[n] (G, Kg, S) = W (G, Kg, Cg) @ x[n] (G, Cg, S), per image.
+        _tiles.matmul(_tiles.weight_cf(g, w), x.reshape(g.n, g.groups, g.cg, g.positions),
+                     y.reshape(g.n, g.groups, g.kg, g.positions))
+    elif _heuristics.rows_in_place(g):
+        # x's rows read in place; w^T (C, K) copied (small next to x).
+        _tiles.rows_matmul(x.reshape(-1, g.c), np.ascontiguousarray(w.reshape(g.k, g.c).T),
+                          y.reshape(-1, g.k))
+    elif g.pointwise:
+        # Every position of every image is a row: one product per group.
+        _tiles.grouped_matmul(x.reshape(-1, g.groups, g.cg),
+                             _tiles.weight_cf(g, w).transpose(0, 2, 1),
+                             y.reshape(-1, g.groups, g.kg))
+    elif g.whole_input:
+        # Every image is a row of (G, features): features in w's own order, (c, t) when
+        # channels-first, (t, c) channels-last (then G == 1).
+        wmat = _tiles.weight_cl(g, w) if g.channels_last else _tiles.weight_cf(g, w)
+        _tiles.grouped_matmul(x.reshape(g.n, g.groups, -1), wmat.transpose(0, 2, 1),
+                             y.reshape(g.n, g.groups, g.kg))
+    else:
+        raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
 
 
-def relayout(view: np.ndarray, axis: int) -> np.ndarray:
-    """A C-contiguous copy of a strided view (a transposed weight), copied in pieces along
-    ``axis`` by the tile workers when it is large (NumPy's copy releases the GIL; in a tile
-    worker, by that worker alone). ResNet's 512-channel 3x3 weight (9.4 MB),
-    flipped and transposed for the data gradient on 2 cores: 1.6 -> 1.0 ms; at 256
-    channels (2.4 MB) two threads gained nothing."""
-    out = np.empty(view.shape, view.dtype)
-    spans = worker_ranges(view.shape[axis], view.nbytes > SHARED_RELAYOUT_ABOVE)
-    if len(spans) <= 1:
-        out[...] = view
-        return out
-
-    def copy(span, pick):
-        _along(out, axis, span)[...] = _along(view, axis, span)
-
-    run_tiles(copy, spans)
-    return out
-
-
-def _along(array: np.ndarray, axis, span: tuple) -> np.ndarray:
-    """``array[..., start:stop, ...]`` on ``axis`` for ``span`` (start, stop); the whole
-    array when ``axis`` is None or the array has length 1 there (broadcast)."""
-    if axis is None or array.shape[axis] == 1:
-        return array
-    index = [slice(None)] * array.ndim
-    index[axis] = slice(*span)
-    return array[tuple(index)]
+def data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
+    target = np.empty_like(dx) if accumulate else dx
+    if g.pointwise and not g.channels_last:
+        _tiles.matmul(_tiles.weight_cf(g, w).transpose(0, 2, 1),
+                     dy.reshape(g.n, g.groups, g.kg, g.positions),
+                     target.reshape(g.n, g.groups, g.cg, g.positions))
+    elif _heuristics.rows_in_place(g):
+        _tiles.rows_matmul(dy.reshape(-1, g.k), w.reshape(g.k, g.c), target.reshape(-1, g.c))
+    elif g.pointwise:
+        _tiles.grouped_matmul(dy.reshape(-1, g.groups, g.kg), _tiles.weight_cf(g, w),
+                             target.reshape(-1, g.groups, g.cg))
+    elif g.whole_input:
+        wmat = _tiles.weight_cl(g, w) if g.channels_last else _tiles.weight_cf(g, w)
+        _tiles.grouped_matmul(dy.reshape(g.n, g.groups, g.kg), wmat,
+                              target.reshape(g.n, g.groups, -1))
+    else:
+        raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
+    if accumulate:
+        dx += target
 
 
-def grouped_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out[m, g, :] = a[m, g, :] @ b[g] for a (M, G, F), b (G, F, J), out (M, G, J), shared
-    out among the tile workers (see :func:`matmul`)."""
-    matmul(a.transpose(1, 0, 2), b, out.transpose(1, 0, 2))
+def weight_gradient(g: Geom, x, dy) -> np.ndarray:
+    if g.pointwise and not g.channels_last:
+        per_image = _tiles.matmul(
+            dy.reshape(g.n, g.groups, g.kg, g.positions),
+            x.reshape(g.n, g.groups, g.cg, g.positions).transpose(0, 1, 3, 2),
+            np.empty((g.n, g.groups, g.kg, g.cg), x.dtype))
+        return _tiles.sum_in_order(per_image)
+    if g.pointwise and g.n * g.positions >= _heuristics.POSITION_SPLIT_FROM * max(g.kg, g.cg):
+        return _pointwise_by_positions(g, x.reshape(-1, g.groups, g.cg),
+                                       dy.reshape(-1, g.groups, g.kg))
+    if g.pointwise:
+        rows = dy.reshape(-1, g.groups, g.kg).transpose(1, 2, 0)      # (G, Kg, N * S)
+        return _tiles.matmul(rows, x.reshape(-1, g.groups, g.cg).transpose(1, 0, 2),
+                            np.empty((g.groups, g.kg, g.cg), x.dtype))
+    if g.whole_input:
+        features = x.reshape(g.n, g.groups, -1).transpose(1, 0, 2)     # (G, N, F)
+        dw = _tiles.matmul(dy.reshape(g.n, g.groups, g.kg).transpose(1, 2, 0), features,
+                          np.empty((g.groups, g.kg, features.shape[-1]), x.dtype))
+        return _tiles.weight_from_cl(g, dw) if g.channels_last else dw
+    raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
 
 
-#: Products of fewer multiply-adds than this run as one np.matmul on the calling thread.
-SHARED_PRODUCT_ABOVE = 2**20
-
-
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``np.matmul(a, b, out=out)``, shared out among the tile workers (one BLAS thread each)
-    in slices of out's longest axis, so that numbaconv never runs OpenBLAS's own thread
-    pool: its threads spin for about 0.1 s after each product, taking a core from the tile
-    workers of whatever runs next (measured on 2 cores: a channels-last 3x3 data gradient
-    right after a two-thread product took 24-26 ms instead of 14-19 ms). ``a`` may have
-    fewer batch axes than out (broadcast); each output element is one BLAS dot product
-    over the whole shared axis, whatever the slicing."""
-    axis = int(np.argmax(out.shape))
-    spans = worker_ranges(out.shape[axis], out.size * a.shape[-1] > SHARED_PRODUCT_ABOVE)
-    if len(spans) <= 1:
-        return np.matmul(a, b, out=out)
-    a = a[(None,) * (out.ndim - a.ndim)]
-    b = b[(None,) * (out.ndim - b.ndim)]
-    rows, columns = out.ndim - 2, out.ndim - 1
-    a_axis = None if axis == columns else axis
-    b_axis = None if axis == rows else axis
-
-    def product(span, pick):
-        np.matmul(_along(a, a_axis, span), _along(b, b_axis, span),
-                  out=_along(out, axis, span))
-
-    run_tiles(product, spans)
-    return out
-
-
-#: One-group channels-last 1x1 forward and data-gradient products whose rows (N * S) number
-#: at least this many times the larger channel count run through
-#: :func:`._microkernel.rows_gemm` (:func:`rows_matmul`), which reads the activations' rows
-#: in place; fewer, longer rows go to BLAS (figures at rows_gemm).
-ROWS_GEMM_FROM = 16
-
-
-def rows_in_place(g: Geom) -> bool:
-    """Whether the channels-last 1x1 product of ``g`` goes to :func:`rows_matmul`."""
-    return (g.pointwise and g.channels_last and g.g == 1
-            and g.n * g.positions >= ROWS_GEMM_FROM * max(g.c, g.k))
-
-
-def rows_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[...] = a @ b`` (2D) by :func:`._microkernel.rows_gemm`, a's rows shared out
-    among the tile workers, four runs a worker, each a whole number of micro-kernel bands
-    (so that only the last run has a part band to pad; every row gets the same bits
-    whatever the split)."""
-    from ._microkernel import rows_gemm, strided_shape
-    mr = strided_shape(out.dtype)[0]
-    bands = -(-a.shape[0] // mr)
-    workers = tile_workers(bands)
-    step = -(-bands // min(bands, 4 * workers)) * mr if bands else 1
+def _pointwise_by_positions(g: Geom, x, dy) -> np.ndarray:
+    """dw (G, Kg, Cg) of a channels-last 1x1 convolution from x (M, G, Cg) and dy (M, G, Kg),
+    M = N * S: SLOTS products over runs of positions (a split fixed by the shape), each
+    with the wider side as its columns (OpenBLAS runs (64, 256) faster than (256, 64)),
+    summed in order."""
+    m = x.shape[0]
+    step = -(-m // _tiles.SLOTS)
+    transposed = g.kg > g.cg
+    # Each part is (G, rows, columns) = left (G, rows, M') @ right (G, M', columns).
+    left, right = (x, dy) if transposed else (dy, x)
 
     def part(start, pick):
-        rows_gemm(a[start:start + step], b, out[start:start + step])
-
-    run_tiles(part, list(range(0, a.shape[0], step)) or [0])
-    return out
-
-
-def tiles(g: Geom, per_position_bytes: int, largest_operand_bytes: int):
-    """(n0, nb, q0, q1) tiles: several whole images, or one image's run of output rows
-    (q = p0 * P1 + p1, each P2 positions).
-
-    Tiles aim at TILE_BYTES of packed data, so that packing writes and the product's reads
-    hit the cache rather than memory: measured on ResNet's 3x3 64-channel 56x56 layer,
-    4 MiB tiles took 6 ms where 64 MiB tiles took 11 ms (channels-last forward). The packed
-    workspace never exceeds max(WORKSPACE_BYTES, the largest operand), except that a single
-    output row (the last spatial dimension) is never split.
-    """
-    limit = min(TILE_BYTES, max(WORKSPACE_BYTES, largest_operand_bytes))
-    rows = g.p[0] * g.p[1]
-    per_image = per_position_bytes * g.positions
-    if per_image <= limit:
-        nb = min(g.n, limit // max(per_image, 1))
-        for n0 in range(0, g.n, nb):
-            yield n0, min(nb, g.n - n0), 0, rows
-        return
-    chunk = max(1, limit // max(per_position_bytes * g.p[2], 1))
-    for n0 in range(g.n):
-        for q0 in range(0, rows, chunk):
-            yield n0, 1, q0, min(rows, q0 + chunk)
-
-
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def packing_threads():
-    """Run the packing kernels of a GEMM-based algorithm on the calling thread alone.
-
-    Packing alternates with BLAS products tile after tile. Numba's parallel regions end at
-    a barrier, so a Numba thread descheduled in favour of a BLAS thread (which yield-spins
-    for a while after each product) stalls the whole region for a time slice: measured on
-    2 cores with both pools at 2 threads, ResNet's 3x3 64-channel layer took 130 ms instead
-    of 9 ms whenever Numba's OpenMP pool waited actively (as when PyTorch loaded the OpenMP
-    runtime first). One Numba thread gives the cores to BLAS and was also faster with
-    passive waiting (channels-first forward 14.5 -> 9 ms, channels-last 7.8 -> 6.5 ms).
-    """
-    previous = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(previous)
-
-
-@functools.lru_cache(maxsize=1)
-def _blas():
-    """threadpoolctl's controller of NumPy's OpenBLAS, or None when NumPy's BLAS is another
-    library or threadpoolctl is missing."""
-    try:
-        from threadpoolctl import ThreadpoolController
-        libraries = ThreadpoolController().select(internal_api="openblas").lib_controllers
-    except Exception:   # threadpoolctl missing, or failing on an unusual platform
-        return None
-    # NumPy's wheels bundle their own OpenBLAS (numpy.libs), SciPy's another: use NumPy's,
-    # or the only one loaded (a NumPy built against a system OpenBLAS).
-    ours = [lib for lib in libraries if "numpy" in lib.filepath] or \
-        (libraries if len(libraries) == 1 else [])
-    return ours[0] if ours else None
-
-
-_blas_lock = threading.Lock()
-_blas_users = 0
-_blas_threads = None
-
-
-@contextlib.contextmanager
-def blas_single_threaded():
-    """NumPy's BLAS on one thread while tile workers run, restored when the last of them
-    (any number of concurrent numbaconv calls) is done.
-
-    OpenBLAS's thread count is process-wide: ``openblas_set_num_threads_local`` changes it
-    for every thread in NumPy's pthreads build (measured: the main thread's products ran on
-    one thread after a worker called it). So other threads of the program also get a
-    one-thread BLAS while a GEMM-based numbaconv algorithm runs. Setting it costs about
-    1 us.
-    """
-    global _blas_users, _blas_threads
-    blas = _blas()
-    with _blas_lock:
-        if _blas_users == 0:
-            _blas_threads = blas.get_num_threads()
-            blas.set_num_threads(1)
-        _blas_users += 1
-    try:
-        yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                blas.set_num_threads(_blas_threads)
-
-
-_pools: dict = {}
-_pools_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child starts with none of the parent's threads: fresh locks (one held by a
-    parent thread at the fork would never be released), no BLAS users, no pools. (Its
-    kernels run serially where the parent's threads were OpenMP's: see
-    :mod:`numbaconv.config`.)"""
-    global _blas_lock, _blas_users, _pools_lock
-    _blas_lock = threading.Lock()
-    _pools_lock = threading.Lock()
-    _blas_users = 0
-    _pools.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _pool(workers: int):
-    """A thread pool of ``workers`` threads, each with one Numba thread, made once per
-    process (a forked child makes its own: the parent's threads do not exist there)."""
-    with _pools_lock:
-        pool = _pools.get(workers)
-        if pool is None:
-            pool = _pools[workers] = ThreadPoolExecutor(
-                workers, thread_name_prefix="numbaconv-tile", initializer=_start_worker)
-        return pool
-
-
-def _start_worker() -> None:
-    numba.set_num_threads(1)
-    _local.worker = True
-
-
-def in_tile_worker() -> bool:
-    """Whether this thread is a tile worker (whose products run on it, one BLAS thread)."""
-    return getattr(_local, "worker", False)
-
-
-@functools.lru_cache(maxsize=1)
-def _parallel_kernels_in_workers() -> bool:
-    """Whether the tile workers may call the parallel packing kernels (on one Numba thread
-    each): Numba's omp and tbb threading layers take launches from several threads at
-    once, its workqueue layer does not. Those kernels ran 2.2 times as fast as their
-    serial twins on one thread (Numba's parfor lowering optimises the loop body better)."""
-    from ._im2col import zero_rows
-    zero_rows(np.zeros((1, 1)))         # a first parallel launch picks the threading layer
-    return numba.threading_layer() in ("omp", "tbb")
-
-
-def tile_workers(jobs: int) -> int:
-    """How many tile jobs run at once: Numba's thread count (``numba.set_num_threads``),
-    when NumPy's BLAS is an OpenBLAS whose thread count numbaconv can set; else 1, and 1 in
-    a tile worker (its jobs run there, see :func:`run_tiles`)."""
-    workers = min(numba.get_num_threads(), jobs)
-    if workers < 2 or _blas() is None or in_tile_worker():
-        return 1
-    return workers
-
-
-def worker_ranges(size: int, share: bool = True) -> list:
-    """[(start, stop), ...]: [0, size) cut into one range per tile worker (a single range
-    unless ``share``), the jobs of a kernel shared out by :func:`run_tiles`."""
-    step = max(1, -(-size // (tile_workers(size) if share else 1)))
-    return [(start, min(size, start + step)) for start in range(0, size, step)]
-
-
-def serial(kernel):
-    """The one-thread compilation of a parallel kernel (made once, on first use): for the
-    tile workers under Numba's workqueue threading layer (which cannot launch parallel
-    regions from two threads at once), and for work too small to be worth waking the
-    OpenMP threads (the direct weight gradient's partial sums); and in a forked child, for
-    every kernel (see :mod:`numbaconv.config`)."""
-    return serial_version(kernel)
-
-
-def _same(kernel):
-    return kernel
-
-
-def _worker_pick():
-    """The variant of the packing kernels that tile workers call (see :func:`serial`)."""
-    return _same if not serial_after_fork() and _parallel_kernels_in_workers() else serial
-
-
-def run_tiles(work, jobs: list) -> list:
-    """``[work(job, pick) for job in jobs]``, the jobs shared out among the tile workers.
-
-    Each worker packs its tile on one thread and multiplies it with a one-thread BLAS, so
-    both run on every core. ``pick(kernel)`` gives the variant of a packing kernel to call.
-    When the jobs run one after another instead (one worker, or no control over BLAS's
-    threads), packing runs on one thread and the products on BLAS's threads.
-
-    Measured on 2 cores (ResNet's 3x3 layer, 64 channels at 56x56, channels-last forward,
-    16 tiles): 15.5 ms one after another (packing 2.3 ms of one core, products at about
-    330 GFLOP/s on two), 7 ms shared out. Jobs must write disjoint outputs. Called from a
-    tile worker (a job that shares out work of its own), the jobs run there, in order: a
-    worker waiting on the pool could wait for itself. Ctrl-C ends the call after the tiles
-    that are running (the outputs are then partly written).
-    """
-    if in_tile_worker():
-        pick = _worker_pick()
-        return [work(job, pick) for job in jobs]
-    workers = tile_workers(len(jobs))
-    if workers == 1:
-        with packing_threads():
-            return [work(job, _same) for job in jobs]
-    pick = _worker_pick()
-    with blas_single_threaded():
-        futures = [_pool(workers).submit(work, job, pick) for job in jobs]
-        try:
-            wait(futures)
-        except BaseException:
-            # Ctrl-C (KeyboardInterrupt arrives in this thread, in wait): drop the queued
-            # tiles, which the pool would otherwise run to the end, even at interpreter
-            # exit; the running ones (one per worker) end first, so that no tile writes
-            # after the call has returned.
-            for future in futures:
-                future.cancel()
-            wait(futures)
-            raise
-    return [future.result() for future in futures]
-
-
-def workspace(shape: tuple, dtype, slot: str = "packed") -> np.ndarray:
-    """A C-contiguous scratch array, reused across tiles and calls: ``slot`` "packed" for
-    packed windows, "rows" for a tile's copy of y or dy (a fraction of that size),
-    "product" for a tile's part of the weight gradient (dw's size).
-
-    One buffer per slot and thread (so concurrent calls from several threads never share
-    one), grown on demand and kept: fresh multi-megabyte allocations cost a page fault per
-    4 KiB on first touch, which measured as much as the packing itself. The buffers hold at
-    most one tile (about TILE_BYTES) and, once a weight gradient summed several tiles in one
-    slot, one dw per thread that has called a GEMM-based algorithm.
-    """
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    buffers = _local.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(slot)
-    if buffer is None or buffer.nbytes < nbytes:
-        buffer = buffers[slot] = np.empty(max(nbytes, 1), np.uint8)
-    return buffer[:nbytes].view(dtype).reshape(shape)
-
-
-#: Channels-first tiles of several images with fewer output positions per image than this
-#: are multiplied as one product over all their positions (columns ordered image by image)
-#: instead of one product per image: at 7x7 (49 columns) the per-image products ran at half
-#: speed and the weight gradient wrote a whole dw per image.
-BATCH_COLUMNS_BELOW = 512
-
-
-def batch_columns(g: Geom, nb: int) -> bool:
-    return nb > 1 and g.positions < BATCH_COLUMNS_BELOW
-
-
-def packed_cf(g: Geom, x5, args, job, pick, one_product: bool) -> np.ndarray:
-    """A channels-first tile's windows, packed into the workspace: (G, Cg * taps, nb * L),
-    columns ordered (image, position), with ``one_product`` (see :func:`batch_columns`);
-    else (nb, G, Cg * taps, L)."""
-    from ._im2col import im2col_cf, im2col_cf_phased
-    n0, nb, q0, q1 = job
-    columns = positions_in(q0, q1, g)
-    shape = (g.c * g.taps, nb, columns) if one_product else (nb, g.c * g.taps, columns)
-    col = workspace(shape, x5.dtype)
-    # A stride above 1 along rows: phase-split rows, then contiguous runs (each tile splits
-    # only the input rows its windows read).
-    kernel = im2col_cf_phased if g.stride[2] > 1 else im2col_cf
-    pick(kernel)(x5, col, one_product, n0, q0, q1, *args)
-    if one_product:
-        return col.reshape(g.g, g.cg * g.taps, nb * columns)
-    return col.reshape(nb, g.g, g.cg * g.taps, columns)
-
-
-def packed_cl(g: Geom, x5, args, job, pick) -> np.ndarray:
-    """A channels-last tile's windows, packed into the workspace: (M, G, taps * Cg)."""
-    from ._im2col import im2col_cl
-    n0, nb, q0, q1 = job
-    m = nb * positions_in(q0, q1, g)
-    col = workspace((m, g.g, g.taps, g.cg), x5.dtype)
-    pick(im2col_cl)(x5, col, n0, q0, q1, g.g, *args)
-    return col.reshape(m, g.g, g.taps * g.cg)
-
-
-def largest_operand(*arrays) -> int:
-    return max(a.nbytes for a in arrays if a is not None)
-
-
-def packed_bytes_per_position(g: Geom, itemsize: int) -> int:
-    return g.c * g.taps * itemsize
-
-
-def output_rows(g: Geom, a: np.ndarray, n0: int, nb: int, q0: int, q1: int) -> np.ndarray:
-    """Channels-last y/dy rows of a tile as (nb * L, G, K/G): a view."""
-    flat = a.reshape(g.n, g.positions, g.g, g.kg)[n0:n0 + nb, q0 * g.p[2]:q1 * g.p[2]]
-    return flat.reshape(-1, g.g, g.kg)
-
-
-def output_columns(g: Geom, a: np.ndarray, n0: int, nb: int, q0: int, q1: int) -> np.ndarray:
-    """Channels-first y/dy of a tile as (nb, G, K/G, L): a view, strided when q is split."""
-    return a.reshape(g.n, g.g, g.kg, g.positions)[n0:n0 + nb, :, :, q0 * g.p[2]:q1 * g.p[2]]
-
-
-def positions_in(q0: int, q1: int, g: Geom) -> int:
-    return (q1 - q0) * g.p[2]
-
-
-def sum_in_order(parts) -> np.ndarray:
-    """Sum over the first axis, or of a list, one part after another (a fixed order): a
-    list's parts are the caller's own fresh arrays, summed into the first; an array's
-    slices into a copy of the first (a view would keep the whole array alive)."""
-    total = parts[0] if isinstance(parts, list) else parts[0].copy()
-    for i in range(1, len(parts)):
-        total += parts[i]
-    return total
+        run = slice(start, start + step)
+        return np.matmul(left[run].transpose(1, 2, 0), right[run].transpose(1, 0, 2),
+                         out=np.empty((g.groups, left.shape[2], right.shape[2]), x.dtype))
+
+    total = _tiles.sum_in_order(_tiles.run_tiles(part, list(range(0, m, step))))
+    return np.ascontiguousarray(total.transpose(0, 2, 1)) if transposed else total

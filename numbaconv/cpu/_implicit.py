@@ -28,7 +28,7 @@ Against im2col + BLAS this saves writing and re-reading the packed matrix, KD*KH
 (stride product) times the input's size. The weight gradient's products are short,
 though: each one's depth is one output row, and the accumulator tile is loaded and stored
 once per product; the forward's short rows carry many padding pixels. Measured figures,
-and the choices they lead to, are at ``numbaconv.cpu.IMPLICIT_MIN_WIDTH``.
+and the choices they lead to, are at ``_heuristics.IMPLICIT_MIN_WIDTH`` (docs/cpu-algorithms.md).
 """
 
 from __future__ import annotations
@@ -36,20 +36,15 @@ from __future__ import annotations
 import functools
 import types
 
-import numba
 import numpy as np
 from numba import prange
 
-from ..config import jit_options, parallel_jit
-from ._direct import _add_partials
-from ._layout import Geom
+from ..config import parallel_jit, serial_jit
+from .._kernel_geometry import Geom
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose_tile,
                            micro_tile_rows, strided_shape, tile_shape, vector_lanes)
 from ._sliding import row_pitch
-
-#: Tiles (output rows of one image plane) are dealt round-robin into this many partial sums:
-#: a split fixed by the shape alone, so dw is bitwise the same whatever the thread count.
-SLOTS = 8
+from ._tiles import SLOTS, add_partials
 
 #: A tile's padded copy of the input rows it reads is kept under this many bytes.
 WINDOW_BYTES = 2**20
@@ -158,13 +153,13 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     if overrun.any():
         raise IndexError("implicit weight gradient: a product would reach past its arrays")
     total = np.empty(parts[0].size, dtype)
-    _add_partials(parts.reshape(slots, -1), total)
+    add_partials(parts.reshape(slots, -1), total)
     total = total.reshape(g.r[:2] + (runs, padded_length, padded_k))[..., :length, :g.k]
     total = total.reshape(g.r + (g.c, g.k))                  # (KD, KH, KW, C, K)
     return np.ascontiguousarray(total.transpose(4, 3, 0, 1, 2))
 
 
-@numba.njit(**jit_options(parallel=False))
+@serial_jit
 def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
     """dst[d0 + j * ldd + i] = src[s0 + i * lds + j] for i < rows, j < columns: whole
     lanes x lanes blocks in registers (_transpose_tile), the edges value by value (a plain
@@ -182,7 +177,7 @@ def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
             dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
 
 
-@numba.njit(**jit_options(parallel=False))
+@serial_jit
 def _tile(t, per_plane, rows, p):
     """Tile t's image, output plane and output rows [o0, o1): tiles run over the planes
     (n, od), ``per_plane`` tiles of ``rows`` rows each."""
@@ -191,7 +186,7 @@ def _tile(t, per_plane, rows, p):
     return plane // p[0], plane % p[0], o0, min(p[1], o0 + rows)
 
 
-@numba.njit(**jit_options(parallel=False))
+@serial_jit
 def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, width, rows_in,
                  lanes):
     """The input rows that output rows [o0, o1) of plane (n, od) read, for every kd, into

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import functools
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..config import jit_options
+from ..config import inline_jit, serial_jit
 
 #: Rows of the shared dimension per packed block (panels of A and B stay in L1/L2).
 KC = 256
@@ -253,11 +252,9 @@ def _at(typingctx, array, offset):
     return sig, codegen
 
 
-_inline = numba.njit(**jit_options(parallel=False), inline="always")
-_serial = numba.njit(**jit_options(parallel=False))
 
 
-@_inline
+@inline_jit
 def _pack_rows(a, i0, rows, p0, kc, mr, out):
     """out[p, k, i] = a[i0 + p * mr + i, p0 + k], zero past ``rows``: A's panels."""
     for p in range((rows + mr - 1) // mr):
@@ -272,7 +269,7 @@ def _pack_rows(a, i0, rows, p0, kc, mr, out):
                     out[base + k * mr + i] = 0
 
 
-@_inline
+@inline_jit
 def _pack_columns(b, p0, kc, j0, columns, nr, out):
     """out[p, k, j] = b[p0 + k, j0 + p * nr + j], zero past ``columns``: B's panels."""
     for p in range((columns + nr - 1) // nr):
@@ -287,7 +284,7 @@ def _pack_columns(b, p0, kc, j0, columns, nr, out):
                 row[j] = 0
 
 
-@_serial
+@serial_jit
 def _gemm(a, b, c, mr, nr, mc, nc, kc_block):
     m, depth = a.shape
     n = b.shape[1]
@@ -353,7 +350,7 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-@_serial
+@serial_jit
 def _gram_tiles(a, b, out, add, mr, nr, kc):
     """out[:F', :K'] (= or +=) a[:, :F'].T @ b[:, :K'] for the whole MR x NR tiles (F', K'
     the multiples of MR and NR), the micro-kernel reading a's and b's rows in place."""
@@ -370,7 +367,7 @@ def _gram_tiles(a, b, out, add, mr, nr, kc):
                             depth, ldc, adding, lda, ldb)
 
 
-@_serial
+@serial_jit
 def _band(src, at, lda, b, c, ci, ldc, depth, j0, j1, mr, nr, kc, tile, edge, rows):
     """C's rows ci .. ci + rows (rows <= MR) times b's columns j0 .. j1 (j1 - j0 a multiple
     of NR): A's band at ``src``'s element ``at`` (MR rows, ``lda`` apart), KC-deep chunks
@@ -394,7 +391,7 @@ def _band(src, at, lda, b, c, ci, ldc, depth, j0, j1, mr, nr, kc, tile, edge, ro
                     c[ci + i, j + q] = tile[(j - j0) * mr + i * nr + q]
 
 
-@_serial
+@serial_jit
 def _rows_product(a, b, bedge, c, mr, nr, kc, nc):
     """c = a @ b, every value through the micro-kernel: whole MR x NR tiles in place, the
     last N % NR columns from ``bedge`` (K x NR: those columns of b, zero-padded) and the last

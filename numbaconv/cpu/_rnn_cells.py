@@ -30,7 +30,6 @@ from numba.extending import overload
 
 from ..config import parallel_jit, serial_twin
 
-_jit = parallel_jit
 
 #: Elements per step (N times the gate width) from which the step kernels run in parallel.
 #: Below it, waking the thread pool costs more than the step (and, on a busy machine, a
@@ -329,7 +328,7 @@ def rnn_backward_step(gates, dh, rec, dy, lengths, t, relu, one):
             dh[n, j] = 0.0
 
 
-@_jit
+@parallel_jit
 def column_sums(a, out, accumulate):
     """out[j] (+)= the sum of column j of a (rows, cols): partial sums over a fixed split of
     the rows, added in order, so the result does not depend on the thread count."""

@@ -14,11 +14,11 @@ whole row instead, the nine weights staying in registers:
   carried through the row, each output pixel's dy times its nine window values.
 - ``conv3_same1`` .. ``conv3_same8``: :func:`conv3_row` on rows of ``same`` padding read
   where they lie (the padding pixels are left out, not read), 1 to 8 vectors of channels
-  side by side (:data:`SAME_ROW_BYTES`), for :func:`._direct._cl_same3`;
+  side by side (:data:`SAME_ROW_BYTES`), for :func:`._direct_cl._cl_same3`;
   the same row at fixed widths (``conv3_lanes16`` .. ``conv3_lanes1``, likewise
   ``grad3_lanes*``) walks strips of adjacent columns down a channels-first plane
-  (:func:`._direct._cf_same3`, :func:`._direct._cf_same3_weight`), rows and columns
-  swapped.
+  (:func:`._direct_cf_plane._cf_same3`, :func:`._direct_cf_plane._cf_same3_weight`), rows
+  and columns swapped.
 
 Walking a row one vector at a time strides through memory by the pixel pitch, so rows whose
 pitch is a multiple of 256 bytes put a row's pixels in the same few L1 sets and thrash; the
@@ -288,7 +288,7 @@ conv3_same1, conv3_same2, conv3_same4, conv3_same8 = (
     _row_kernel(functools.partial(_emit_conv3, units=units, same=True))
     for units in (1, 2, 4, 8))
 #: The ``same`` row on one vector of 16, 8, 4, 2 and 1 lanes (any dtype): the channels-first
-#: planes' column strips narrow down to the row's end (:func:`._direct._cf_same3`).
+#: planes' column strips narrow down to the row's end (:func:`._direct_cf_plane._cf_same3`).
 conv3_lanes16, conv3_lanes8, conv3_lanes4, conv3_lanes2, conv3_lanes1 = (
     _row_kernel(functools.partial(_emit_conv3, same=True), lanes)
     for lanes in (16, 8, 4, 2, 1))
@@ -296,6 +296,6 @@ conv3_lanes16, conv3_lanes8, conv3_lanes4, conv3_lanes2, conv3_lanes1 = (
 grad3_row = _row_kernel(_emit_grad3)
 #: The weight-gradient row on vectors of 16, 8, 4, 2 and 1 lanes (any dtype), whatever the
 #: CPU's width: the channels-first planes' column strips narrow down to the row's end
-#: (:func:`._direct._cf_same3_weight`).
+#: (:func:`._direct_cf_plane._cf_same3_weight`).
 grad3_lanes16, grad3_lanes8, grad3_lanes4, grad3_lanes2, grad3_lanes1 = (
     _row_kernel(_emit_grad3, lanes) for lanes in (16, 8, 4, 2, 1))

@@ -17,7 +17,7 @@ additions only (B, A) or done once per call (G, on the weights).
 
 The tiles of the problem (over images, tile rows, tile columns) are cut into jobs of
 consecutive tiles, shared out among the tile workers like im2col's tiles
-(:func:`._gemm.run_tiles`): each job transforms its input patches into U, multiplies, and
+(:func:`._tiles.run_tiles`): each job transforms its input patches into U, multiplies, and
 transforms M into its output pixels, all in per-worker workspaces of a few MiB (U is 16/4
 times the job's input pixels, M 16/4 times its output pixels), so that they stay in cache.
 Patches that overlap the padding read clamped indices and multiply the values by zero
@@ -41,22 +41,19 @@ the problem again by im2col, which multiplies as the reference does.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange, uint64
 
-from ..config import jit_options, parallel_jit
-from . import _gemm
-from ._layout import Geom
+from ..config import parallel_jit, serial_jit
+from .._kernel_geometry import Geom
+from . import _tiles
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
-#: :func:`._gemm.run_tiles`): Numba marks the arrays of a ``prange`` body's function
+#: :func:`._tiles.run_tiles`): Numba marks the arrays of a ``prange`` body's function
 #: ``noalias``, which lets LLVM vectorise their inner loops over channels or tiles.
-_parallel = parallel_jit
-#: Their helpers are compiled apart and inlined by LLVM, not by Numba (``inline="always"``
-#: re-types every call site's copy: the channels-first input transform compiled in 6.9 s
-#: instead of 3.8, its three kernels in 12.8 s instead of 8.6; the same speed).
-_helper = numba.njit(**jit_options(parallel=False))
+#: Their helpers are compiled apart (``serial_jit``) and inlined by LLVM, not by Numba
+#: (``inline_jit`` re-types every call site's copy: slower to compile, no faster; see
+#: docs/cpu-algorithms.md, "Compile times").
 #: Flat indices are uint64 throughout the transforms, so that Numba adds no negative-index
 #: wraparound (which keeps LLVM from vectorising): mixed with a signed int, even a literal,
 #: Numba's arithmetic is signed again, hence these constants.
@@ -74,7 +71,7 @@ def applies(g: Geom, weight_gradient: bool = False) -> bool:
     """Whether the forward-form geometry ``g`` is a 2D 3x3 convolution, or (not for the
     weight gradient) a 3D 3x3x3 one (see :func:`forward`), with stride and dilation 1 and
     one group (any padding)."""
-    return (g.g == 1 and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
+    return (g.groups == 1 and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
             and (g.r == (1, 3, 3) and g.s[0] == 1 and g.p[0] == 1
                  or g.r == (3, 3, 3) and not weight_gradient))
 
@@ -124,12 +121,12 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
         pick(_weights)(w.reshape(-1), v.reshape(-1), *span, v.shape[2], swap, flipped,
                        w.dtype.type(0.5))
 
-    _gemm.run_tiles(part, _gemm.worker_ranges(
-        v.shape[1], w.nbytes > _gemm.SHARED_RELAYOUT_ABOVE))
+    _tiles.run_tiles(part, _tiles.worker_ranges(
+        v.shape[1], w.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
     return v
 
 
-@_parallel
+@parallel_jit
 def _weights(wf, vf, first, last, width, swap, flipped, half):
     """V[xi, a, b] = (G g G^T)[xi] for a in [first, last), b < width, where g is w[a, b]
     (w[b, a] with ``swap``; each tap flipped with ``flipped``),
@@ -157,7 +154,7 @@ def _weights(wf, vf, first, last, width, swap, flipped, half):
             _store4(vf, o, plane, _g3(t0[3], t1[3], t2[3], half))
 
 
-@_helper
+@serial_jit
 def _store4(vf, o, step, values):
     """vf[o + i * step] = values[i]; returns o + 4 * step."""
     vf[o] = values[0]
@@ -170,7 +167,7 @@ def _store4(vf, o, step, values):
     return o + step
 
 
-@_helper
+@serial_jit
 def _g3(a, b, c, half):
     """G applied to three values (``half``: 0.5 in their type)."""
     return a, (a + b + c) * half, (a - b + c) * half, c
@@ -198,7 +195,7 @@ def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
         np.matmul(v, u, out=m)
         return pick(_output_cf)(mf, mstep, yf, *args, 1)
 
-    return sum(_gemm.run_tiles(job, jobs)) == 0
+    return sum(_tiles.run_tiles(job, jobs)) == 0
 
 
 def _jobs(g: Geom, itemsize: int) -> tuple:
@@ -262,7 +259,7 @@ def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
             return pick(_output_cl)(*out)
         return pick(_output_cf)(*out, out_depth)
 
-    return sum(_gemm.run_tiles(job, jobs)) == 0
+    return sum(_tiles.run_tiles(job, jobs)) == 0
 
 
 def _input_args(g: Geom, th: int, tw: int, dtype) -> tuple:
@@ -301,13 +298,13 @@ def _planes(shape: tuple, dtype, slot: str) -> tuple:
     itemsize = np.dtype(dtype).itemsize
     size = shape[0] * shape[1]
     step = (-(-size * itemsize // 4096) * 4096 + PLANE_SKEW) // itemsize
-    flat = _gemm.workspace((16 * step,), dtype, slot)
+    flat = _tiles.workspace((16 * step,), dtype, slot)
     planes = np.lib.stride_tricks.as_strided(flat, (16,) + shape,
                                              (step * itemsize, shape[1] * itemsize, itemsize))
     return planes, flat, np.uint64(step)
 
 
-@_helper
+@serial_jit
 def _tile(j, th, tw):
     """Image, tile row and tile column of global tile j."""
     per_image = th * tw
@@ -317,7 +314,7 @@ def _tile(j, th, tw):
     return n, ty, rest - ty * tw
 
 
-@_helper
+@serial_jit
 def _segment(j, t1, th, tw):
     """The image n, tile row ty and tile columns [tx0, tx1) of the run of tiles from
     global tile j (at most to t1) that stays in one tile row."""
@@ -325,7 +322,7 @@ def _segment(j, t1, th, tw):
     return n, ty, tx0, min(tw, tx0 + t1 - j)
 
 
-@_helper
+@serial_jit
 def _clamped(start, size, one, zero):
     """Of the four indices start + 0..3: each clamped into [0, size), and a factor, ``one``
     where it was inside, else ``zero``, that the value read there is multiplied by (a
@@ -336,20 +333,20 @@ def _clamped(start, size, one, zero):
             one if 0 <= start + 2 < size else zero, one if 0 <= start + 3 < size else zero)
 
 
-@_helper
+@serial_jit
 def _columns(d0, d1, d2, d3):
     """B^T applied to four values, B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0],
     [0, 1, 0, -1]]."""
     return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
 
-@_helper
+@serial_jit
 def _patch_row(xf, base, q0, q1, q2, q3):
     """B^T along one row of a patch: its four values at xf[base + q*]."""
     return _columns(xf[base + q0], xf[base + q1], xf[base + q2], xf[base + q3])
 
 
-@_helper
+@serial_jit
 def _masked_row(xf, base, q0, q1, q2, q3, f0, f1, f2, f3):
     """:func:`_patch_row` of the values times the factors f* (zero for padding; a
     non-finite value read in its place makes NaN, and the problem is recomputed)."""
@@ -357,7 +354,7 @@ def _masked_row(xf, base, q0, q1, q2, q3, f0, f1, f2, f3):
                     xf[base + q3] * f3)
 
 
-@_helper
+@serial_jit
 def _store_u(uf, at, step, a, b, c, d):
     """U's 16 values of one patch at uf[at + xi * step], from its rows' B^T transforms a,
     b, c, d (B^T again, across the rows)."""
@@ -371,7 +368,7 @@ def _store_u(uf, at, step, a, b, c, d):
     _store4(uf, at, step, (r0[3], r1[3], r2[3], r3[3]))
 
 
-@_parallel
+@parallel_jit
 def _input_cl(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero, pitch):
     """U (16, tiles, C) of the tiles [t0, t1), channels-last x (N, H, W, C), both flat; U's
     tiles ``pitch`` (>= C) values apart."""
@@ -406,7 +403,7 @@ def _input_cl(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero, p
                                      r3 * f3))
 
 
-@_parallel
+@parallel_jit
 def _input_cf(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero, depth):
     """U (16, C, tiles) of the tiles [t0, t1), channels-first x (N, C, H, W), both flat; or
     x (N, C, depth, H, W), its depth slices the images (tiles n * depth + d)."""
@@ -461,7 +458,7 @@ def _input_cf(xf, uf, step, t0, t1, th, tw, b1, b2, h, w, channels, one, zero, d
             j += tx1 - tx0
 
 
-@_helper
+@serial_jit
 def _load4(mf, at, step):
     """mf[at + i * step] for i < 4, and at + 4 * step."""
     a = mf[at]
@@ -473,13 +470,13 @@ def _load4(mf, at, step):
     return a, b, c, mf[at], at + step
 
 
-@_helper
+@serial_jit
 def _out(value, big):
     """1 where ``value`` is not finite (NaN fails the comparison too), else 0."""
     return 0 if abs(value) <= big else 1
 
 
-@_helper
+@serial_jit
 def _output_tile(mf, at, step):
     """A^T M A of one tile's 16 values mf[at + xi * step], A^T = [[1, 1, 1, 0],
     [0, 1, -1, -1]]: (y00, y01, y10, y11)."""
@@ -492,7 +489,7 @@ def _output_tile(mf, at, step):
     return s0 + s1 + s2, s1 - s2 - s3, e0 + e1 + e2, e1 - e2 - e3
 
 
-@_parallel
+@parallel_jit
 def _output_cl(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big):
     """y's tiles [t0, t1) from M (16, tiles, K), channels-last y (N, P1, P2, K), both flat;
     returns how many of the values written are not finite (``big``: the dtype's largest
@@ -533,7 +530,7 @@ def _output_cl(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big):
     return bad
 
 
-@_parallel
+@parallel_jit
 def _output_cf(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big, depth):
     """y's tiles [t0, t1) from M (16, K, tiles), channels-first y (N, K, P1, P2), both flat,
     or y (N, K, depth, P1, P2) (see :func:`_input_cf`; and :func:`_output_cl`)."""
@@ -611,10 +608,10 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         part = job(jobs[first], pick, np.empty(shape, x.dtype))
         for span in jobs[first + slots::slots]:
             # A reused buffer (a fresh array per job costs page faults), then the sum.
-            part += job(span, pick, _gemm.workspace(shape, x.dtype, "product"))
+            part += job(span, pick, _tiles.workspace(shape, x.dtype, "product"))
         return part
 
-    dv = _gemm.sum_in_order(_gemm.run_tiles(slot, list(range(slots))))
+    dv = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
     dw = np.empty((g.k, g.c, 3, 3), x.dtype)
     # Through the tile workers like every other kernel here (shared out only when large):
     # launched from this thread as a parallel region, it left an OpenMP thread spinning
@@ -624,24 +621,24 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         pick(_weights_back)(dv.reshape(-1), dw.reshape(-1), *span, g.k, g.c, g.channels_last,
                             x.dtype.type(0.5))
 
-    _gemm.run_tiles(part, _gemm.worker_ranges(g.k, dv.nbytes > _gemm.SHARED_RELAYOUT_ABOVE))
+    _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
     return dw if np.isfinite(dw).all() else None
 
 
-@_helper
+@serial_jit
 def _clamped2(start, size, one, zero):
     """:func:`_clamped` for the two indices start + 0..1."""
     return (min(start, size - 1), min(start + 1, size - 1),
             one if start < size else zero, one if start + 1 < size else zero)
 
 
-@_helper
+@serial_jit
 def _a2(a, b):
     """A applied to two values, A = [[1, 0], [1, 1], [1, -1], [0, -1]]."""
     return a, a + b, a - b, -b
 
 
-@_helper
+@serial_jit
 def _store_d(df, at, step, d00, d01, d10, d11):
     """D = A d A^T of one tile's 2x2 d at df[at + xi * step]: A along d's rows, then each
     row of that (two values) along its columns."""
@@ -652,7 +649,7 @@ def _store_d(df, at, step, d00, d01, d10, d11):
 
 
 
-@_parallel
+@parallel_jit
 def _grad_cl(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
     """D (16, tiles, K) of the tiles [t0, t1), channels-last dy (N, P1, P2, K), both flat;
     dy's values past its edge read as zero."""
@@ -678,7 +675,7 @@ def _grad_cl(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
                          dyf[a11 + k] * (r1 * f1))
 
 
-@_parallel
+@parallel_jit
 def _grad_cf(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
     """D (16, K, tiles) of the tiles [t0, t1), channels-first dy (N, K, P1, P2), both flat."""
     tiles = t1 - t0
@@ -702,7 +699,7 @@ def _grad_cf(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
             j += tx1 - tx0
 
 
-@_parallel
+@parallel_jit
 def _weights_back(vf, wf, first, last, kernels, channels, channels_last, half):
     """dw[k, c] = G^T dV[:, k, c] G for k in [first, last) (dV channels-last: (16, C, K);
     else (16, K, C)), with G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]]."""
@@ -724,14 +721,14 @@ def _weights_back(vf, wf, first, last, kernels, channels, channels_last, half):
             wf[o + uint64(6)], wf[o + uint64(7)], wf[o + _8] = r[0], r[1], r[2]
 
 
-@_helper
+@serial_jit
 def _gt_at(vf, at, step, half):
     """G^T applied to the four values vf[at + i * step]."""
     v0, v1, v2, v3, _ = _load4(vf, at, step)
     return _gt(v0, v1, v2, v3, half)
 
 
-@_helper
+@serial_jit
 def _gt(v0, v1, v2, v3, half):
     """G^T applied to four values."""
     return v0 + (v1 + v2) * half, (v1 - v2) * half, (v1 + v2) * half + v3

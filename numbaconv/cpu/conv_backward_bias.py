@@ -14,13 +14,12 @@ from numbaconv.backend import store
 
 from ..config import parallel_jit
 
-_njit = parallel_jit
 
 #: Fixed split of the channels-last rows; see the module docstring.
 REDUCTION_CHUNKS = 32
 
 
-@_njit
+@parallel_jit
 def _bias_cf(dy, db):
     n_total, k_total, positions = dy.shape
     for k in prange(k_total):
@@ -31,7 +30,7 @@ def _bias_cf(dy, db):
         db[k] = acc
 
 
-@_njit
+@parallel_jit
 def _bias_cl_partials(dy, partial):
     rows = dy.shape[0]
     chunks = partial.shape[0]

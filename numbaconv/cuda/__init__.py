@@ -41,27 +41,12 @@ each kernel's performance model, read from its machine code):
 from __future__ import annotations
 
 import ctypes.util
-import importlib
 import importlib.util
 import os
 from typing import Optional
 
-from ..backend import Backend
-
-_MODULES = {
-    "conv": ("conv", "run"),
-    "conv_backward_data": ("conv_backward_data", "run"),
-    "conv_backward_weight": ("conv_backward_weight", "run"),
-    "conv_backward_bias": ("conv_backward_bias", "run"),
-    "conv_transpose": ("conv_backward_data", "run_transpose"),
-    "rnn_forward": ("rnn_forward", "run"),
-    "rnn_backward_data": ("rnn_backward_data", "run"),
-    "rnn_backward_weights": ("rnn_backward_weights", "run"),
-}
-_RNN_OPS = ("rnn_forward", "rnn_backward_data", "rnn_backward_weights")
-
-#: Channels summed per output (per group) up to which ``direct`` is offered and chosen.
-DIRECT_MAX_CHANNELS_PER_GROUP = 16
+from ..backend import DIRECT_MAX_CHANNELS_PER_GROUP, OP_MODULES, Backend, run_op
+from ..problem import RNN_OPS
 
 
 def _channels_summed(op, problem) -> int:
@@ -79,7 +64,7 @@ class CudaBackend(Backend):
     device = "cuda"
     priority = 100
     version = "1"
-    ops = frozenset(_MODULES)
+    ops = frozenset(OP_MODULES)
     dtypes = ("float16", "float32", "float64")
     # No supports() override: every RNN feature is implemented (proj_size, dropout between
     # layers, batch_first), so only Backend's generic checks (op, dtype) can decline.
@@ -99,7 +84,7 @@ class CudaBackend(Backend):
         return None
 
     def algorithms(self, op, problem):
-        if op in _RNN_OPS:
+        if op in RNN_OPS:
             return ("fused",)
         if op == "conv_backward_bias":
             return ("reduce",)
@@ -116,7 +101,7 @@ class CudaBackend(Backend):
         return ("implicit_gemm", "direct")
 
     def choose(self, op, problem):
-        if op in _RNN_OPS:
+        if op in RNN_OPS:
             return "fused", ("the only algorithm: tiled GEMMs (deterministic) and one fused "
                              "gate kernel per step")
         if op == "conv_backward_bias":
@@ -140,7 +125,7 @@ class CudaBackend(Backend):
         ``problems`` would run (the slow ones to compile: docs/cuda.md gives the times).
         Returns what was compiled."""
         from . import _implicit_gemm
-        chosen = [p for p in problems if p.op in _MODULES and p.op not in _RNN_OPS
+        chosen = [p for p in problems if p.op in OP_MODULES and p.op not in RNN_OPS
                   and self.choose(p.op, p)[0] == "implicit_gemm"]
         return _implicit_gemm.precompile(chosen, processes)
 
@@ -151,9 +136,7 @@ class CudaBackend(Backend):
         return swap_time_batch(a)
 
     def run(self, op, problem, operands, out, algorithm):
-        module_name, function = _MODULES[op]
-        module = importlib.import_module(f"{__name__}.{module_name}")
-        return getattr(module, function)(problem, operands, out, algorithm)
+        return run_op(__name__, op, problem, operands, out, algorithm)
 
 
 def make_backend() -> CudaBackend:

@@ -29,6 +29,7 @@ import math
 
 from . import _implicit_gemm as ig
 from ._layout import device_array, geom
+from ._templates import compile_source, scalar_types
 
 #: Outputs a thread computes along the last spatial dimension (more: fewer position
 #: decodes per output, fewer threads for short rows).
@@ -157,11 +158,11 @@ def dw_conv_function(dtype: str, channels_last: bool, mode: str, stride1: bool, 
     the gathered operand's sizes, ``P`` the output's; for "data" the roles of stride,
     dilation and padding are those of the forward convolution whose gradient it is.
     """
-    acc, I, U = ig._types(dtype, wide)
+    acc, I, U = scalar_types(dtype, wide)
     names = dict(V=V, THREADS=THREADS, cl=channels_last, forward=mode == "forward",
                  stride1=stride1, BIAS=has_bias, ACCUM=accumulate,
                  KEY=f"{dtype} cl={channels_last} {mode} stride1={stride1} wide={wide}")
-    return ig._compile_source("dw_conv", DW_CONV, names, dict(acc=acc, I=I, U=U))
+    return compile_source("dw_conv", DW_CONV, names, dict(acc=acc, I=I, U=U))
 
 
 DW_WEIGHT = """
@@ -231,12 +232,12 @@ def dw_weight_function(dtype: str, channels_last: bool, taps: tuple, wide: bool)
     Launch: ``THREADS`` threads; grid ``(channel blocks, chunks)``. Writes ``partial[chunk,
     c, tap]``.
     """
-    acc, I, U = ig._types(dtype, wide)
+    acc, I, U = scalar_types(dtype, wide)
     cb = 32 if channels_last else 1
     names = dict(THREADS=THREADS, CB=cb, PL=THREADS // cb, T=math.prod(taps),
                  R1C=taps[1], R2C=taps[2],
                  KEY=f"{dtype} cl={channels_last} taps={taps} wide={wide}")
-    return ig._compile_source("dw_weight", DW_WEIGHT, names, dict(acc=acc, I=I, U=U))
+    return compile_source("dw_weight", DW_WEIGHT, names, dict(acc=acc, I=I, U=U))
 
 
 _FUNCTIONS = {"dw_conv": dw_conv_function, "dw_weight": dw_weight_function}

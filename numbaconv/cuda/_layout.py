@@ -1,6 +1,6 @@
 """Problem geometry and device arrays as the CUDA kernels see them: always 5D.
 
-The geometry is the CPU backend's (:func:`numbaconv.cpu._layout.geom`, pure Python: three
+The geometry is both backends' (:func:`numbaconv._kernel_geometry.geom`, pure Python: three
 spatial dimensions, leading unit ones for 1D and 2D). Arrays are handed over as the user
 passed them (any ``__cuda_array_interface__`` object, any strides) and viewed, never copied,
 as 5D Numba device arrays by inserting unit axes, which works whatever the strides.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._device import as_device, device_array, simulated
-from ..cpu._layout import Geom, geom
+from .._kernel_geometry import Geom, geom
 
 __all__ = ["Geom", "geom", "device_array", "geometry_args", "view5", "as_device",
            "simulated"]
@@ -46,6 +46,6 @@ def geometry_args(g: Geom) -> tuple:
     """``(groups, s, r, p, stride, dilation, before)`` as kernel arguments (int64)."""
     def ints(t):
         return tuple(int(v) for v in t)
-    return (int(g.g), ints(g.s), ints(g.r), ints(g.p), ints(g.stride), ints(g.dilation),
+    return (int(g.groups), ints(g.s), ints(g.r), ints(g.p), ints(g.stride), ints(g.dilation),
             ints(g.before))
 

@@ -1,9 +1,10 @@
-"""Problem geometry as the CPU kernels see it: always three spatial dimensions.
+"""Problem geometry as the kernels of both built-in backends see it: always three spatial
+dimensions.
 
 1D and 2D problems get leading singleton dimensions (size 1, kernel 1, stride 1, no padding),
 so one set of 3D kernels serves every rank. Arrays are viewed (never copied) as 5D:
 channels-first ``(N, C, S0, S1, S2)``, channels-last ``(N, S0, S1, S2, C)``.
-Pure Python: no Numba here.
+No Numba here; the per-dimension arithmetic is :mod:`numbaconv._geometry`'s.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._geometry import dgrad_as_conv
+
 
 class Geom(NamedTuple):
     n: int
     c: int
     k: int
-    g: int
+    groups: int
     s: tuple        # input size, 3 dims
     r: tuple        # kernel size
     p: tuple        # output size
@@ -31,11 +34,11 @@ class Geom(NamedTuple):
 
     @property
     def cg(self) -> int:
-        return self.c // self.g
+        return self.c // self.groups
 
     @property
     def kg(self) -> int:
-        return self.k // self.g
+        return self.k // self.groups
 
     @property
     def taps(self) -> int:
@@ -65,7 +68,7 @@ class Geom(NamedTuple):
         the packed layout, so it is excluded there.
         """
         return (self.p == (1, 1, 1) and self.r == self.s and self.before == (0, 0, 0)
-                and self.trailing == (0, 0, 0) and (self.g == 1 or not self.channels_last))
+                and self.trailing == (0, 0, 0) and (self.groups == 1 or not self.channels_last))
 
     def x5(self, a: np.ndarray) -> np.ndarray:
         """x or dx as a 5D view."""
@@ -116,3 +119,14 @@ def geom(problem) -> Geom:
                 three(problem.dilation, 1), three(problem.padding_before, 0),
                 three(problem.trailing_padding, 0), problem.channels_last)
 
+
+
+@functools.lru_cache(maxsize=1024)
+def data_gradient_as_forward(g: Geom) -> Geom:
+    """The stride-1 data gradient as the geometry of a forward convolution over dy, with the
+    flipped, transposed kernel (padding from :func:`._geometry.dgrad_as_conv`; remembered
+    per geometry, like :func:`geom`)."""
+    pads = [dgrad_as_conv(*dims, 1, d, b).padding
+            for dims, d, b in zip(zip(g.s, g.p, g.r), g.dilation, g.before)]
+    return g._replace(c=g.k, k=g.c, s=g.p, p=g.s, before=tuple(b for b, _ in pads),
+                      trailing=tuple(a for _, a in pads))

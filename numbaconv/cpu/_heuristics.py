@@ -1,0 +1,232 @@
+"""The cpu backend's heuristics: which algorithm runs a problem, and which path inside an
+algorithm, with the thresholds they compare against.
+
+Every threshold says in a line or two what it trades off; the measurements behind it (machine,
+command, date) are in docs/cpu-algorithms.md, "Thresholds". Pure Python: importing this module
+imports neither Numba nor a kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ..backend import DIRECT_MAX_CHANNELS_PER_GROUP
+
+# Every threshold's measurements (machine, timing, date): docs/cpu-algorithms.md, "Thresholds".
+
+# --- implicit ------------------------------------------------------------------------------
+#: ``implicit`` needs output rows (y's, dx's; for the weight gradient, its products' depth) of
+#: at least this many pixels: shorter products lose to im2col + BLAS.
+IMPLICIT_MIN_WIDTH = 16
+#: Channels-last weight gradients with a stride along the rows take ``implicit`` only for
+#: windows of at most this many values per tap row (KW * C): longer runs pack fast enough.
+IMPLICIT_MAX_RUN = 32
+#: Without AVX-512, channels-last strided weight gradients with longer runs take ``implicit``
+#: from this many input channels (with AVX-512 they lose to im2col).
+IMPLICIT_STRIDED_MIN_CHANNELS = 64
+#: The channels-first ``implicit`` forward and data gradient need this many input channels:
+#: fewer leave the micro-kernel's register transposes to a scalar loop.
+IMPLICIT_MIN_CHANNELS_FIRST = 16
+#: Their output channels fill micro-kernel tiles this wide (float32, AVX-512): a multiple of
+#: it, or at least 8 times it (at most 1/9 of the tiles' columns wasted).
+IMPLICIT_OUTPUT_BLOCK = 64
+#: The channels-last strided data gradient runs by stride phases for dy of at most this many
+#: channels (short depths are slow in BLAS, and col2im then moves the most), dx of at least
+#: IMPLICIT_PHASED_MIN_OUTPUTS channels (a micro-kernel tile is 16 wide with AVX2) and at
+#: least IMPLICIT_PHASED_MIN_PIXELS pixels over the batch.
+IMPLICIT_PHASED_MAX_DEPTH = 32
+IMPLICIT_PHASED_MIN_OUTPUTS = 16
+IMPLICIT_PHASED_MIN_PIXELS = 2**14
+
+# --- winograd ------------------------------------------------------------------------------
+#: ``winograd`` (forward and data gradient) needs this many input and output channels (of the
+#: forward form) and WINOGRAD_MIN_TILES 2x2 output tiles: fewer, and the transforms dominate.
+WINOGRAD_MIN_CHANNELS = 16
+WINOGRAD_MIN_TILES = 128
+#: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
+#: the other algorithms.
+WINOGRAD_3D_MIN_SLICE_TILES = 16
+#: The weight gradient by ``winograd`` adds into a 16/9 dw-sized sum per job: it pays from
+#: this many channels and tiles (below, ``implicit`` or im2col win).
+WINOGRAD_WGRAD_MIN_CHANNELS = 64
+WINOGRAD_WGRAD_MIN_TILES = 256
+
+
+def implicit_applies(op, problem) -> bool:
+    """The ``implicit`` algorithms: one group (a window's features are then runs of one
+    input row, channels-last), and stride 1 for the forward; the data gradient (and the
+    transposed convolution) with stride 1, or channels-last with any stride."""
+    if problem.groups != 1:
+        return False
+    if op == "conv_backward_weight":
+        return True
+    stride_1 = all(s == 1 for s in problem.stride)
+    if op == "conv":
+        return stride_1
+    return op in ("conv_backward_data", "conv_transpose") and \
+        (stride_1 or problem.channels_last)
+
+
+def winograd_applies(op, problem) -> bool:
+    """The ``winograd`` algorithm: a 2D 3x3 kernel, stride and dilation 1, one group, for the
+    forward, the data gradient (a forward convolution of dy) and the weight gradient (any
+    padding); and a 3D 3x3x3 kernel likewise, for the forward and the data gradient; unless
+    ``NUMBACONV_WINOGRAD=0``."""
+    from ..config import winograd_enabled
+    kernel = tuple(problem.kernel_size)
+    shape = kernel == (3, 3) or (kernel == (3, 3, 3) and op != "conv_backward_weight")
+    return (op in ("conv", "conv_backward_data", "conv_transpose", "conv_backward_weight")
+            and winograd_enabled() and shape and problem.groups == 1
+            and all(s == 1 for s in problem.stride) and all(d == 1 for d in problem.dilation))
+
+
+def direct_applies(problem) -> bool:
+    """The ``direct`` algorithms: grouped, with few input channels per group."""
+    return problem.groups > 1 and \
+        problem.in_channels // problem.groups <= DIRECT_MAX_CHANNELS_PER_GROUP
+
+
+def winograd_reason(op, problem) -> Optional[str]:
+    """Why ``winograd`` is the choice for this problem, or None where it is not."""
+    if not winograd_applies(op, problem):
+        return None
+    sizes = problem.input_size if op in ("conv_backward_data", "conv_transpose") \
+        else problem.output_size
+    per_slice = math.prod(-(-size // 2) for size in sizes[-2:])
+    tiles = problem.batch * math.prod(sizes[:-2]) * per_slice     # 3D: every depth slice
+    if len(sizes) == 3 and per_slice < WINOGRAD_3D_MIN_SLICE_TILES:
+        return None
+    channels = min(problem.in_channels, problem.out_channels)
+    if op == "conv_backward_weight":
+        if channels < WINOGRAD_WGRAD_MIN_CHANNELS or tiles < WINOGRAD_WGRAD_MIN_TILES:
+            return None
+    elif channels < WINOGRAD_MIN_CHANNELS or tiles < WINOGRAD_MIN_TILES:
+        return None
+    # The transformed weights (16 values for 9) count against the workspace bound: once,
+    # or for the weight gradient once per partial sum and once per worker's buffer.
+    import numba
+
+    from ._tiles import SLOTS, WORKSPACE_BYTES
+    itemsize = problem.numpy_dtype.itemsize
+    weights = problem.in_channels * problem.out_channels * math.prod(problem.kernel_size) \
+        * itemsize
+    largest = max(weights, itemsize * problem.batch * max(
+        problem.in_channels * math.prod(problem.input_size),
+        problem.out_channels * math.prod(problem.output_size)))
+    copies = SLOTS + numba.get_num_threads() if op == "conv_backward_weight" else 1
+    if weights * 16 // 9 * copies > max(WORKSPACE_BYTES, largest):
+        return None
+    shape = "2D 3x3" if problem.ndim == 2 else "3D 3x3x3 (summed over the depth taps)"
+    return (f"{shape}, stride 1, one group, {channels}+ channels, {tiles} 2x2 output tiles: "
+            f"Winograd F(2x2, 3x3), 2.25 times fewer multiplications than a direct "
+            f"product, in 16 BLAS products per job of tiles")
+
+
+def wide_registers() -> bool:
+    """Whether this CPU's float32 vectors are 512 bits wide (AVX-512, 32 vector registers):
+    the micro-kernel's tiles for the implicit forward and data gradient need them."""
+    import numpy as np
+
+    from ._microkernel import vector_lanes
+    return vector_lanes(np.float32) == 16
+
+
+def implicit_reason(op, problem) -> Optional[str]:
+    """Why ``implicit`` is the choice for this problem, or None where it is not."""
+    if not implicit_applies(op, problem):
+        return None
+    if op == "conv_backward_weight":
+        width = problem.output_size[-1]           # the products' depth
+        run = problem.kernel_size[-1] * problem.in_channels
+        if width < IMPLICIT_MIN_WIDTH:
+            return None
+        if not problem.channels_last:
+            why = "channels-first"
+        elif problem.stride[-1] == 1:
+            why = "channels-last with stride 1 along the rows"
+        elif run <= IMPLICIT_MAX_RUN:
+            why = f"channels-last with windows of {run} values per tap row"
+        elif not wide_registers() and problem.in_channels >= IMPLICIT_STRIDED_MIN_CHANNELS:
+            why = f"channels-last with {problem.in_channels} input channels (no AVX-512)"
+        else:
+            return None
+        return (f"one group, output rows of {width} pixels, {why}: windows read in place "
+                f"by numbaconv's micro-kernel, no im2col matrix")
+    if any(s != 1 for s in problem.stride):       # the data gradient by stride phases
+        depth, outputs = problem.out_channels, problem.in_channels
+        pixels = problem.batch * math.prod(problem.input_size)
+        if depth > IMPLICIT_PHASED_MAX_DEPTH or outputs < IMPLICIT_PHASED_MIN_OUTPUTS or \
+                pixels < IMPLICIT_PHASED_MIN_PIXELS or math.prod(problem.kernel_size) == 1:
+            return None
+        return (f"one group, channels-last, stride {tuple(problem.stride)}, {depth} channels "
+                f"of dy: by stride phases, dy's rows read in place by numbaconv's "
+                f"micro-kernel, no col2im")
+    # The forward form's output rows and input channels: y's and x's, or for the data
+    # gradient dx's and dy's.
+    width, channels, outputs = \
+        (problem.output_size[-1], problem.in_channels, problem.out_channels) if op == "conv" \
+        else (problem.input_size[-1], problem.out_channels, problem.in_channels)
+    if width < IMPLICIT_MIN_WIDTH or (not problem.channels_last and
+                                      channels < IMPLICIT_MIN_CHANNELS_FIRST):
+        return None
+    if outputs % IMPLICIT_OUTPUT_BLOCK and outputs < 8 * IMPLICIT_OUTPUT_BLOCK:
+        return None
+    if not wide_registers():
+        return None
+    layout = f"channels-last rows of {width} pixels" if problem.channels_last else \
+        "channels-first"
+    return (f"stride 1, one group, {layout}: windows read in place by numbaconv's "
+            f"micro-kernel, no im2col matrix")
+
+
+def gemm_reason(problem) -> Optional[str]:
+    """Why ``gemm`` applies to this problem, or None where it does not."""
+    from .._kernel_geometry import geom
+    g = geom(problem)
+    if g.pointwise:
+        return "1x1 kernel, stride 1, no padding: a plain matrix product"
+    if g.whole_input:
+        return "the kernel covers the whole input: a matrix product over images"
+    return None
+
+
+# --- paths inside the algorithms ----------------------------------------------------------
+#: Channels-last 1x1 products (one group) with at least this many rows (N * S) per channel
+#: (of the larger count) run through the micro-kernel reading the rows in place; fewer, BLAS.
+ROWS_GEMM_FROM = 16
+
+
+def rows_in_place(g) -> bool:
+    """Whether the channels-last 1x1 product of ``g`` goes to :func:`._tiles.rows_matmul`."""
+    return (g.pointwise and g.channels_last and g.groups == 1
+            and g.n * g.positions >= ROWS_GEMM_FROM * max(g.c, g.k))
+
+
+#: Channels-first tiles of several images with fewer output positions per image than this
+#: are one product over all their positions: per-image products that narrow run slowly.
+BATCH_COLUMNS_BELOW = 512
+
+
+def batch_columns(g, nb: int) -> bool:
+    return nb > 1 and g.positions < BATCH_COLUMNS_BELOW
+
+
+#: A channels-last 1x1 weight gradient with at least this many positions per channel (of the
+#: larger count) is SLOTS products over runs of positions; fewer, one product, rows shared.
+POSITION_SPLIT_FROM = 16
+
+
+#: dw (G, Kg, features) is computed transposed below this many output channels per group:
+#: BLAS runs that product faster for small Kg; wide layers would pay for the transpose back.
+TRANSPOSED_BELOW = 256
+
+
+#: Channels-last, one group: dw of at most this many values is multiplied by the micro-kernel
+#: reading windows and dy in place (``_microkernel.gram``); a larger dw is faster by BLAS.
+IN_PLACE_DW_UP_TO = 2**18
+
+
+#: Channels-first depthwise ``same`` 3x3 weight gradients take the column strips of
+#: :func:`._direct_cf_plane._cf_same3_weight` on rows of at least this many pixels.
+SAME_WEIGHT_MIN_WIDTH = 8

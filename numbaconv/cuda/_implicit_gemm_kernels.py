@@ -1,0 +1,560 @@
+"""The ``implicit_gemm`` kernels of the cuda backend (see :mod:`._implicit_gemm`, which
+launches them): the templates of ``conv_gemm`` and ``weight_gemm`` with their register tiles,
+and the small kernels beside them (weight packing, chunk sums, 5D copies), each a function
+that expands its template (:mod:`._templates`) for one key.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from numba import cuda  # the simulator swaps this module global for its fake module
+
+from ._templates import compile_source, indent, scalar_types
+
+#: Reduction steps the multiply loop does per iteration (more: fewer loop instructions per
+#: FFMA, longer compiles).
+KU = 2
+
+
+#: The same for the weight gradient, whose (image, position) counter leaves fewer registers.
+WEIGHT_KU = 1
+
+
+#: Channels-last gathers: each thread reads its columns' channels at this many places a
+#: step, half a step apart (more: fewer columns a thread, so fewer registers; fewer
+#: consecutive channels per warp access).
+CL_KREP = 2
+
+
+class Tile(NamedTuple):
+    """Block tile ``bm x bn``, reduction step ``bk``, register tile ``tm x tn``."""
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def check(self) -> "Tile":
+        bm, bn, bk, tm, tn = self
+        t = self.threads
+        ok = (tm % 2 == 0 and tn % 2 == 0 and bm % tm == 0 and bn % tn == 0
+              and t % bm == 0 and t % bn == 0 and bk % (2 * CL_KREP) == 0
+              and (bk * bm) % t == 0 and (bk * bn) % (t * CL_KREP) == 0 and t <= 1024)
+        if not ok:
+            raise ValueError(f"NUMBACONV_CUDA_GEMM_TILE: {tuple(self)} is not a usable "
+                             f"(bm, bn, bk, tm, tn) tile")
+        return self
+
+
+#: The tiles the driver chooses from (float32/float16); float64 halves the register tile.
+TILES = (Tile(128, 128, 8, 8, 8), Tile(64, 128, 8, 8, 8), Tile(128, 64, 8, 8, 8),
+         Tile(64, 64, 8, 8, 8), Tile(32, 64, 8, 4, 8))
+
+
+TILES64 = (Tile(64, 64, 8, 4, 4), Tile(32, 64, 8, 4, 4), Tile(64, 32, 8, 4, 4),
+           Tile(32, 32, 8, 4, 4))
+
+
+_MULTIPLY = """
+    k = I(0)
+    while k < BK:
+#unroll u KU
+#unroll i HM
+        a_{i} = As[buf, k + {u}, ty * HM + {i}]
+        a_{i + HM} = As[buf, k + {u}, ty * HM + {BM // 2 + i}]
+#end
+#unroll j HN
+        b_{j} = Bs[buf, k + {u}, tx * HN + {j}]
+        b_{j + HN} = Bs[buf, k + {u}, tx * HN + {BN // 2 + j}]
+#end
+#unroll i TM
+#unroll j TN
+        c_{i}_{j} += a_{i} * b_{j}
+#end
+#end
+#end
+        k = I(k + KU)
+"""
+
+
+_GATHER_TAP = """
+#if use0
+    d0 = I(taps[U(t * 3)])
+#end
+#if use1
+    d1 = I(taps[U(t * 3 + 1)])
+#end
+    d2 = I(taps[U(t * 3 + 2)])
+#unroll e NCOL
+    i2_{e} = p2_{e} + d2
+#if use0
+    i1_{e} = p1_{e} + d1
+    i0_{e} = p0_{e} + d0
+    ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2)) & (U(i1_{e}) < U(S1)) & (U(i0_{e}) < U(S0))
+    off_{e} = I(nb_{e} + i0_{e} * s0 + i1_{e} * s1 + i2_{e} * s2)
+#elif use1
+    i1_{e} = p1_{e} + d1
+    ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2)) & (U(i1_{e}) < U(S1))
+    off_{e} = I(nb_{e} + i1_{e} * s1 + i2_{e} * s2)
+#else
+    ok_{e} = (nb_{e} >= 0) & (U(i2_{e}) < U(S2))
+    off_{e} = I(nb_{e} + i2_{e} * s2)
+#end
+#end
+"""
+
+
+CONV_GEMM = """
+def conv_gemm(src, wp, out, bias, taps, phases, nph, n_images, M, R, Rp, T,
+              sN, sC, s0, s1, s2, S0, S1, S2, cs0, cs1, cs2, co0, co1, co2,
+              oN, oC, o0, o1, o2, os0, os1, os2):
+    As = cuda.shared.array((2, BK, BMP), acc)
+    Bs = cuda.shared.array((2, BK, BNP), acc)
+    tid = I(cuda.threadIdx.x)
+    tx = I(U(tid) % U(NTX))
+    ty = I(U(tid) // U(NTX))
+    ph = I(U(cuda.blockIdx.z) % U(nph))
+    g = I(U(cuda.blockIdx.z) // U(nph))
+    J0 = I(phases[ph * 8])
+    J1 = I(phases[ph * 8 + 1])
+    J2 = I(phases[ph * 8 + 2])
+    J12 = I(J1 * J2)
+    Jall = I(J0 * J12)
+    Q = I(n_images * Jall)
+    col0 = I(cuda.blockIdx.x * BN)
+    if col0 >= Q:
+        return
+    m0 = I(cuda.blockIdx.y * BM)
+    tap0 = I(phases[ph * 8 + 6])
+    steps = I(I(phases[ph * 8 + 7]) * I((R + BK - 1) // BK))
+    am = I(U(tid) % U(BM))
+    a_ok = m0 + am < M
+    a_ptr = I(I(I(g * T + tap0) * Rp + tid // BM) * M + m0 + am)
+    a_step = I(BK * M)
+    a_kstep = I(A_KSTEP * M)
+    c_step = I(BK * sC)
+    kc_step = I(KC * sC)
+#if cl
+    bk = I(U(tid) % U(KC))
+#else
+    bk = I(U(tid) // U(BN))
+    b_kstep = I(B_KSTEP * sC)
+#end
+#unroll e NCOL
+#if cl
+    q_{e} = col0 + I(tid // KC + {e * B_QSTEP})
+#else
+    q_{e} = col0 + I(U(tid) % U(BN))
+#end
+    qq_{e} = min(q_{e}, Q - 1)
+    n_{e} = I(U(qq_{e}) // U(Jall))
+    r_{e} = I(qq_{e} - n_{e} * Jall)
+    j0_{e} = I(U(r_{e}) // U(J12))
+    rr_{e} = I(r_{e} - j0_{e} * J12)
+    j1_{e} = I(U(rr_{e}) // U(J2))
+    j2_{e} = I(rr_{e} - j1_{e} * J2)
+    nb_{e} = I(n_{e} * sN + I(g * R + bk) * sC) if q_{e} < Q else I(-1)
+#if use0
+    p0_{e} = I(j0_{e} * cs0 + co0)
+#end
+#if use1
+    p1_{e} = I(j1_{e} * cs1 + co1)
+#end
+    p2_{e} = I(j2_{e} * cs2 + co2)
+    off_{e} = I(0)
+    ok_{e} = False
+#end
+#unroll i TM
+#unroll j TN
+    c_{i}_{j} = acc(0)
+#end
+#end
+    t = tap0
+    r0 = I(0)
+    if steps > 0:
+GATHER_TAP_8
+#unroll e LA
+        va_{e} = acc(0)
+        if a_ok:
+            va_{e} = acc(wp[U(a_ptr + {e} * a_kstep)])
+        As[0, tid // BM + {e * A_KSTEP}, am] = va_{e}
+#end
+#unroll e LB
+        vb_{e} = acc(0)
+#if cl
+        if ok_{e // KREP} & (bk + {e % KREP * KC} < R):
+            vb_{e} = acc(src[U(off_{e // KREP} + {e % KREP} * kc_step)])
+        Bs[0, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = vb_{e}
+#else
+        if ok_0 & (bk + {e * B_KSTEP} < R):
+            vb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
+        Bs[0, bk + {e * B_KSTEP}, tid % BN] = vb_{e}
+#end
+#end
+        cuda.syncthreads()
+    for step in range(steps):
+        buf = step & 1
+        more = step + 1 < steps
+        if more:
+            a_ptr = I(a_ptr + a_step)
+            r0 = I(r0 + BK)
+            if r0 >= R:
+                r0 = I(0)
+                t += 1
+GATHER_TAP_16
+            else:
+#unroll e NCOL
+                off_{e} = I(off_{e} + c_step)
+#end
+#unroll e LA
+            ra_{e} = acc(0)
+            if a_ok:
+                ra_{e} = acc(wp[U(a_ptr + {e} * a_kstep)])
+#end
+#unroll e LB
+            rb_{e} = acc(0)
+#if cl
+            if ok_{e // KREP} & (r0 + bk + {e % KREP * KC} < R):
+                rb_{e} = acc(src[U(off_{e // KREP} + {e % KREP} * kc_step)])
+#else
+            if ok_0 & (r0 + bk + {e * B_KSTEP} < R):
+                rb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
+#end
+#end
+MULTIPLY
+        if more:
+            nxt = 1 - buf
+#unroll e LA
+            As[nxt, tid // BM + {e * A_KSTEP}, am] = ra_{e}
+#end
+#unroll e LB
+#if cl
+            Bs[nxt, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = rb_{e}
+#else
+            Bs[nxt, bk + {e * B_KSTEP}, tid % BN] = rb_{e}
+#end
+#end
+        cuda.syncthreads()
+    f0 = I(phases[ph * 8 + 3])
+    f1 = I(phases[ph * 8 + 4])
+    f2 = I(phases[ph * 8 + 5])
+    gm = I(g * M)
+#unroll j TN
+    q_{j} = col0 + I(tx * HN + {j if j < HN else BN // 2 + j - HN})
+    if q_{j} < Q:
+        n_{j} = I(U(q_{j}) // U(Jall))
+        r_{j} = I(q_{j} - n_{j} * Jall)
+        j0_{j} = I(U(r_{j}) // U(J12))
+        rr_{j} = I(r_{j} - j0_{j} * J12)
+        j1_{j} = I(U(rr_{j}) // U(J2))
+        j2_{j} = I(rr_{j} - j1_{j} * J2)
+        ob_{j} = I(n_{j} * oN + I(f0 + j0_{j} * os0) * o0 + I(f1 + j1_{j} * os1) * o1
+                   + I(f2 + j2_{j} * os2) * o2)
+#unroll i TM
+        m = m0 + I(ty * HM + {i if i < HM else BM // 2 + i - HM})
+        if m < M:
+            at = U(ob_{j} + I(gm + m) * oC)
+#if BIAS and ACCUM
+            out[at] = c_{i}_{j} + acc(bias[U(gm + m)]) + acc(out[at])
+#elif BIAS
+            out[at] = c_{i}_{j} + acc(bias[U(gm + m)])
+#elif ACCUM
+            out[at] = c_{i}_{j} + acc(out[at])
+#else
+            out[at] = c_{i}_{j}
+#end
+#end
+#end
+"""
+
+
+def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, tile: Tile,
+                       has_bias: bool, accumulate: bool):
+    """The Python function of the forward / data-gradient kernel (compile with cuda.jit).
+
+    Launch: ``tile.threads`` threads; grid ``(column tiles, row tiles, groups * phases)``.
+    Arguments::
+
+        src, wp, out, bias, taps (T x 3: source deltas per tap), phases (nph x 8: J0, J1,
+        J2, first0, first1, first2, tap start, tap count), all flat (device pointers on a
+        GPU, 1D arrays under the simulator), nph, n, rows M, reduction channels R, padded
+        Rp, taps T,
+        src strides (N, C, 0, 1, 2), src sizes (0, 1, 2),
+        column stride (3), column offset (3),
+        out strides (N, C, 0, 1, 2), out step (3)
+
+    ``src`` position of column ``j`` and tap ``t``: ``j * cstride + coffset + taps[t]``;
+    ``out`` position: ``first + j * ostep``; ``wp`` holds the packed weights ``(groups, T,
+    Rp, M)`` and ``Rp`` is R rounded up to the step.
+    """
+    acc, I, U = scalar_types(dtype, wide)
+    bm, bn, bk, tm, tn = tile
+    threads = tile.threads
+    names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
+                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=1 if channels_last else KU, LA=bk * bm // threads, LB=bk * bn // threads,
+                 A_KSTEP=threads // bm, B_KSTEP=threads // bn,
+                 KC=bk // CL_KREP, KREP=CL_KREP, B_QSTEP=threads * CL_KREP // bk,
+                 NCOL=bk * bn // threads // CL_KREP if channels_last else 1,
+                 cl=channels_last, use0=nd >= 3, use1=nd >= 2, BIAS=has_bias, ACCUM=accumulate,
+                 KEY=f"{dtype} cl={channels_last} nd={nd} wide={wide} tile={tuple(tile)} "
+                     f"bias={has_bias} accumulate={accumulate}")
+    template = (CONV_GEMM.replace("GATHER_TAP_8", indent(_GATHER_TAP, 8))
+                .replace("GATHER_TAP_16", indent(_GATHER_TAP, 16))
+                .replace("MULTIPLY", indent(_MULTIPLY, 8)))
+    return compile_source("conv_gemm", template, names, dict(acc=acc, I=I, U=U))
+
+
+WEIGHT_GEMM = """
+def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
+                xN, xC, x0, x1, x2, S0, S1, S2, yN, yC, y0, y1, y2, P0, P1, P2,
+                R1, R2, st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2):
+    As = cuda.shared.array((2, BK, BMP), acc)
+    Bs = cuda.shared.array((2, BK, BNP), acc)
+    tid = I(cuda.threadIdx.x)
+    tx = I(U(tid) % U(NTX))
+    ty = I(U(tid) // U(NTX))
+    by = I(cuda.blockIdx.y)
+    g = I(U(by) // U(row_tiles))
+    m0 = I(I(by - g * row_tiles) * BM)
+    col0 = I(cuda.blockIdx.x * BN)
+    chunk = I(cuda.blockIdx.z)
+    P12 = I(P1 * P2)
+    PP = I(P0 * P12)
+    total = I(n_images * PP)
+    j_start = I(chunk * chunk_len)
+    j_stop = min(I(j_start + chunk_len), total)
+    steps = I(I(j_stop - j_start + BK - 1) // BK)
+    kk = I(U(tid) % U(BK))
+    jj = I(j_start + kk)
+    jc = min(jj, total - 1)
+    n = I(U(jc) // U(PP))
+    r = I(jc - n * PP)
+    o0 = I(U(r) // U(P12))
+    rr = I(r - o0 * P12)
+    o1 = I(U(rr) // U(P2))
+    o2 = I(rr - o1 * P2)
+    ygoff = I(g * Kg * yC)
+#unroll e LA
+    am_{e} = I(m0 + tid // BK + {e * QSTEP})
+    aok_{e} = am_{e} < Kg
+    aoff_{e} = I(ygoff + am_{e} * yC)
+#end
+    R12 = I(R1 * R2)
+#unroll e LB
+    bc_{e} = I(col0 + tid // BK + {e * QSTEP})
+    bok_{e} = bc_{e} < NC
+    bcc_{e} = min(bc_{e}, NC - 1)
+    t_{e} = I(U(bcc_{e}) // U(Cg))
+    c_{e} = I(bcc_{e} - t_{e} * Cg)
+    t0_{e} = I(U(t_{e}) // U(R12))
+    tr_{e} = I(t_{e} - t0_{e} * R12)
+    t1_{e} = I(U(tr_{e}) // U(R2))
+#if use0
+    e0_{e} = I(t0_{e} * dl0)
+#else
+    e0_{e} = I(0)
+#end
+#if use1
+    e1_{e} = I(t1_{e} * dl1)
+#else
+    e1_{e} = I(0)
+#end
+    e2_{e} = I(I(tr_{e} - t1_{e} * R2) * dl2)
+    boff_{e} = I(I(g * Cg + c_{e}) * xC + e0_{e} * x0 + e1_{e} * x1 + e2_{e} * x2)
+#end
+#unroll i TM
+#unroll j TN
+    c_{i}_{j} = acc(0)
+#end
+#end
+    if steps > 0:
+LOAD_4
+#unroll e LA
+        As[0, kk, tid // BK + {e * QSTEP}] = va_{e}
+#end
+#unroll e LB
+        Bs[0, kk, tid // BK + {e * QSTEP}] = vb_{e}
+#end
+        cuda.syncthreads()
+    for step in range(steps):
+        buf = step & 1
+        more = step + 1 < steps
+        if more:
+            jj = I(jj + BK)
+            o2 = I(o2 + BK)
+            while o2 >= P2:
+                o2 = I(o2 - P2)
+                o1 = I(o1 + 1)
+                if o1 >= P1:
+                    o1 = I(0)
+                    o0 = I(o0 + 1)
+                    if o0 >= P0:
+                        o0 = I(0)
+                        n = I(n + 1)
+LOAD_12
+MULTIPLY
+        if more:
+            nxt = 1 - buf
+#unroll e LA
+            As[nxt, kk, tid // BK + {e * QSTEP}] = va_{e}
+#end
+#unroll e LB
+            Bs[nxt, kk, tid // BK + {e * QSTEP}] = vb_{e}
+#end
+        cuda.syncthreads()
+    pbase = I(I(I(chunk * G + g) * Kg) * NC)
+#unroll i TM
+    m_{i} = m0 + I(ty * HM + {i if i < HM else BM // 2 + i - HM})
+#end
+#unroll j TN
+    col_{j} = col0 + I(tx * HN + {j if j < HN else BN // 2 + j - HN})
+    if col_{j} < NC:
+#unroll i TM
+        if m_{i} < Kg:
+            partial[U(pbase + m_{i} * NC + col_{j})] = c_{i}_{j}
+#end
+#end
+"""
+
+
+_LOAD = """
+    jok = jj < j_stop
+    ib2 = I(o2 * st2 - bf2)
+#if use0
+    ib0 = I(o0 * st0 - bf0)
+    ib1 = I(o1 * st1 - bf1)
+    ya = I(n * yN + o0 * y0 + o1 * y1 + o2 * y2)
+    xb = I(n * xN + ib0 * x0 + ib1 * x1 + ib2 * x2)
+#elif use1
+    ib1 = I(o1 * st1 - bf1)
+    ya = I(n * yN + o1 * y1 + o2 * y2)
+    xb = I(n * xN + ib1 * x1 + ib2 * x2)
+#else
+    ya = I(n * yN + o2 * y2)
+    xb = I(n * xN + ib2 * x2)
+#end
+#unroll e LA
+    va_{e} = acc(0)
+    if jok & aok_{e}:
+        va_{e} = acc(dy[U(ya + aoff_{e})])
+#end
+#unroll e LB
+    vb_{e} = acc(0)
+#if use0
+    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)) & (U(ib1 + e1_{e}) < U(S1)) & (U(ib0 + e0_{e}) < U(S0)):
+#elif use1
+    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)) & (U(ib1 + e1_{e}) < U(S1)):
+#else
+    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)):
+#end
+        vb_{e} = acc(x[U(xb + boff_{e})])
+#end
+"""
+
+
+def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
+    """The Python function of the weight-gradient kernel (compile with cuda.jit).
+
+    Launch: ``tile.threads`` threads; grid ``(column tiles, row tiles * groups, chunks)``.
+    Columns are ``(tap, input channel)`` pairs (``NC = taps * Cg``), rows output channels,
+    the reduction runs over ``j = (image, output position)`` in ``[chunk * chunk_len, ...)``.
+    Writes ``partial[chunk, g, m, col]`` (flat). Every thread loads the same reduction row
+    ``j`` for all its elements, so one ``(image, position)`` counter per thread, advanced by
+    the step without division, serves both operands.
+    """
+    acc, I, U = scalar_types(dtype, wide)
+    bm, bn, bk, tm, tn = tile
+    threads = tile.threads
+    qstep = threads // bk
+    names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
+                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=WEIGHT_KU, QSTEP=qstep, LA=bm // qstep,
+                 LB=bn // qstep, use0=nd >= 3, use1=nd >= 2,
+                 KEY=f"{dtype} nd={nd} wide={wide} tile={tuple(tile)}")
+    template = (WEIGHT_GEMM.replace("LOAD_4", indent(_LOAD, 8))
+                .replace("LOAD_12", indent(_LOAD, 12))
+                .replace("MULTIPLY", indent(_MULTIPLY, 8)))
+    return compile_source("weight_gemm", template, names, dict(acc=acc, I=I, U=U))
+
+
+def pack_weights_function(dtype: str):
+    """``wp[g, t, r, m] = w[g*Kg + m, r, tap t]`` (forward) or ``w[g*Kg + r, m, tap t]``
+    (data), zero for ``r >= R``: the A operand of ``conv_gemm``. One thread per element.
+
+    Arguments: ``w, wp, wtaps (T x 3, flat), count, T, M, R, Rp, Kg, forward`` and w's five
+    element strides.
+    """
+    acc = scalar_types(dtype, True)[0]
+
+    def pack_weights(w, wp, wtaps, count, T, M, R, Rp, Kg, forward, ws0, ws1, ws2, ws3, ws4):
+        e = cuda.grid(1)
+        if e >= count:
+            return
+        m = e % M
+        rest = e // M
+        r = rest % Rp
+        rest = rest // Rp
+        t = rest % T
+        g = rest // T
+        v = acc(0)
+        if r < R:
+            tap = wtaps[t * 3] * ws2 + wtaps[t * 3 + 1] * ws3 + wtaps[t * 3 + 2] * ws4
+            if forward:
+                v = acc(w[(g * Kg + m) * ws0 + r * ws1 + tap])
+            else:
+                v = acc(w[(g * Kg + r) * ws0 + m * ws1 + tap])
+        wp[e] = v
+
+    return pack_weights
+
+
+def sum_chunks_function(dtype: str):
+    """``dw[k, c, tap] = [dw +] sum over chunks of partial[chunk, k, tap*Cg + c]``, chunks
+    added in order. One thread per element of dw.
+
+    Arguments: ``partial, w, count (= K*Cg*T), chunks, Cg, T, R1, R2, accumulate`` and w's
+    five element strides.
+    """
+    acc = scalar_types(dtype, True)[0]
+
+    def sum_chunks(partial, w, count, chunks, Cg, T, R1, R2, accumulate,
+                   ws0, ws1, ws2, ws3, ws4):
+        e = cuda.grid(1)
+        if e >= count:
+            return
+        k = e // (Cg * T)
+        rest = e % (Cg * T)
+        c = rest // T
+        t = rest % T
+        at = k * Cg * T + t * Cg + c
+        total = partial[at]
+        for chunk in range(1, chunks):
+            total += partial[at + chunk * count]
+        off = k * ws0 + c * ws1 + (t // (R1 * R2)) * ws2 + ((t // R2) % R1) * ws3 + \
+            (t % R2) * ws4
+        if accumulate:
+            total += acc(w[off])
+        w[off] = total
+
+    return sum_chunks
+
+
+def copy5_function(dtype: str):
+    """``dst[...] = src[...]`` for 5D arrays of one shape, one thread per element."""
+    def copy5(src, dst):
+        e = cuda.grid(1)
+        d1, d2, d3, d4 = dst.shape[1], dst.shape[2], dst.shape[3], dst.shape[4]
+        if e >= dst.shape[0] * d1 * d2 * d3 * d4:
+            return
+        i4 = e % d4
+        rest = e // d4
+        i3 = rest % d3
+        rest = rest // d3
+        i2 = rest % d2
+        rest = rest // d2
+        dst[rest // d1, rest % d1, i2, i3, i4] = src[rest // d1, rest % d1, i2, i3, i4]
+    return copy5
