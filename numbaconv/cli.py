@@ -101,6 +101,8 @@ def cmd_info(args) -> int:
     import numbaconv
     from numbaconv import bench
 
+    from numbaconv import config
+    config.configure_threading()        # fits Numba's thread count to the usable CPUs
     env = bench.environment()
     _print(f"numbaconv {env['numbaconv']}")
     _print(f"  Python        {env['python']} ({env['python_executable']})")
@@ -117,7 +119,7 @@ def cmd_info(args) -> int:
     _print("Numba threading")
     _print(f"  layer         configured {env['numba_threading_layer']!r}, launched: {launched}")
     _print(f"  importable    {', '.join(_threading_layers()) or 'none'}")
-    _print(f"  threads       NUMBA_NUM_THREADS = {env['numba_num_threads']}")
+    _print(f"  threads       NUMBA_NUM_THREADS = {config.thread_decision}")
     title = "BLAS and OpenMP (threadpoolctl)" if env["threadpoolctl"] else "BLAS"
     _print(title)
     for line in bench.describe_threadpools(env["threadpools"]):

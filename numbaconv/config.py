@@ -63,10 +63,12 @@ Read once, at first use, from the environment:
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import warnings
 import weakref
+from typing import Optional
 
 #: LLVM fast-math flags: everything but the ones that assume no NaN or infinity.
 FASTMATH_FLAGS = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
@@ -137,13 +139,85 @@ def _environ_reader():
 environ_value = _environ_reader()
 
 
+def _cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup",
+                      root: str = "/sys/fs/cgroup") -> Optional[float]:
+    """The CPU quota of this process's cgroups in CPUs (quota / period, the smallest along
+    the hierarchy, v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), or None where there is none
+    or it cannot be read (not Linux, no cgroup file system)."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":                          # v2: cpu.max in the unified tree
+            candidates = [(os.path.join(root, "unified"), "v2"), (root, "v2")]
+        elif "cpu" in controllers.split(","):
+            candidates = [(os.path.join(root, name), "v1") for name in
+                          (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu")]
+        else:
+            continue
+        for base, version in candidates:
+            directory = os.path.join(base, path.lstrip("/"))
+            while directory.startswith(base) and os.path.isdir(directory):
+                limit = _cgroup_dir_limit(directory, version)
+                if limit is not None:
+                    limits.append(limit)
+                if directory == base:
+                    break
+                directory = os.path.dirname(directory)
+    return min(limits) if limits else None
+
+
+def _cgroup_dir_limit(directory: str, version: str) -> Optional[float]:
+    try:
+        if version == "v2":
+            with open(os.path.join(directory, "cpu.max"), encoding="utf-8") as f:
+                quota, period = (f.read().split() + ["100000"])[:2]
+        else:
+            with open(os.path.join(directory, "cpu.cfs_quota_us"), encoding="utf-8") as f:
+                quota = f.read().strip()
+            with open(os.path.join(directory, "cpu.cfs_period_us"), encoding="utf-8") as f:
+                period = f.read().strip()
+        if quota in ("max", "-1") or int(period) <= 0:
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def available_cpus() -> tuple:
+    """(CPUs this process may use, why): the CPUs of its affinity mask (``taskset``,
+    ``os.sched_setaffinity``), fewer where a cgroup CPU quota (a container's ``--cpus``, a
+    pod's CPU limit) allows less, rounded up."""
+    try:
+        count = len(os.sched_getaffinity(0))
+        why = f"{count} CPUs in this process's affinity mask"
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+        why = f"{count} CPUs (os.cpu_count)"
+    quota = _cgroup_cpu_limit()
+    if quota is not None and math.ceil(quota) < count:
+        count = max(1, math.ceil(quota))
+        why += f", cut to {count} by a cgroup CPU quota of {quota:g} CPUs"
+    return count, why
+
+
+#: What :func:`configure_threading` decided about Numba's thread count, for ``numbaconv info``.
+thread_decision = ""
+
+
 def configure_threading() -> None:
-    """Apply ``NUMBACONV_OMP_PASSIVE`` (see the module docstring); idempotent.
+    """Apply ``NUMBACONV_OMP_PASSIVE`` (see the module docstring), and fit Numba's thread
+    count to :func:`available_cpus` unless ``NUMBA_NUM_THREADS`` is set; idempotent.
 
     Warns when it comes too late: Numba's OpenMP pool was already started (by the program's
     own parallel Numba code) with active waiting. Measured here, that makes numbaconv's
     GEMM-based kernels up to 20 times slower on 2 cores.
     """
+    _fit_numba_threads()
     if not _flag("NUMBACONV_OMP_PASSIVE", True) or "OMP_WAIT_POLICY" in os.environ:
         return
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -154,6 +228,31 @@ def configure_threading() -> None:
                       "threads and can slow convolutions many times over. Set "
                       "OMP_WAIT_POLICY=PASSIVE in the environment (or use another Numba "
                       "threading layer).", RuntimeWarning, stacklevel=3)
+
+
+def _fit_numba_threads() -> None:
+    """Numba sizes its thread pool by the affinity mask, not by a cgroup CPU quota: in a
+    container limited to 2 CPUs on a 64-core host it would start 64 threads a parallel
+    region. Lowered here, before the pool starts, unless the user set NUMBA_NUM_THREADS."""
+    global thread_decision
+    if thread_decision:
+        return
+    import numba
+    from numba.np.ufunc import parallel
+    if "NUMBA_NUM_THREADS" in os.environ:
+        thread_decision = f"{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS is set)"
+        return
+    count, why = available_cpus()
+    if count < numba.config.NUMBA_NUM_THREADS and not getattr(parallel, "_is_initialized",
+                                                              False):
+        # The environment variable survives Numba's config reloads; the pool's size and
+        # set_num_threads' bound were read from the config when Numba was imported.
+        os.environ["NUMBA_NUM_THREADS"] = str(count)
+        numba.config.NUMBA_NUM_THREADS = count
+        if hasattr(parallel, "NUM_THREADS") and hasattr(parallel, "gen_snt_check"):
+            parallel.NUM_THREADS = count
+            parallel.snt_check = parallel.gen_snt_check()
+    thread_decision = f"{numba.config.NUMBA_NUM_THREADS} ({why})"
 
 
 def jit_cache() -> bool:

@@ -104,9 +104,9 @@ def winograd_reason(op, problem) -> Optional[str]:
     elif channels < WINOGRAD_MIN_CHANNELS or tiles < WINOGRAD_MIN_TILES:
         return None
     # The transformed weights (16 values for 9) count against the workspace bound: once,
-    # or for the weight gradient once per partial sum and once per worker's buffer.
-    import numba
-
+    # or for the weight gradient once per partial sum and once per worker's buffer, as many
+    # workers as partial sums at most: counted so, the choice does not depend on the thread
+    # count (which would change the weight gradient's bits).
     from ._tiles import SLOTS, WORKSPACE_BYTES
     itemsize = problem.numpy_dtype.itemsize
     weights = problem.in_channels * problem.out_channels * math.prod(problem.kernel_size) \
@@ -114,7 +114,7 @@ def winograd_reason(op, problem) -> Optional[str]:
     largest = max(weights, itemsize * problem.batch * max(
         problem.in_channels * math.prod(problem.input_size),
         problem.out_channels * math.prod(problem.output_size)))
-    copies = SLOTS + numba.get_num_threads() if op == "conv_backward_weight" else 1
+    copies = 2 * SLOTS if op == "conv_backward_weight" else 1
     if weights * 16 // 9 * copies > max(WORKSPACE_BYTES, largest):
         return None
     shape = "2D 3x3" if problem.ndim == 2 else "3D 3x3x3 (summed over the depth taps)"

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import numba
 import numpy as np
 
-from ..config import serial_after_fork, serial_version
+from ..config import available_cpus, serial_after_fork, serial_version
 from .._kernel_geometry import Geom
 from ._rows import add_row_scalars, add_row_vector, sum_partials, zero_rows
 
@@ -88,16 +88,29 @@ def grouped_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 SHARED_PRODUCT_ABOVE = 2**20
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+#: Slices of a shared product whose bits must not depend on the thread count (see
+#: :func:`matmul`): work for up to this many workers, each slice a smaller, slightly less
+#: efficient BLAS call.
+FIXED_PARTS = 8
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -> np.ndarray:
     """``np.matmul(a, b, out=out)``, shared out among the tile workers (one BLAS thread each)
     in slices of out's longest axis, so that numbaconv never runs OpenBLAS's own thread
     pool: its threads spin for about 0.1 s after each product, taking a core from the tile
     workers of whatever runs next (measured on 2 cores: a channels-last 3x3 data gradient
     right after a two-thread product took 24-26 ms instead of 14-19 ms). ``a`` may have
-    fewer batch axes than out (broadcast); each output element is one BLAS dot product
-    over the whole shared axis, whatever the slicing."""
+    fewer batch axes than out (broadcast).
+
+    OpenBLAS's bits depend on the shape of each product it is given (a slice of rows or
+    columns rounds differently from the whole), so a result that must not depend on the
+    thread count passes ``fixed``: the product is then cut into FIXED_PARTS slices whenever
+    it is shared at all, whatever the number of workers (see :func:`fixed_ranges`), and
+    should run under :func:`fixed_blas`."""
     axis = int(np.argmax(out.shape))
-    spans = worker_ranges(out.shape[axis], out.size * a.shape[-1] > SHARED_PRODUCT_ABOVE)
+    shared = out.size * a.shape[-1] > SHARED_PRODUCT_ABOVE
+    spans = fixed_ranges(out.shape[axis], FIXED_PARTS if shared else 1) if fixed else \
+        worker_ranges(out.shape[axis], shared)
     if len(spans) <= 1:
         return np.matmul(a, b, out=out)
     a = a[(None,) * (out.ndim - a.ndim)]
@@ -181,8 +194,8 @@ def packing_threads():
 
 @functools.lru_cache(maxsize=1)
 def _blas():
-    """threadpoolctl's controller of NumPy's OpenBLAS, or None when NumPy's BLAS is another
-    library or threadpoolctl is missing."""
+    """The thread count of NumPy's OpenBLAS (:class:`_BlasThreads`), or None when NumPy's
+    BLAS is another library or threadpoolctl is missing."""
     try:
         from threadpoolctl import ThreadpoolController
         libraries = ThreadpoolController().select(internal_api="openblas").lib_controllers
@@ -192,7 +205,61 @@ def _blas():
     # or the only one loaded (a NumPy built against a system OpenBLAS).
     ours = [lib for lib in libraries if "numpy" in lib.filepath] or \
         (libraries if len(libraries) == 1 else [])
-    return ours[0] if ours else None
+    if not ours:
+        return None
+    blas = _BlasThreads(ours[0])
+    _fit_to_available_cpus(blas)
+    return blas
+
+
+def _fit_to_available_cpus(blas) -> None:
+    """OpenBLAS sizes its pool by the affinity mask, not by a cgroup CPU quota: lowered to
+    :func:`numbaconv.config.available_cpus` (the quota, rounded up) unless the user set
+    OPENBLAS_NUM_THREADS (or OMP_NUM_THREADS, which OpenBLAS also reads)."""
+    if "OPENBLAS_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
+        return
+    count, _ = available_cpus()
+    if count < blas.get_num_threads():
+        blas.set_num_threads(count)
+
+
+class _BlasThreads:
+    """Gets and sets the thread count of the OpenBLAS that threadpoolctl's ``controller``
+    found, from any Python thread.
+
+    threadpoolctl (3.8) lets only the first Python thread that sets a pthreads OpenBLAS's
+    thread count set it again, and silently ignores the others: a numbaconv call from any
+    other thread then ran its products on OpenBLAS's threads (whose bits differ). So the
+    library's own functions are called here, found under the symbol names that NumPy's
+    wheels (``scipy_openblas..64_``) or a plain build give them; an OpenMP build's count is
+    per thread already, and goes through threadpoolctl.
+    """
+
+    def __init__(self, controller):
+        self.controller = controller
+        self._get = self._set = None
+        if getattr(controller, "threading_layer", None) != "openmp":
+            self._get = self._symbol(controller, "openblas_get_num_threads")
+            self._set = self._symbol(controller, "openblas_set_num_threads")
+
+    @staticmethod
+    def _symbol(controller, name):
+        library = getattr(controller, "dynlib", None)
+        for prefix in ("", "scipy_"):
+            for suffix in ("", "64_"):
+                function = getattr(library, f"{prefix}{name}{suffix}", None)
+                if function is not None:
+                    return function
+        return None
+
+    def get_num_threads(self) -> int:
+        return self._get() if self._get is not None else self.controller.get_num_threads()
+
+    def set_num_threads(self, threads: int) -> None:
+        if self._set is not None:
+            self._set(threads)
+        else:
+            self.controller.set_num_threads(threads)
 
 
 _blas_lock = threading.Lock()
@@ -225,6 +292,22 @@ def blas_single_threaded():
             _blas_users -= 1
             if _blas_users == 0:
                 blas.set_num_threads(_blas_threads)
+
+
+@contextlib.contextmanager
+def fixed_blas():
+    """NumPy's BLAS on one thread for a whole call whose result must not depend on the
+    thread count (weight gradients, recurrent ops): OpenBLAS's bits depend on its thread
+    count, because each thread multiplies a slice of the product and a slice rounds
+    differently from the whole. The call's parallelism then comes from the tile workers
+    alone, over jobs fixed by the shape. Without control over NumPy's BLAS (not OpenBLAS, or
+    threadpoolctl missing) this does nothing, and the products' bits may depend on that
+    library's thread count."""
+    if _blas() is None:
+        yield
+        return
+    with blas_single_threaded():
+        yield
 
 
 _pools: dict = {}
@@ -292,6 +375,13 @@ def worker_ranges(size: int, share: bool = True) -> list:
     """[(start, stop), ...]: [0, size) cut into one range per tile worker (a single range
     unless ``share``), the jobs of a kernel shared out by :func:`run_tiles`."""
     step = max(1, -(-size // (tile_workers(size) if share else 1)))
+    return [(start, min(size, start + step)) for start in range(0, size, step)]
+
+
+def fixed_ranges(size: int, parts: int) -> list:
+    """[(start, stop), ...]: [0, size) cut into at most ``parts`` ranges, fixed by the
+    arguments alone (not by the number of workers that run them)."""
+    step = max(1, -(-size // max(parts, 1)))
     return [(start, min(size, start + step)) for start in range(0, size, step)]
 
 

@@ -1,8 +1,9 @@
 """CPU weight gradient: entry -> driver per algorithm -> kernels.
 
 Deterministic: tiles are dealt to slots by the shape alone, each slot adds its tiles' products
-in tile order and the slots are summed in slot order, so the same inputs give bitwise the
-same dw on every run, whatever the thread count.
+in tile order and the slots are summed in slot order, products are cut into slices fixed by
+the shape, and BLAS runs on one thread (:func:`._tiles.fixed_blas`), so the same inputs give
+bitwise the same dw on every run, whatever the thread count (Numba's or the BLAS's).
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from ._heuristics import implicit_applies
 
 
 def run(problem, operands, out, algorithm):
+    with _tiles.fixed_blas():
+        dw = _weight_gradient(problem, operands, algorithm)
+    return store(dw.reshape(problem.w_shape), out, problem.accumulate)
+
+
+def _weight_gradient(problem, operands, algorithm):
     x, dy = operands
     g = geom(problem)
     if algorithm == "gemm":
@@ -34,4 +41,4 @@ def run(problem, operands, out, algorithm):
             dw = _im2col.weight_gradient(g, x, dy)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a weight-gradient algorithm")
-    return store(dw.reshape(problem.w_shape), out, problem.accumulate)
+    return dw

@@ -8,11 +8,24 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import layer_params
+from . import _tiles
 from . import _rnn_cells as cells_k
 from .rnn_forward import lengths_or_full, steps
 
 
 def run(problem, operands, out, algorithm):
+    # One BLAS thread, products over all steps cut into slices fixed by the shape: the
+    # parameter gradients' bits then do not depend on the thread count (see _tiles.fixed_blas).
+    with _tiles.fixed_blas():
+        return _run(problem, operands, out)
+
+
+def product(a, b):
+    """a @ b, a new array, in slices fixed by the shape (see _tiles.matmul)."""
+    return _tiles.matmul(a, b, np.empty((a.shape[0], b.shape[1]), a.dtype), fixed=True)
+
+
+def _run(problem, operands, out):
     y, dy, params, reserve, hx, cx, dhy, dcy, lengths = operands
     cfg = problem.config
     t_len, n = problem.seq_len, problem.batch
@@ -74,12 +87,12 @@ def run(problem, operands, out, algorithm):
             g2 = gates.reshape(rows, gw)
             d2 = din.reshape(rows, -1)
             if mode == "gru":  # input-path gradients are dr, dz and dn (columns 0:2H, 3H:4H)
-                part = g2[:, :2 * hs] @ w_ih[:2 * hs]
-                part += g2[:, 3 * hs:] @ w_ih[2 * hs:]
+                part = product(g2[:, :2 * hs], w_ih[:2 * hs])
+                part += product(g2[:, 3 * hs:], w_ih[2 * hs:])
             else:
-                part = None if d == 0 else g2 @ w_ih
+                part = None if d == 0 else product(g2, w_ih)
                 if d == 0:
-                    np.matmul(g2, w_ih, out=d2)
+                    _tiles.matmul(g2, w_ih, d2, fixed=True)
             if part is not None:
                 if d == 0:
                     d2[...] = part

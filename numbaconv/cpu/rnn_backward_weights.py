@@ -8,18 +8,27 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import layer_params
+from . import _tiles
 from . import _rnn_cells as cells_k
 
 
 def _product(dst, a, b, accumulate):
-    """dst (+)= a @ b, straight into dst when overwriting."""
+    """dst (+)= a @ b, straight into dst when overwriting; in slices fixed by the shape
+    (see _tiles.matmul)."""
     if accumulate:
-        dst += a @ b
+        dst += _tiles.matmul(a, b, np.empty(dst.shape, dst.dtype), fixed=True)
     else:
-        np.matmul(a, b, out=dst)
+        _tiles.matmul(a, b, dst, fixed=True)
 
 
 def run(problem, operands, out, algorithm):
+    # One BLAS thread, products over all steps cut into slices fixed by the shape: the
+    # parameter gradients' bits then do not depend on the thread count (see _tiles.fixed_blas).
+    with _tiles.fixed_blas():
+        return _run(problem, operands, out)
+
+
+def _run(problem, operands, out):
     x, params, reserve, hx, lengths = operands
     cfg = problem.config
     t_len, n = problem.seq_len, problem.batch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import layer_params
+from . import _tiles
 from . import _rnn_cells as cells_k
 
 
@@ -26,6 +27,13 @@ def combined_bias(b_ih, b_hh, size, dtype):
 
 
 def run(problem, operands, out, algorithm):
+    # One BLAS thread, products over all steps cut into slices fixed by the shape: the
+    # parameter gradients' bits then do not depend on the thread count (see _tiles.fixed_blas).
+    with _tiles.fixed_blas():
+        return _run(problem, operands, out)
+
+
+def _run(problem, operands, out):
     x, params, hx, cx, lengths, reserve = operands
     cfg = problem.config
     t_len, n = problem.seq_len, problem.batch
@@ -57,8 +65,8 @@ def run(problem, operands, out, algorithm):
             w_ih, w_hh, b_ih, b_hh, w_hr = layer_params(cfg, params, layer, d)
             ld = layer * d_num + d
             gates = layout.gates(reserve, layer, d) if training else scratch_gates
-            np.matmul(inp.reshape(t_len * n, -1), w_ih.T,
-                      out=gates.reshape(t_len * n, gw)[:, :gh])
+            _tiles.matmul(inp.reshape(t_len * n, -1), w_ih.T,
+                         gates.reshape(t_len * n, gw)[:, :gh], fixed=True)
             y_d = out_l[:, :, d * p:(d + 1) * p]
             h = hx[ld].copy()
             if mode == "lstm":
