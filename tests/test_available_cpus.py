@@ -56,48 +56,42 @@ print(numba.get_num_threads(), '|', config.thread_decision)
 """
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
-def test_numba_threads_follow_the_affinity_mask():
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
-    code = CHILD.format(before="os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})")
+#: In a child: fake a cgroup quota of this many CPUs (a test cannot make a cgroup).
+FAKE_QUOTA = "import numbaconv.config as c; c._cgroup_cpu_limit = lambda: {}"
+
+
+def _child(code: str, unset=("NUMBA_NUM_THREADS",), **variables) -> str:
+    """The output of ``code`` run in a fresh interpreter without the variables ``unset``
+    and with ``variables``."""
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(variables)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    threads, why = out.stdout.strip().split(" | ")
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_numba_threads_follow_the_affinity_mask():
+    threads, why = _child(CHILD.format(
+        before="os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})")).split(" | ")
     assert threads == "1" and "affinity" in why
 
 
 def test_numba_threads_follow_a_cgroup_quota():
-    """A quota below the affinity mask lowers Numba's pool before it starts (the quota is
-    faked in the child: a test cannot make a cgroup)."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
-    code = CHILD.format(before="import numbaconv.config as c; c._cgroup_cpu_limit = "
-                               "lambda: 0.5")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    threads, why = out.stdout.strip().split(" | ")
+    """A quota below the affinity mask lowers Numba's pool before it starts."""
+    threads, why = _child(CHILD.format(before=FAKE_QUOTA.format(0.5))).split(" | ")
     assert threads == "1" and "cgroup CPU quota of 0.5" in why
 
 
 def test_numba_num_threads_set_by_the_user_wins():
-    env = dict(os.environ, NUMBA_NUM_THREADS="3")
-    code = CHILD.format(before="import numbaconv.config as c; c._cgroup_cpu_limit = "
-                               "lambda: 1.0")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    threads, why = out.stdout.strip().split(" | ")
+    threads, why = _child(CHILD.format(before=FAKE_QUOTA.format(1.0)),
+                          NUMBA_NUM_THREADS="3").split(" | ")
     assert threads == "3" and "NUMBA_NUM_THREADS is set" in why
 
 
 def test_openblas_threads_follow_a_cgroup_quota():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
-    code = ("import numbaconv.config as c; c._cgroup_cpu_limit = lambda: 0.5\n"
-            "from numbaconv.cpu import _tiles\n"
-            "print(_tiles._blas().get_num_threads() if _tiles._blas() else 'none')")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() in ("1", "none")
+    out = _child(FAKE_QUOTA.format(0.5) + "\nfrom numbaconv.cpu import _tiles\n"
+                 "print(_tiles._blas().get_num_threads() if _tiles._blas() else 'none')",
+                 unset=("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"))
+    assert out in ("1", "none")
