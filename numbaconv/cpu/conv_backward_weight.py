@@ -15,8 +15,16 @@ from . import _direct, _gemm, _im2col, _implicit, _tiles, _winograd
 from ._heuristics import implicit_applies
 
 
+#: The algorithms whose products go to BLAS (the others are Numba kernels alone, which skip
+#: the few microseconds of holding BLAS to one thread).
+BLAS_ALGORITHMS = ("gemm", "im2col", "winograd")
+
+
 def run(problem, operands, out, algorithm):
-    with _tiles.fixed_blas():
+    if algorithm in BLAS_ALGORITHMS:
+        with _tiles.fixed_blas():
+            dw = _weight_gradient(problem, operands, algorithm)
+    else:
         dw = _weight_gradient(problem, operands, algorithm)
     return store(dw.reshape(problem.w_shape), out, problem.accumulate)
 
