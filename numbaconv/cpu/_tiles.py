@@ -88,10 +88,11 @@ def grouped_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 SHARED_PRODUCT_ABOVE = 2**20
 
 
-#: Slices of a shared product whose bits must not depend on the thread count (see
-#: :func:`matmul`): work for up to this many workers, each slice a smaller, slightly less
-#: efficient BLAS call.
+#: Slices of a shared 2D product whose bits must not depend on the thread count (see
+#: :func:`matmul`): work for up to this many workers, each slice at least FIXED_PART_MIN
+#: rows or columns (thinner slices ran BLAS measurably slower).
 FIXED_PARTS = 8
+FIXED_PART_MIN = 256
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -> np.ndarray:
@@ -104,13 +105,21 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -
 
     OpenBLAS's bits depend on the shape of each product it is given (a slice of rows or
     columns rounds differently from the whole), so a result that must not depend on the
-    thread count passes ``fixed``: the product is then cut into FIXED_PARTS slices whenever
-    it is shared at all, whatever the number of workers (see :func:`fixed_ranges`), and
-    should run under :func:`fixed_blas`."""
-    axis = int(np.argmax(out.shape))
+    thread count passes ``fixed`` (and runs under :func:`fixed_blas`): a stack of products
+    is then shared out along its longest batch axis, which leaves each product whole, and
+    a single product is cut into slices fixed by its shape (:func:`fixed_ranges`), whatever
+    the number of workers."""
     shared = out.size * a.shape[-1] > SHARED_PRODUCT_ABOVE
-    spans = fixed_ranges(out.shape[axis], FIXED_PARTS if shared else 1) if fixed else \
-        worker_ranges(out.shape[axis], shared)
+    if not fixed:
+        axis = int(np.argmax(out.shape))
+        spans = worker_ranges(out.shape[axis], shared)
+    elif out.ndim > 2 and max(out.shape[:-2]) > 1:
+        axis = int(np.argmax(out.shape[:-2]))
+        spans = worker_ranges(out.shape[axis], shared)
+    else:
+        axis = out.ndim - 2 + int(np.argmax(out.shape[-2:]))
+        parts = min(FIXED_PARTS, out.shape[axis] // FIXED_PART_MIN) if shared else 1
+        spans = fixed_ranges(out.shape[axis], parts)
     if len(spans) <= 1:
         return np.matmul(a, b, out=out)
     a = a[(None,) * (out.ndim - a.ndim)]
