@@ -26,18 +26,18 @@ BENCHES = {
     "rnn": ["--suite", "rnn", "--quick", "--no-torch"],
 }
 
-#: Row fields that name a row (the rest are its measurements).
-NAME_FIELDS = ("shape", "case", "op", "backend", "engine", "layout", "dtype")
+#: Fields that name a conv row (the rest are its measurements).
+NAME_FIELDS = ("shape", "op", "layout", "dtype")
 
 
 def _rows(record: dict) -> dict:
-    rows = record.get("results") or record.get("rows") or []
     timed = {}
-    for row in rows:
-        if row.get("median_s") is None or row.get("backend", "cpu") != "cpu":
-            continue
-        name = " ".join(str(row[f]) for f in NAME_FIELDS if f in row)
-        timed[name] = row["median_s"]
+    for row in record.get("results") or []:             # conv: a row per backend
+        if row.get("median_s") is not None and row.get("backend") == "cpu":
+            timed[" ".join(str(row[f]) for f in NAME_FIELDS if f in row)] = row["median_s"]
+    for row in record.get("rows") or []:                # rnn: a column per engine
+        if row.get("cpu_s") is not None:
+            timed[row["case"]] = row["cpu_s"]
     return timed
 
 
