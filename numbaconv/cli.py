@@ -128,7 +128,6 @@ def cmd_info(args) -> int:
     for text in _openblas_warnings(bench, set_vars, env["blas"]):
         _print(f"  WARNING: {text}")
     _print("environment")
-    from numbaconv import config
     names = [n for n in env["env"] if not n.startswith("NUMBACONV_")]
     names += ["NUMBA_CACHE_DIR"] + list(config.documented_variables())
     width = max(len(n) for n in names)

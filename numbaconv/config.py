@@ -155,8 +155,8 @@ def _cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup",
         if controllers == "":                          # v2: cpu.max in the unified tree
             candidates = [(os.path.join(root, "unified"), "v2"), (root, "v2")]
         elif "cpu" in controllers.split(","):
-            candidates = [(os.path.join(root, name), "v1") for name in
-                          (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu")]
+            names = dict.fromkeys((controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"))
+            candidates = [(os.path.join(root, name), "v1") for name in names]
         else:
             continue
         for base, version in candidates:

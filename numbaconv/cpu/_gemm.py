@@ -68,11 +68,12 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     if g.pointwise:
         rows = dy.reshape(-1, g.groups, g.kg).transpose(1, 2, 0)      # (G, Kg, N * S)
         return _tiles.matmul(rows, x.reshape(-1, g.groups, g.cg).transpose(1, 0, 2),
-                            np.empty((g.groups, g.kg, g.cg), x.dtype), fixed=True)
+                             np.empty((g.groups, g.kg, g.cg), x.dtype), fixed=True)
     if g.whole_input:
         features = x.reshape(g.n, g.groups, -1).transpose(1, 0, 2)     # (G, N, F)
         dw = _tiles.matmul(dy.reshape(g.n, g.groups, g.kg).transpose(1, 2, 0), features,
-                          np.empty((g.groups, g.kg, features.shape[-1]), x.dtype), fixed=True)
+                           np.empty((g.groups, g.kg, features.shape[-1]), x.dtype),
+                           fixed=True)
         return _tiles.weight_from_cl(g, dw) if g.channels_last else dw
     raise ValueError("algorithm: 'gemm' needs a 1x1 or whole-input kernel")
 

@@ -105,10 +105,10 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -
 
     OpenBLAS's bits depend on the shape of each product it is given (a slice of rows or
     columns rounds differently from the whole), so a result that must not depend on the
-    thread count passes ``fixed`` (and runs under :func:`fixed_blas`): a stack of products
-    is then shared out along its longest batch axis, which leaves each product whole, and
-    a single product is cut into slices fixed by its shape (:func:`fixed_ranges`), whatever
-    the number of workers."""
+    thread count passes ``fixed`` (and runs under :func:`blas_single_threaded`): a stack of
+    products is then shared out along its longest batch axis, which leaves each product
+    whole, and a single product is cut into slices fixed by its shape
+    (:func:`fixed_ranges`), whatever the number of workers."""
     shared = out.size * a.shape[-1] > SHARED_PRODUCT_ABOVE
     if not fixed:
         axis = int(np.argmax(out.shape))
@@ -278,17 +278,23 @@ _blas_threads = None
 
 @contextlib.contextmanager
 def blas_single_threaded():
-    """NumPy's BLAS on one thread while tile workers run, restored when the last of them
-    (any number of concurrent numbaconv calls) is done.
+    """NumPy's BLAS on one thread while tile workers run, or for a whole call whose result
+    must not depend on the thread count (weight gradients, recurrent ops: OpenBLAS's bits
+    depend on its thread count, each thread multiplying a slice of the product), restored
+    when the last of them (any number of concurrent numbaconv calls) is done.
 
     OpenBLAS's thread count is process-wide: ``openblas_set_num_threads_local`` changes it
     for every thread in NumPy's pthreads build (measured: the main thread's products ran on
     one thread after a worker called it). So other threads of the program also get a
     one-thread BLAS while a GEMM-based numbaconv algorithm runs. Setting it costs about
-    1 us.
+    1 us. Without control over NumPy's BLAS (not OpenBLAS, or threadpoolctl missing) this
+    does nothing, and the products' bits may depend on that library's thread count.
     """
     global _blas_users, _blas_threads
     blas = _blas()
+    if blas is None:
+        yield
+        return
     with _blas_lock:
         if _blas_users == 0:
             _blas_threads = blas.get_num_threads()
@@ -303,20 +309,13 @@ def blas_single_threaded():
                 blas.set_num_threads(_blas_threads)
 
 
-@contextlib.contextmanager
-def fixed_blas():
-    """NumPy's BLAS on one thread for a whole call whose result must not depend on the
-    thread count (weight gradients, recurrent ops): OpenBLAS's bits depend on its thread
-    count, because each thread multiplies a slice of the product and a slice rounds
-    differently from the whole. The call's parallelism then comes from the tile workers
-    alone, over jobs fixed by the shape. Without control over NumPy's BLAS (not OpenBLAS, or
-    threadpoolctl missing) this does nothing, and the products' bits may depend on that
-    library's thread count."""
-    if _blas() is None:
-        yield
-        return
-    with blas_single_threaded():
-        yield
+def on_one_blas_thread(function):
+    """``function`` run under :func:`blas_single_threaded` (a decorator)."""
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        with blas_single_threaded():
+            return function(*args, **kwargs)
+    return run
 
 
 _pools: dict = {}

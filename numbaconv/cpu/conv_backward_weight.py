@@ -2,8 +2,9 @@
 
 Deterministic: tiles are dealt to slots by the shape alone, each slot adds its tiles' products
 in tile order and the slots are summed in slot order, products are cut into slices fixed by
-the shape, and BLAS runs on one thread (:func:`._tiles.fixed_blas`), so the same inputs give
-bitwise the same dw on every run, whatever the thread count (Numba's or the BLAS's).
+the shape, and BLAS runs on one thread (:func:`._tiles.blas_single_threaded`), so the same
+inputs give bitwise the same dw on every run, whatever the thread count (Numba's or the
+BLAS's).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ BLAS_ALGORITHMS = ("gemm", "im2col", "winograd")
 
 def run(problem, operands, out, algorithm):
     if algorithm in BLAS_ALGORITHMS:
-        with _tiles.fixed_blas():
+        with _tiles.blas_single_threaded():
             dw = _weight_gradient(problem, operands, algorithm)
     else:
         dw = _weight_gradient(problem, operands, algorithm)

@@ -13,19 +13,15 @@ from . import _rnn_cells as cells_k
 from .rnn_forward import lengths_or_full, steps
 
 
-def run(problem, operands, out, algorithm):
-    # One BLAS thread, products over all steps cut into slices fixed by the shape: the
-    # parameter gradients' bits then do not depend on the thread count (see _tiles.fixed_blas).
-    with _tiles.fixed_blas():
-        return _run(problem, operands, out)
-
-
 def product(a, b):
     """a @ b, a new array, in slices fixed by the shape (see _tiles.matmul)."""
     return _tiles.matmul(a, b, np.empty((a.shape[0], b.shape[1]), a.dtype), fixed=True)
 
 
-def _run(problem, operands, out):
+# One BLAS thread, products over all steps cut into slices fixed by the shape: the parameter
+# gradients' bits then do not depend on the thread count (see _tiles.blas_single_threaded).
+@_tiles.on_one_blas_thread
+def run(problem, operands, out, algorithm):
     y, dy, params, reserve, hx, cx, dhy, dcy, lengths = operands
     cfg = problem.config
     t_len, n = problem.seq_len, problem.batch

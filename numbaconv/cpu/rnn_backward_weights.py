@@ -21,14 +21,10 @@ def _product(dst, a, b, accumulate):
         _tiles.matmul(a, b, dst, fixed=True)
 
 
+# One BLAS thread, products over all steps cut into slices fixed by the shape: the parameter
+# gradients' bits then do not depend on the thread count (see _tiles.blas_single_threaded).
+@_tiles.on_one_blas_thread
 def run(problem, operands, out, algorithm):
-    # One BLAS thread, products over all steps cut into slices fixed by the shape: the
-    # parameter gradients' bits then do not depend on the thread count (see _tiles.fixed_blas).
-    with _tiles.fixed_blas():
-        return _run(problem, operands, out)
-
-
-def _run(problem, operands, out):
     x, params, reserve, hx, lengths = operands
     cfg = problem.config
     t_len, n = problem.seq_len, problem.batch

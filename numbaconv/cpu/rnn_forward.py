@@ -26,14 +26,10 @@ def combined_bias(b_ih, b_hh, size, dtype):
     return b_ih + b_hh
 
 
+# One BLAS thread, products over all steps cut into slices fixed by the shape: the parameter
+# gradients' bits then do not depend on the thread count (see _tiles.blas_single_threaded).
+@_tiles.on_one_blas_thread
 def run(problem, operands, out, algorithm):
-    # One BLAS thread, products over all steps cut into slices fixed by the shape: the
-    # parameter gradients' bits then do not depend on the thread count (see _tiles.fixed_blas).
-    with _tiles.fixed_blas():
-        return _run(problem, operands, out)
-
-
-def _run(problem, operands, out):
     x, params, hx, cx, lengths, reserve = operands
     cfg = problem.config
     t_len, n = problem.seq_len, problem.batch
@@ -66,7 +62,7 @@ def _run(problem, operands, out):
             ld = layer * d_num + d
             gates = layout.gates(reserve, layer, d) if training else scratch_gates
             _tiles.matmul(inp.reshape(t_len * n, -1), w_ih.T,
-                         gates.reshape(t_len * n, gw)[:, :gh], fixed=True)
+                          gates.reshape(t_len * n, gw)[:, :gh], fixed=True)
             y_d = out_l[:, :, d * p:(d + 1) * p]
             h = hx[ld].copy()
             if mode == "lstm":
