@@ -5,7 +5,6 @@ cache), timed in fresh processes."""
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import os
 import statistics
@@ -17,7 +16,7 @@ from typing import Optional, Sequence
 
 from . import dispatch
 from .bench_cases import TINY, BenchCase, make_call
-from .bench_timing import _autonumber
+from .bench_timing import _autonumber, collector_off, per_call
 from .problem import CONV_OPS
 from .testing import ConvCase
 
@@ -90,18 +89,10 @@ def dispatch_overhead(ops: Sequence[str] = CONV_OPS, *, repeat: int = 31,
         direct()  # warm both: compilation, caches, the dispatcher's choice
         number = max(_autonumber(public, min_sample), _autonumber(direct, min_sample))
         t_public, t_direct = [], []
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_off():
             for _ in range(repeat):
-                for fn, samples in ((public, t_public), (direct, t_direct)):
-                    start = time.perf_counter()
-                    for _ in range(number):
-                        fn()
-                    samples.append((time.perf_counter() - start) / number)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+                t_public.append(per_call(public, number))
+                t_direct.append(per_call(direct, number))
         public_us = statistics.median(t_public) * 1e6
         direct_us = statistics.median(t_direct) * 1e6
         results.append(dict(op=op, backend=choice.backend, algorithm=choice.algorithm,

@@ -4,6 +4,7 @@ does); the geometric mean of ratios; times printed with a readable unit."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import statistics
@@ -48,6 +49,27 @@ def _autonumber(fn: Callable[[], object], min_sample: float) -> int:
         number = max(number * 2, int(number * min_sample / max(elapsed, 1e-9) * 1.2))
 
 
+@contextlib.contextmanager
+def collector_off():
+    """The garbage collector off while timing: it would charge one call for another's
+    garbage (timeit turns it off too)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def per_call(fn: Callable[[], object], number: int) -> float:
+    """Seconds per call of ``number`` calls of ``fn`` in a row (one sample)."""
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+
+
 def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
               number: Optional[int] = None, min_sample: float = 2e-3) -> Timing:
     """Median per-call time of ``fn()``.
@@ -75,19 +97,8 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
         fn()
     if number is None:
         number = _autonumber(fn, min_sample)
-    samples = []
-    # The collector would charge one call for another's garbage; timeit turns it off too.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(repeat):
-            start = time.perf_counter()
-            for _ in range(number):
-                fn()
-            samples.append((time.perf_counter() - start) / number)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    with collector_off():
+        samples = [per_call(fn, number) for _ in range(repeat)]
     return Timing(statistics.median(samples), min(samples), repeat, number)
 
 
