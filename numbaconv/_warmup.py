@@ -191,7 +191,7 @@ def plan(ops=None, dtypes=None, layouts=None, ndims=None, layers=None) -> list:
     return combos
 
 
-def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None,
+def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None, jobs: int = 1,
            progress: Optional[Callable[[int, int, str], None]] = None) -> WarmupReport:
     """Compile the ``cpu`` backend's kernels now and store them in Numba's disk cache.
 
@@ -216,8 +216,15 @@ def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None,
     layers : str or sequence of str, optional
         Names in ``LAYERS``; default ResNet's ``3x3``, ``3x3s2``, ``1x1``, ``1x1s2``;
         ``"depthwise"`` and ``"stem"`` (7x7 stride 2) on request, ``"all"`` for every one.
+    jobs : int
+        Processes compiling at once (default 1: this process alone). With more, the runs
+        are shared out by algorithm and dtype, whose kernels they share, among that many
+        new interpreters (``spawn``), each writing to the same disk cache; Numba's compiler
+        runs one compilation at a time per process, so this is the way to use more cores.
+        Each interpreter imports Numba (about a second) and holds its own compiled code.
     progress : callable, optional
-        Called as ``progress(done, total, what)`` before each run and once at the end.
+        Called as ``progress(done, total, what)`` before each run (with ``jobs`` > 1: as
+        each share finishes) and once at the end.
 
     Returns
     -------
@@ -228,15 +235,15 @@ def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None,
     """
     from . import conv as public
     from . import dispatch
-    from . import problem as pb
     from .config import describe_kernel_cache
 
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs: expected a positive integer, got {jobs!r}")
     combos = plan(ops, dtypes, layouts, ndims, layers)
     backend = dispatch.get_backend("cpu")
     why = backend.availability() if hasattr(backend, "availability") else None
     if why:
         raise RuntimeError(f"numbaconv warmup: the cpu backend is not available: {why}")
-    rng = np.random.default_rng(0)
     report = WarmupReport(cache=describe_kernel_cache())
     start = time.perf_counter()
     before = kernel_cache_stats()
@@ -249,31 +256,100 @@ def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None,
         report.entries.append(Entry("threading-layer probe", "float64", "-", 0, "-", "-",
                                     time.perf_counter() - start, misses - before[1],
                                     hits - before[0]))
-    work = []
-    for op, dtype, layout, ndim, layer in combos:
-        args, kw = _operands(op, layer, dtype, layout, ndim, rng)
-        problem = pb.PROBLEM_BUILDERS[op](*args, **kw)
-        for algorithm in backend.algorithms(op, problem):
-            work.append((op, dtype, layout, ndim, layer, algorithm, problem, args))
-    for done, (op, dtype, layout, ndim, layer, algorithm, problem, args) in enumerate(work):
-        if progress is not None:
-            progress(done, len(work), f"{op} {dtype} {layout} {ndim}D {layer}: {algorithm}")
-        operands = tuple(a for a in args if isinstance(a, np.ndarray))
-        if op in ("conv", "conv_transpose"):
-            operands = args                                   # with the bias
-        before = kernel_cache_stats()
-        began = time.perf_counter()
-        error = None
-        try:
-            backend.run(op, problem, operands, None, algorithm)
-        except Exception as exc:  # recorded; the other kernels still get compiled
-            error = f"{type(exc).__name__}: {exc}"
-        hits, misses = kernel_cache_stats()
-        report.entries.append(Entry(op, dtype, layout, ndim, layer, algorithm,
-                                    time.perf_counter() - began, misses - before[1],
-                                    hits - before[0], error))
+    work = [(op, dtype, layout, ndim, layer, algorithm)
+            for op, dtype, layout, ndim, layer in combos
+            for algorithm in backend.algorithms(op, _problem(op, dtype, layout, ndim, layer))]
+    shares = _shares(work, jobs)
+    if len(shares) > 1:
+        report.entries += _run_in_processes(shares, work, progress)
+    else:
+        for done, spec in enumerate(work):
+            if progress is not None:
+                progress(done, len(work), _describe(spec))
+            report.entries.append(_run(backend, spec))
     if progress is not None:
         progress(len(work), len(work), "done")
     report.seconds = time.perf_counter() - start
     del public  # imported so that the public functions' modules are loaded as in real use
     return report
+
+
+def _describe(spec) -> str:
+    op, dtype, layout, ndim, layer, algorithm = spec
+    return f"{op} {dtype} {layout} {ndim}D {layer}: {algorithm}"
+
+
+def _problem(op, dtype, layout, ndim, layer):
+    from . import problem as pb
+    args, kw = _operands(op, layer, dtype, layout, ndim, np.random.default_rng(0))
+    return pb.PROBLEM_BUILDERS[op](*args, **kw)
+
+
+def _run(backend, spec) -> Entry:
+    """Run one (op, dtype, layout, ndim, layer, algorithm) of the plan, with Numba's cache
+    statistics of what it compiled or loaded."""
+    from . import problem as pb
+    op, dtype, layout, ndim, layer, algorithm = spec
+    args, kw = _operands(op, layer, dtype, layout, ndim, np.random.default_rng(0))
+    problem = pb.PROBLEM_BUILDERS[op](*args, **kw)
+    operands = tuple(a for a in args if isinstance(a, np.ndarray))
+    if op in ("conv", "conv_transpose"):
+        operands = args                                       # with the bias
+    before = kernel_cache_stats()
+    began = time.perf_counter()
+    error = None
+    try:
+        backend.run(op, problem, operands, None, algorithm)
+    except Exception as exc:  # recorded; the other kernels still get compiled
+        error = f"{type(exc).__name__}: {exc}"
+    hits, misses = kernel_cache_stats()
+    return Entry(op, dtype, layout, ndim, layer, algorithm, time.perf_counter() - began,
+                 misses - before[1], hits - before[0], error)
+
+
+def _shares(work: list, jobs: int) -> list:
+    """``work`` dealt into at most ``jobs`` lists: runs of one (algorithm, dtype) together
+    (they compile the same kernels), the largest groups first, each to the lightest share."""
+    groups: dict = {}
+    for spec in work:
+        groups.setdefault((spec[5], spec[1]), []).append(spec)
+    shares: list = [[] for _ in range(min(jobs, len(groups)))]
+    for group in sorted(groups.values(), key=len, reverse=True):
+        min(shares, key=len).extend(group)
+    return [share for share in shares if share]
+
+
+def _run_share(share: list) -> list:
+    """In a worker interpreter: run ``share``'s specs one after another."""
+    from . import dispatch
+    backend = dispatch.get_backend("cpu")
+    if hasattr(backend, "start_threads"):
+        backend.start_threads()
+    return [_run(backend, spec) for spec in share]
+
+
+def _run_in_processes(shares: list, work: list, progress) -> list:
+    """Each share in its own worker interpreter; the entries in ``work``'s order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    entries: list = []
+    done, total = 0, len(work)
+    if progress is not None:
+        progress(0, total, f"compiling in {len(shares)} processes")
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
+        futures = {pool.submit(_run_share, share): share for share in shares}
+        for future in as_completed(futures):
+            share = futures[future]
+            try:
+                entries += future.result()
+            except Exception as exc:  # the worker died: its runs are recorded as failed
+                entries += [Entry(*spec, 0.0, 0, 0, f"{type(exc).__name__}: {exc}")
+                            for spec in share]
+            done += len(share)
+            if progress is not None:
+                progress(done, total, f"finished {_describe(share[-1])}")
+    order = {spec: i for i, spec in enumerate(work)}
+    return sorted(entries, key=lambda e: order[(e.op, e.dtype, e.layout, e.ndim, e.layer,
+                                                 e.algorithm)])

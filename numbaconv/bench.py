@@ -38,8 +38,8 @@ from . import dispatch
 from .bench_cases import (BIG_SHAPE_NAMES, DEFAULT_SETTLE, ENV_VARS, GROUP_TARGETS, GROUPS,
                           PYTORCH, QUICK_SHAPES, SHAPES, TARGET_OPS, TINY, BenchCase, Call, Row,
                           cpu_backends, flops, group_of, make_call, supports)
-from .bench_latency import (FIRST_CALL_CASE, dispatch_callables, dispatch_overhead,
-                            first_call_latency)
+from .bench_latency import (FIRST_CALL_CASE, TRAINING_STEP, dispatch_callables,
+                            dispatch_overhead, first_call_latency)
 from .bench_machine import (ISA_NAMES, OPENBLAS_KERNEL_ISA, blas_info, cpu_isa_level,
                             describe_threadpools, environment, gemm_name, gemm_peak,
                             openblas_coretype_warning, openblas_natural_kernel, threadpools)
@@ -56,7 +56,7 @@ __all__ = ["PYTORCH", "GROUPS", "GROUP_TARGETS", "TARGET_OPS", "BenchCase", "gro
            "Timing", "time_call", "Call", "make_call", "flops", "cpu_backends", "supports",
            "import_torch", "torch_callable", "Row", "resolve_layouts", "run_benchmarks",
            "gemm_name", "gemm_peak", "geometric_mean", "summarize", "dispatch_callables",
-           "dispatch_overhead", "FIRST_CALL_CASE", "first_call_latency", "threadpools",
+           "dispatch_overhead", "FIRST_CALL_CASE", "TRAINING_STEP", "first_call_latency", "threadpools",
            "environment", "describe_threadpools", "blas_info", "OPENBLAS_KERNEL_ISA",
            "ISA_NAMES", "cpu_isa_level", "openblas_natural_kernel",
            "openblas_coretype_warning", "format_seconds", "MATPLOTLIB_MISSING",

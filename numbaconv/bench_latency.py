@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from . import dispatch
 from .bench_cases import TINY, BenchCase, make_call
@@ -126,7 +126,11 @@ from numbaconv import bench, dispatch
 def as_tuple(value):  # JSON made the case's tuples lists
     return tuple(map(as_tuple, value)) if isinstance(value, list) else value
 case = bench.BenchCase(**{k: as_tuple(v) for k, v in spec["case"].items()})
-call = bench.make_call(spec["op"], case, spec["layout"], spec["dtype"])
+ops = spec["op"].split("+")  # "conv+conv_backward_data+...": a training step's ops
+calls = [bench.make_call(op, case, spec["layout"], spec["dtype"]) for op in ops]
+def call():
+    for c in calls:
+        c()
 # The first call would import Numba itself (the kernel modules do); importing it just
 # before costs the same and tells that fixed part apart from compiling or loading kernels.
 start = time.perf_counter()
@@ -142,7 +146,7 @@ with numbaconv.use_backend(spec["backend"]):
     start = time.perf_counter()
     call()
     second_s = time.perf_counter() - start
-    choice = dispatch.select(spec["op"], call.problem)
+    choices = [dispatch.select(op, c.problem) for op, c in zip(ops, calls)]
 kernels = hits = misses = 0
 try:
     from numba.core.dispatcher import Dispatcher
@@ -163,15 +167,22 @@ for name, module in list(sys.modules.items()):
 print(json.dumps(dict(import_s=import_s, numba_at_import=numba_at_import,
                       numba_import_s=numba_import_s, call_s=call_s,
                       first_s=numba_import_s + call_s, second_s=second_s,
-                      backend=choice.backend, algorithm=choice.algorithm,
+                      backend="+".join(dict.fromkeys(c.backend for c in choices)),
+                      algorithm="+".join(c.algorithm for c in choices),
                       kernels=kernels, cache_hits=hits, cache_misses=misses)))
 """
+
+
+#: The ops of a training step with biases, run one after another by
+#: ``first_call_latency([TRAINING_STEP])`` in one interpreter.
+TRAINING_STEP = "+".join(CONV_OPS)
 
 
 def first_call_latency(ops: Sequence[str] = CONV_OPS, backend: str = "cpu", *,
                        case: ConvCase = FIRST_CALL_CASE, layout: str = "channels_first",
                        dtype: str = "float32", threads: Optional[int] = None,
-                       timeout: float = 600.0) -> list:
+                       timeout: float = 600.0,
+                       progress: Optional[Callable[[str], None]] = None) -> list:
     """Time of each op's first call in a fresh process, cold and from Numba's disk cache.
 
     For each op, a new temporary directory becomes ``NUMBA_CACHE_DIR`` of two fresh
@@ -191,6 +202,8 @@ def first_call_latency(ops: Sequence[str] = CONV_OPS, backend: str = "cpu", *,
     Parameters
     ----------
     ops : sequence of str
+        Op names; an entry may join several with ``+`` (:data:`TRAINING_STEP`): those ops
+        run one after another in the same interpreters, and the times are their sums.
     backend : str
         A numbaconv backend name.
     case : ConvCase
@@ -200,6 +213,8 @@ def first_call_latency(ops: Sequence[str] = CONV_OPS, backend: str = "cpu", *,
         ``NUMBA_NUM_THREADS`` of the interpreters (inherited when omitted).
     timeout : float
         Seconds each interpreter may take.
+    progress : callable, optional
+        Called with a line of text as each interpreter starts.
 
     Returns
     -------
@@ -230,7 +245,11 @@ def first_call_latency(ops: Sequence[str] = CONV_OPS, backend: str = "cpu", *,
                 [package_root] + [p for p in [os.environ.get("PYTHONPATH")] if p])
             if threads is not None:
                 env["NUMBA_NUM_THREADS"] = str(threads)
+            if progress is not None:
+                progress(f"{op}: cold (compiling)")
             cold = _first_call_process(spec, env, timeout)
+            if progress is not None:
+                progress(f"{op}: cached (loading)")
             cached = _first_call_process(spec, env, timeout)
         results.append(dict(op=op, backend=backend, layout=layout, dtype=dtype,
                             case=case.name, cold=cold, cached=cached))

@@ -363,14 +363,16 @@ def cmd_warmup(args) -> int:
     except ValueError as exc:
         _print(f"numbaconv warmup: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    from numbaconv.config import describe_kernel_cache
+    from numbaconv.config import available_cpus, describe_kernel_cache
+    jobs = args.jobs if args.jobs is not None else available_cpus()[0]
     _print(f"compiling the cpu kernels of {len(combos)} op/dtype/layout/layer "
-           f"combination(s), every algorithm each; kernels cache in "
-           f"{describe_kernel_cache()}")
+           f"combination(s), every algorithm each, in up to {jobs} process(es); kernels "
+           f"cache in {describe_kernel_cache()}")
     progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     try:
         report = _warmup.warmup(args.op, dtypes=args.dtype, layouts=args.layout,
-                                ndims=args.ndim, layers=args.layer, progress=progress.update)
+                                ndims=args.ndim, layers=args.layer, jobs=jobs,
+                                progress=progress.update)
     finally:
         progress.clear()
     for line in report.summary():
@@ -546,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", action="append", metavar="NAME",
                    help="typical layer (repeatable): 3x3, 3x3s2, 1x1, 1x1s2, depthwise, stem "
                         "(7x7 stride 2) or all; default 3x3, 3x3s2, 1x1, 1x1s2")
+    p.add_argument("--jobs", "-j", type=_positive_int, metavar="N",
+                   help="compile in up to N processes at once (default: the CPUs this "
+                        "process may use; 1: in this process alone)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress line on stderr (default: when stderr is a "
                         "terminal)")

@@ -455,7 +455,9 @@ def _print_summary(summary: list, peak: dict, compared: bool) -> None:
 
 def _first_call(args, bench, backends) -> int:
     """``bench --first-call``: each op's first call in fresh processes, cold and cached."""
-    ops = args.op or _conv_ops()
+    ops = list(args.op or _conv_ops())
+    if not args.op:  # and the five ops one after another, as a training step runs them
+        ops.append(bench.TRAINING_STEP)
     layouts = bench.resolve_layouts(args.layout or "channels_first")
     case = bench.FIRST_CALL_CASE
     from numbaconv import __version__
@@ -466,12 +468,17 @@ def _first_call(args, bench, backends) -> int:
            "NUMBACONV_JIT_CACHE=1 and NUMBACONV_AUTOTUNE=0: 'cold' compiles (and writes the "
            "cache), 'cached' loads the first one's kernels from disk. Numba is imported just "
            "before and timed apart: a user's first call pays 'Numba import' on top (importing "
-           "numbaconv does not load Numba).")
+           "numbaconv does not load Numba). 'training step': the five ops one after "
+           "another in the same interpreters.")
     _print()
     headers = ("backend", "layout", "op", "algorithm", "cold", "cached", "Numba import",
                "2nd call", "kernels", "from cache")
+    def label(op):
+        return "training step" if op == bench.TRAINING_STEP else op
+
     widths = [max([len(h)] + [len(v) for v in values]) for h, values in zip(
-        headers, (backends, layouts, ops, ("im2col",), (), (), (), (), (), ()))]
+        headers, (backends, layouts, [label(op) for op in ops], ("im2col",), (), (), (), (),
+                  (), ()))]
     widths = [max(w, 10) if i in (4, 5, 6, 7) else w for i, w in enumerate(widths)]
 
     def fmt(values):
@@ -481,18 +488,28 @@ def _first_call(args, bench, backends) -> int:
     _print(fmt(headers))
     _print(fmt(["-" * w for w in widths]))
     results = []
+    progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     for backend in backends:
         for layout in layouts:
-            for r in bench.first_call_latency(ops, backend, layout=layout, dtype=args.dtype,
-                                              threads=args.threads):
+            for op in ops:
+                try:
+                    r, = bench.first_call_latency(
+                        [op], backend, layout=layout, dtype=args.dtype, threads=args.threads,
+                        progress=lambda what: progress.update(
+                            0, 0, f"{backend} {layout} {what.replace(op, label(op), 1)}"))
+                finally:
+                    progress.clear()
                 results.append(r)
                 cold, cached = r["cold"], r["cached"]
                 failed = cold.get("error") or cached.get("error")
                 if failed:
-                    _print(fmt((backend, layout, r["op"], "error", "", "", "", "", "", ""))
+                    _print(fmt((backend, layout, label(op), "error", "", "", "", "", "", ""))
                            + f"  {_one_line(failed, 100)}")
                     continue
-                _print(fmt((backend, layout, r["op"], cold["algorithm"],
+                algorithm = cold["algorithm"]
+                if op == bench.TRAINING_STEP:
+                    algorithm = f"({op.count('+') + 1} ops)"
+                _print(fmt((backend, layout, label(op), algorithm,
                             bench.format_seconds(cold["call_s"]),
                             bench.format_seconds(cached["call_s"]),
                             bench.format_seconds(cached["numba_import_s"]),

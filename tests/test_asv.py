@@ -17,13 +17,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: One combination each of: a time_* on a 1D shape and every backend, a peakmem_* on a 3D
-#: shape and the reference, and the dispatch overhead (asv matches these against
-#: ``name(param, ...)`` with the parameters' reprs).
+#: shape and the reference, the dispatch overhead, and the cold first call of the bias
+#: gradient, which compiles one small kernel. asv matches these against
+#: ``name(param, ...)`` with the parameters' reprs.
 SMOKE_BENCHMARKS = (
     r"ConvBackwardData\.time_conv_backward_data\('conv1d_k5_16c_64', ",
     r"ConvBackwardWeight\.peakmem_conv_backward_weight\('conv3d_3x3x3_8c_6x8', 'reference'\)",
     r"DispatchOverhead\.time_public_call\('conv'\)",
     r"TrainingStep\.time_training_step\('lstm_T10_N8_32', 'cpu'\)",
+    r"FirstCall\.track_cold_s\('conv_backward_bias'\)",
 )
 
 
@@ -56,7 +58,7 @@ def test_asv_quick_run_passes(tmp_path):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     for name in ("time_conv_backward_data", "peakmem_conv_backward_weight",
-                 "time_public_call", "time_training_step"):
+                 "time_public_call", "time_training_step", "track_cold_s"):
         assert any(name in line and line.rstrip().endswith("ok")
                    for line in output.splitlines()), (name, output)
     assert "failed" not in output, output
@@ -68,5 +70,6 @@ def test_asv_quick_run_passes(tmp_path):
         assert any(n.endswith(f".peakmem_{op}") for n in names), op
     assert any(n.endswith("DispatchOverhead.track_overhead_us") for n in names)
     for name in ("TrainingStep.track_allocated_bytes_per_step", "Ops.time_forward",
-                 "Ops.time_backward_weights"):
+                 "Ops.time_backward_weights", "FirstCall.track_cold_s",
+                 "FirstCall.track_cached_s"):
         assert any(n.endswith(name) for n in names), name

@@ -274,6 +274,23 @@ def test_bench_first_call_reports_cold_and_cached(capsys, tmp_path):
     assert cached["cache_misses"] == 0
 
 
+def test_first_call_of_several_ops_in_one_process():
+    """A "+"-joined entry (a training step) runs its ops one after another in the same two
+    interpreters; the progress callback hears of each interpreter as it starts."""
+    info = {b.name: b for b in numbaconv.backends()}
+    if "cpu" not in info or not info["cpu"].available:
+        pytest.skip("the cpu backend is not available")
+    assert bench.TRAINING_STEP.split("+") == list(CONV_OPS)
+    heard = []
+    (result,) = bench.first_call_latency(["conv_backward_bias+conv_backward_bias"],
+                                         progress=heard.append)
+    cold, cached = result["cold"], result["cached"]
+    assert cold["algorithm"] == "reduce+reduce" and cold["backend"] == "cpu"
+    assert cached["cache_hits"] == cached["kernels"] == cold["kernels"] >= 1
+    assert heard == ["conv_backward_bias+conv_backward_bias: cold (compiling)",
+                     "conv_backward_bias+conv_backward_bias: cached (loading)"]
+
+
 def test_bench_first_call_rejects_unknown_backend(capsys):
     status, _, err = run_cli(capsys, "bench", "--first-call", "--backend", "no_such_backend")
     assert status == 2

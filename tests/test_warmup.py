@@ -121,3 +121,28 @@ def test_cli_usage_errors(capsys):
     assert main(["warmup", "--layer", "9x9"]) == 2
     assert "layers: expected some of" in capsys.readouterr().err
 
+
+
+def test_shares_keep_an_algorithms_runs_together():
+    work = [("conv", "float32", "channels_first", 2, layer, algorithm)
+            for layer in ("3x3", "1x1") for algorithm in ("im2col", "winograd", "direct")]
+    work += [("conv_backward_bias", "float32", "channels_first", 2, "3x3", "reduce")]
+    shares = _warmup._shares(work, 2)
+    assert len(shares) == 2 and sorted(map(len, shares)) == [3, 4]
+    assert sorted(spec for share in shares for spec in share) == sorted(work)
+    for algorithm in ("im2col", "winograd", "direct"):
+        assert sum(any(s[5] == algorithm for s in share) for share in shares) == 1
+    assert [sorted(share) for share in _warmup._shares(work, 1)] == [sorted(work)]
+    assert len(_warmup._shares(work, 64)) == 4                 # one per (algorithm, dtype)
+    with pytest.raises(ValueError, match="jobs"):
+        numbaconv.warmup("conv_backward_bias", jobs=0)
+
+
+def test_warmup_in_several_processes_reports_every_run():
+    # Two (algorithm, dtype) groups, so two worker interpreters; the bias kernels are small.
+    report = numbaconv.warmup("conv_backward_bias", dtypes="both", layers="1x1", jobs=2)
+    runs = [(e.dtype, e.algorithm, e.error) for e in report.entries
+            if e.op != "threading-layer probe"]
+    assert runs == [("float32", "reduce", None), ("float64", "reduce", None)]
+    # Each worker compiled its kernel or loaded it from the cache: either way it ran it.
+    assert all(e.compiled + e.loaded >= 1 for e in report.entries)
