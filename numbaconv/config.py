@@ -51,6 +51,10 @@ Read once, at first use, from the environment:
     ``1`` (default) lets LLVM reassociate and contract (FMA) floating-point arithmetic, which
     vectorises reductions. NaN and infinity semantics are kept (no ``nnan``/``ninf``): a NaN
     in the input propagates to the gradients exactly as in the reference.
+``NUMBACONV_LLVM_OPT``
+    LLVM's optimisation level for numbaconv's CPU kernels, ``0`` to ``3``; default ``2``
+    (Numba's own default is 3, which took half as long again to compile the largest
+    kernels, for no measured speed). Where ``NUMBA_OPT`` is set, Numba's setting applies.
 ``NUMBACONV_WINOGRAD``
     ``1`` (default): the cpu backend offers, and chooses for the layers it suits, its
     ``winograd`` algorithm (2D 3x3 convolutions of stride 1: the forward and the data and
@@ -434,7 +438,7 @@ def parallel_jit(func):
     in the child).
     """
     import numba
-    kernel = numba.njit(**jit_options())(func)
+    kernel = _at_opt_level(numba.njit(**jit_options())(func))
     _parallel_kernels.add(kernel)
     if _serial_after_fork:
         _run_serially(kernel)
@@ -445,14 +449,61 @@ def serial_jit(func):
     """``numba.njit(**jit_options(parallel=False))(func)``: a kernel or helper without
     ``prange`` threads (called from other kernels, or run on one thread)."""
     import numba
-    return numba.njit(**jit_options(parallel=False))(func)
+    return _at_opt_level(numba.njit(**jit_options(parallel=False))(func))
 
 
 def inline_jit(func):
     """:func:`serial_jit`, inlined into its callers at the Numba IR level
     (``inline="always"``)."""
     import numba
-    return numba.njit(**jit_options(parallel=False), inline="always")(func)
+    return _at_opt_level(numba.njit(**jit_options(parallel=False), inline="always")(func))
+
+
+#: LLVM's optimisation pipeline for numbaconv's kernels (Numba's default is 3): level 3
+#: compiles the micro-kernel loops half as long again for no measured speed (figures in
+#: docs/configuration.md, "What a first call costs").
+LLVM_OPT_LEVEL = 2
+
+
+def llvm_opt_level() -> Optional[int]:
+    """The LLVM optimisation level numbaconv's kernels compile at: ``NUMBACONV_LLVM_OPT``,
+    else :data:`LLVM_OPT_LEVEL`; None where ``NUMBA_OPT`` is set (Numba's own setting then
+    applies to every kernel)."""
+    if os.environ.get("NUMBA_OPT", "").strip():
+        return None
+    raw = os.environ.get("NUMBACONV_LLVM_OPT", "").strip()
+    if raw == "":
+        return LLVM_OPT_LEVEL
+    if raw not in ("0", "1", "2", "3"):
+        raise ValueError(f"NUMBACONV_LLVM_OPT: expected 0, 1, 2 or 3, got {raw!r}")
+    return int(raw)
+
+
+def _at_opt_level(dispatcher):
+    """``dispatcher`` compiling at :func:`llvm_opt_level` (Numba's ``config.OPT``, which its
+    pass pipelines read at each compilation, set for the compilation only, under Numba's
+    compiler lock so that no other compilation sees it). Kernels a compilation pulls in
+    (callees typed on the way) compile at the same level."""
+    level = llvm_opt_level()
+    if level is None:
+        return dispatcher
+    compile_ = dispatcher.compile
+
+    @functools.wraps(compile_)
+    def compile(sig):
+        from numba.core import config as numba_config
+        from numba.core.compiler_lock import global_compiler_lock
+        with global_compiler_lock:
+            saved = numba_config.OPT
+            make = getattr(numba_config, "_OptLevel", int)
+            numba_config.OPT = make(level)
+            try:
+                return compile_(sig)
+            finally:
+                numba_config.OPT = saved
+
+    dispatcher.compile = compile
+    return dispatcher
 
 
 @functools.lru_cache(maxsize=None)

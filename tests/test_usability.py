@@ -124,3 +124,38 @@ def test_plugin_readme_snippet_tells_the_truth():
 def test_lstm_demo_loss_change(initial, final, words):
     from numbaconv.demos.lstm import loss_change
     assert loss_change(initial, final) == words
+
+
+def test_kernels_compile_at_numbaconvs_llvm_level(monkeypatch):
+    """The level is Numba's config.OPT during the kernel's compilation only (its pass
+    pipelines read it then), NUMBACONV_LLVM_OPT chooses it, NUMBA_OPT set leaves Numba's."""
+    from numba.core import config as numba_config
+
+    class Dispatcher:
+        def compile(self, sig):
+            seen.append(int(numba_config.OPT))
+            return sig
+
+    monkeypatch.delenv("NUMBA_OPT", raising=False)
+    monkeypatch.delenv("NUMBACONV_LLVM_OPT", raising=False)
+    assert config.llvm_opt_level() == config.LLVM_OPT_LEVEL == 2
+    # The real kernels carry the wrapper (decorated at import, with NUMBA_OPT unset here
+    # and in CI).
+    from numbaconv.cpu import conv_backward_bias
+    kernels = [v for v in vars(conv_backward_bias).values() if hasattr(v, "py_func")]
+    assert kernels and all("compile" in vars(k) for k in kernels)
+    before = numba_config.OPT
+    seen = []
+    assert config._at_opt_level(Dispatcher()).compile("sig") == "sig"
+    assert seen == [2] and numba_config.OPT == before
+    monkeypatch.setenv("NUMBACONV_LLVM_OPT", "1")
+    seen = []
+    config._at_opt_level(Dispatcher()).compile("sig")
+    assert seen == [1] and numba_config.OPT == before
+    monkeypatch.setenv("NUMBACONV_LLVM_OPT", "fast")
+    with pytest.raises(ValueError, match="NUMBACONV_LLVM_OPT"):
+        config.llvm_opt_level()
+    monkeypatch.setenv("NUMBA_OPT", "3")
+    assert config.llvm_opt_level() is None
+    plain = Dispatcher()
+    assert config._at_opt_level(plain) is plain and "compile" not in vars(plain)
