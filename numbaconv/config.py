@@ -39,6 +39,13 @@ Read once, at first use, from the environment:
     channels-last: 15.8 ms, against 10.9 ms without torch or with ``OMP_WAIT_POLICY=PASSIVE``
     set before Python started). So the GEMM-based algorithms launch their kernels from the
     tile workers only; set the variable yourself to keep such a runtime from spinning.
+``NUMBACONV_ADAPT_THREADS``
+    ``1`` (default): on Linux, each ``cpu`` call reads how busy other processes kept this
+    process's CPUs over the last quarter of a second (``/proc/stat``) and runs on fewer
+    threads while they leave fewer cores free than Numba's thread count (a parallel region
+    waits for its slowest thread, and a descheduled one costs a time slice). Weight and bias
+    gradients and the recurrent ops give the same bits either way; a forward or data
+    gradient may change in its last bits. ``0`` keeps the thread count. Read on every call.
 ``NUMBACONV_CUDA_THREADS``, ``NUMBACONV_CUDA_TILE``
     Override :data:`CUDA_THREADS_PER_BLOCK` (a power of two) and :data:`CUDA_TILE`
     (``"rows,columns,step"``, the RNN products' tile). The simulator tests set them small,

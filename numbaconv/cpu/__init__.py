@@ -129,7 +129,28 @@ class CpuBackend(Backend):
             if out is not None and not out.flags.c_contiguous:
                 raise ValueError("out: expected a C-contiguous array (the cpu backend "
                                  "writes it in place)")
+        return _run_on_fitting_threads(op, problem, operands, out, algorithm)
+
+
+def _run_on_fitting_threads(op, problem, operands, out, algorithm):
+    """``run_op``, on fewer threads while other processes keep this process's CPUs busy
+    (:mod:`._load`): Numba's count for this calling thread, and NumPy's BLAS on one thread
+    when one is left. The results the README promises to be independent of the thread count
+    stay the same; a forward or data gradient may change in its last bits."""
+    from . import _load
+    threads = _load.threads_for_call(_numba_threads)
+    if threads is None:
         return run_op(__name__, op, problem, operands, out, algorithm)
+    from . import _tiles
+    with _tiles.on_threads(threads):
+        return run_op(__name__, op, problem, operands, out, algorithm)
+
+
+def _numba_threads() -> int:
+    import numba
+    from ..config import jit_options
+    jit_options()  # the threading set-up first: asking Numba starts its threads
+    return numba.get_num_threads()
 
 
 def _c_contiguous(a):

@@ -201,6 +201,23 @@ def packing_threads():
         numba.set_num_threads(previous)
 
 
+@contextlib.contextmanager
+def on_threads(threads: int):
+    """Numba's thread count for the calling thread (its parallel regions, and how many tile
+    workers its calls use) set to ``threads`` meanwhile, and NumPy's BLAS held to one thread
+    when ``threads`` is 1 (see :func:`blas_single_threaded`)."""
+    previous = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        if threads == 1:
+            with blas_single_threaded():
+                yield
+        else:
+            yield
+    finally:
+        numba.set_num_threads(previous)
+
+
 @functools.lru_cache(maxsize=1)
 def _blas():
     """The thread count of NumPy's OpenBLAS (:class:`_BlasThreads`), or None when NumPy's
