@@ -131,6 +131,10 @@ def cmd_bench(args) -> int:
     if torch is not None:
         torch.set_num_threads(threads)  # the same number of threads on both sides
     if args.threads:
+        # numbaconv's threading set-up first (OMP_WAIT_POLICY, the pool's size): setting
+        # the count starts Numba's threads, too late for it afterwards.
+        from numbaconv.config import configure_threading
+        configure_threading()
         numba.set_num_threads(threads)
     limiter = _blas_limits(threads)
 
