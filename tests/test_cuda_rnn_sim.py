@@ -3,7 +3,9 @@
 Runs only with NUMBA_ENABLE_CUDASIM=1 set before Numba is imported; tests/test_cuda.py runs
 this file in such a subprocess, with 4x8 tiles (step 4) and 32 threads per block, so that
 GEMM tiles and element-wise blocks are partly filled (T=3, N=3, I=4, H=5; batch_first
-tests use T != N, so that a missed axis swap cannot pass).
+tests use T != N, so that a missed axis swap cannot pass). Every test runs twice: products
+on the Numba gemm kernel, and through the cuBLAS mapping (a NumPy stand-in for cuBLAS under
+the simulator; see the ``product_path`` fixture).
 """
 
 import os
@@ -22,11 +24,55 @@ from numba import cuda  # noqa: E402
 import numbaconv as nc  # noqa: E402
 from numbaconv.testing import relative_error  # noqa: E402
 
+import cublas_standin  # noqa: E402
+
 T, N, I, H = 3, 3, 4, 5
 #: float16: storage rounding (2**-11 relative) of every gate, state and gradient, summed in
 #: float32; measured errors against the float64 reference stay below 1e-3 on these shapes.
 TOL = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-11}
 SEED = 7  # dropout_seed of every training forward here
+
+
+SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+@pytest.fixture(autouse=True, params=["numba", "cublas"])
+def product_path(request, monkeypatch):
+    """Every test runs its products on two paths (float16 products take the Numba kernel on
+    both): the Numba gemm kernel, and the cuBLAS mapping of numbaconv/cuda/_blas.py, with
+    cuBLAS itself on a GPU and, under the simulator, the NumPy stand-in of
+    tests/cublas_standin.py (every simulated device buffer registered with it, so that it
+    resolves the pointers it is given). Yields "numba", "cublas" (a GPU) or the stand-in."""
+    from numbaconv.cuda import _blas
+    if request.param == "numba":
+        previous = _blas.set_binding(None)
+        yield "numba"
+        _blas.restore(previous)
+        return
+    if not SIMULATED:
+        binding, why = _blas.binding()
+        if binding is None:
+            pytest.skip(f"cuBLAS did not load: {why}")
+        yield "cublas"
+        return
+    from numba.cuda.simulator.cudadrv import devicearray
+    memory = cublas_standin.Memory()
+    init = devicearray.FakeCUDAArray.__init__
+
+    def register(self, ary, stream=0):
+        init(self, ary, stream)
+        memory.register(ary)
+
+    monkeypatch.setattr(devicearray.FakeCUDAArray, "__init__", register)
+    standin = cublas_standin.StandIn(memory)
+    previous = _blas.set_binding(_blas.Cublas(
+        "a NumPy stand-in", standin.sgemm, standin.dgemm, standin.create, standin.set_stream,
+        standin.set_math_mode, cublas_standin.OP_N, cublas_standin.OP_T,
+        cublas_standin.DEFAULT_MATH, cublas_standin.TF32_TENSOR_OP_MATH))
+    yield standin
+    _blas.restore(previous)
+    if "float16" not in request.node.name and "supports" not in request.node.name:
+        assert standin.calls, "no product reached the stand-in"
 
 
 def arrays(cfg, dtype, lengths=None, seed=0, t_len=T, n=N):
@@ -299,3 +345,41 @@ def test_supports_every_rnn_feature():
         params = cuda.to_device(np.zeros(cfg.num_params, np.float16))
         problem = PROBLEM_BUILDERS["rnn_forward"](cfg, x, params, training=True)
         assert backend.supports("rnn_forward", problem) is None, cfg
+
+
+@pytest.mark.parametrize("cfg, lengths", [
+    (nc.RNNConfig("lstm", I, H, num_layers=2, bidirectional=True, dropout=0.5, proj_size=3),
+     np.array([1, 3, 2])),
+    (nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True, dropout=0.5),
+     np.array([3, 2, 3])),
+    (nc.RNNConfig("rnn_relu", I, H, num_layers=2, bias=False), None),
+], ids=["lstm-every-feature", "gru-every-feature", "rnn_relu-no-bias"])
+def test_every_product_goes_through_cublas(product_path, cfg, lengths):
+    """With cuBLAS (or its stand-in) loaded, every float32/float64 product of a training
+    step, the accumulating weight gradient included, is one cuBLAS gemm: none falls back to
+    the Numba kernel. Under the simulator the stand-in also shows every kind of call:
+    both transposes of both operands, beta 0 and 1."""
+    from numbaconv.cuda import _blas
+    if product_path == "numba":
+        pytest.skip("the Numba path has no cuBLAS call to count")
+    before = dict(_blas.counts)
+    a = arrays(cfg, "float64", lengths)
+    d = device(a)
+    with nc.use_backend("cuda"):
+        got = train_step(cfg, d)
+        out = cuda.to_device(np.zeros(cfg.num_params))
+        nc.rnn_backward_weights(cfg, d["x"], d["params"], got["reserve"], hx=d["hx"],
+                                seq_lengths=lengths, out=out, accumulate=True)
+    assert _blas.counts["numba"] == before["numba"]
+    assert _blas.counts["cublas"] > before["cublas"]
+    if product_path != "cublas":  # the stand-in saw them all
+        assert _blas.counts["cublas"] - before["cublas"] == len(product_path.calls)
+        kinds = {(call[1], call[2], call[10]) for call in product_path.calls}
+        assert {t for t, _, _ in kinds} == {0, 1} and {t for _, t, _ in kinds} == {0, 1}
+        assert {beta for _, _, beta in kinds} == {0.0, 1.0}
+    with nc.use_backend("reference"):
+        want = train_step(cfg, a)
+    for k in ("y", "dx", "dhx", "dparams"):
+        assert relative_error(host(got[k]), want[k]) < TOL["float64"], k
+    assert relative_error(out.copy_to_host(), want["dparams"]) < TOL["float64"]
+

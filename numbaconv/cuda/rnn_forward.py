@@ -1,4 +1,4 @@
-"""cuda ``rnn_forward``: the input projections of all steps as one tiled GEMM per layer and
+"""cuda ``rnn_forward``: the input projections of all steps as one GEMM per layer and
 direction (written straight into the reserve's gate region), then per step the recurrent
 product ``h @ W_hh.T`` (GEMM) and one fused kernel for the gates and the state update; with
 proj_size, the projection ``m @ W_hr.T`` (GEMM) and a kernel committing it to h and y. In
@@ -6,36 +6,25 @@ training, layers 1.. read the previous layer's output times the dropout masks th
 wrote into the reserve. Twin of :mod:`numbaconv.cpu.rnn_forward`; the reserve is the same
 layout, on the device.
 
-Also the drivers' shared helpers (GEMM and element-wise launches, device lengths, layer
-inputs, the time/batch axis swap the frontend uses for batch_first device arrays)."""
+Every GEMM is :func:`numbaconv.cuda._blas.product` (cuBLAS where it loads, else the Numba
+``gemm`` kernel). Also the drivers' shared helpers (element-wise launches, device lengths,
+layer inputs, the time/batch axis swap the frontend uses for batch_first device arrays)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..config import cuda_threads_per_block, cuda_tile
+from ..config import cuda_threads_per_block
 from ..problem import layer_params
 from . import _rnn_kernels
+from ._blas import elementwise_launch, product
 from ._layout import as_device, device_array
-
-
-def blocks(count: int, per_block: int) -> int:
-    return max(1, -(-count // per_block))
-
-
-def gemm(a, b, c, dtype, *, ta=False, tb=False, accumulate=False):
-    """``c (+)= op(a) @ op(b)`` on the device (2-D arrays, any strides)."""
-    tile = cuda_tile()
-    tm, tq, _ = tile
-    kernel = _rnn_kernels.kernel("gemm", bool(ta), bool(tb), dtype, tile)
-    kernel[(blocks(c.shape[1], tq), blocks(c.shape[0], tm)), (tq, tm)](
-        a, b, c, bool(accumulate))
 
 
 def launch(name, key, count, *args):
     """An element-wise kernel over ``count`` threads."""
-    threads = cuda_threads_per_block()
-    _rnn_kernels.kernel(name, *key)[blocks(count, threads), threads](*args)
+    grid, block = elementwise_launch(count, cuda_threads_per_block())
+    _rnn_kernels.kernel(name, *key)[grid, block](*args)
 
 
 def copy2(src, dst, dtype, add=None):
@@ -164,18 +153,18 @@ def run(problem, operands, out, algorithm):
                 b_ih = b_hh = zero_bias
             ld = layer * d_num + d
             gates = layout.gates(reserve, layer, d) if training else scratch_gates
-            gemm(inp, w_ih, gates.reshape(t_len * n, gw)[:, :gh], dt, tb=True)
+            product(inp, w_ih, gates.reshape(t_len * n, gw)[:, :gh], dt, tb=True)
             y_d = out_l[:, :, d * p:(d + 1) * p]
             copy2(hx[ld], h, dt)
             if lstm:
                 copy2(cx[ld], c, dt)
             cells = layout.cells(reserve, layer, d) if training and lstm else None
             for t in steps(t_len, d):
-                gemm(h, w_hh, hg, dt, tb=True)
+                product(h, w_hh, hg, dt, tb=True)
                 if proj:  # the cell writes m; h and y come from its projection
                     launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
                            m, c, m, cells[t] if cells is not None else c, lens, t, training)
-                    gemm(m, w_hr, hp, dt, tb=True)
+                    product(m, w_hr, hp, dt, tb=True)
                     launch("commit_projection", (dt,), n * p, hp, h, y_d[t], lens, t)
                 else:
                     launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
