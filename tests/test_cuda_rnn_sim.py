@@ -383,3 +383,71 @@ def test_every_product_goes_through_cublas(product_path, cfg, lengths):
         assert relative_error(host(got[k]), want[k]) < TOL["float64"], k
     assert relative_error(out.copy_to_host(), want["dparams"]) < TOL["float64"]
 
+
+def launch_counts(cfg, t_len, monkeypatch):
+    """{op: (kernel launches, products)} of one training step on (t_len, N): kernels counted
+    at the launch, products on either path (Numba gemm launches, cuBLAS calls)."""
+    from numbaconv.cuda import _blas, _rnn_kernels
+    real = _rnn_kernels.kernel
+    seen = {"kernels": 0, "gemm": 0}
+
+    def counting(name, *key):
+        kernel = real(name, *key)
+
+        class Counted:
+            def __getitem__(self, config):
+                launch = kernel[config]
+
+                def run(*args):
+                    seen["gemm" if name == "gemm" else "kernels"] += 1
+                    return launch(*args)
+                return run
+        return Counted()
+
+    monkeypatch.setattr(_rnn_kernels, "kernel", counting)
+    a = device(arrays(cfg, "float32", t_len=t_len))
+    counts = {}
+    state = {}
+
+    def measure(op, call):
+        before = (seen["kernels"], seen["gemm"] + _blas.counts["cublas"])
+        state[op] = call()
+        counts[op] = (seen["kernels"] - before[0],
+                      seen["gemm"] + _blas.counts["cublas"] - before[1])
+
+    with nc.use_backend("cuda"):
+        measure("forward", lambda: forward(cfg, a))
+        y, _, _, reserve = state["forward"]
+        measure("backward_data", lambda: backward_data(cfg, a, y, reserve))
+        measure("backward_weights", lambda: backward_weights(cfg, a, reserve))
+    monkeypatch.setattr(_rnn_kernels, "kernel", real)
+    return counts
+
+
+#: Launches a time step adds, per layer and direction: (kernels, products). Reported in
+#: docs/cuda.md ("Launches per step").
+LAUNCHES_PER_STEP = {
+    "lstm": {"forward": (1, 1), "backward_data": (1, 1), "backward_weights": (0, 0)},
+    "lstm-proj": {"forward": (2, 2), "backward_data": (2, 2), "backward_weights": (0, 0)},
+    "gru": {"forward": (1, 1), "backward_data": (1, 1), "backward_weights": (0, 0)},
+}
+
+
+@pytest.mark.parametrize("name, cfg", [
+    ("lstm", nc.RNNConfig("lstm", I, H)),
+    ("lstm-proj", nc.RNNConfig("lstm", I, H, proj_size=2)),
+    ("gru", nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True)),
+], ids=["lstm", "lstm-proj", "gru-2-layers-bidirectional"])
+def test_launches_per_step(product_path, name, cfg, monkeypatch):
+    """A step costs one product and one kernel forward and backward (two and two with a
+    projection), the weight gradient none: counted as the difference between T = 4 and
+    T = 3, divided by layers x directions. The Numba product path (slow to simulate) runs
+    the one-layer LSTM only: its counts are the same by construction."""
+    if product_path == "numba" and name != "lstm":
+        pytest.skip("counted on the cuBLAS path (the same launches on both)")
+    short = launch_counts(cfg, 3, monkeypatch)
+    long = launch_counts(cfg, 4, monkeypatch)
+    per = cfg.num_layers * cfg.num_directions
+    for op, (kernels, products) in LAUNCHES_PER_STEP[name].items():
+        step = ((long[op][0] - short[op][0]) / per, (long[op][1] - short[op][1]) / per)
+        assert step == (kernels, products), (op, step, short[op])
