@@ -64,6 +64,8 @@ def product_path(request, monkeypatch):
         memory.register(ary)
 
     monkeypatch.setattr(devicearray.FakeCUDAArray, "__init__", register)
+    from numbaconv.cuda import rnn_forward
+    rnn_forward._workspace.__dict__.clear()  # scratch made before registration: made anew
     standin = cublas_standin.StandIn(memory)
     previous = _blas.set_binding(_blas.Cublas(
         "a NumPy stand-in", standin.sgemm, standin.dgemm, standin.create, standin.set_stream,
@@ -451,3 +453,50 @@ def test_launches_per_step(product_path, name, cfg, monkeypatch):
     for op, (kernels, products) in LAUNCHES_PER_STEP[name].items():
         step = ((long[op][0] - short[op][0]) / per, (long[op][1] - short[op][1]) / per)
         assert step == (kernels, products), (op, step, short[op])
+
+
+def test_a_steady_training_step_allocates_only_its_results(product_path, monkeypatch):
+    """The second training step of the same shapes allocates its results and nothing else
+    (scratch comes from the thread's workspace) and copies nothing to the device when the
+    sequences are full length; another thread gets its own scratch. (On the cuBLAS path
+    only: the drivers allocate the same on both, and the Numba one is slow to simulate.)"""
+    import threading
+    if product_path == "numba":
+        pytest.skip("the same allocations on both product paths")
+
+    from numbaconv.cuda import rnn_backward_data, rnn_backward_weights, rnn_forward
+    cfg = nc.RNNConfig("lstm", I, H, num_layers=2, dropout=0.5, proj_size=2)
+    a = device(arrays(cfg, "float32"))
+    with nc.use_backend("cuda"):
+        train_step(cfg, a)  # fills the workspace
+    made, copied = [], []
+    for module in (rnn_forward, rnn_backward_data, rnn_backward_weights):
+        real = module.device_array
+        monkeypatch.setattr(module, "device_array",
+                            lambda shape, dtype, real=real, name=module.__name__:
+                            made.append((name.rsplit(".", 1)[1], tuple(shape)))
+                            or real(shape, dtype))
+    real_to_device = cuda.to_device
+    monkeypatch.setattr(cuda, "to_device",
+                        lambda *args, **kw: copied.append(1) or real_to_device(*args, **kw))
+    with nc.use_backend("cuda"):
+        forward(cfg, a)
+        forward_made = list(made)
+        got = train_step(cfg, a)
+    # forward: hy, cy, y (a copy of the reserve's last outputs); data gradient: dhx, dcx
+    # and dx of each layer; weight gradient: dparams
+    ld = cfg.num_layers
+    assert sorted(forward_made) == sorted([("rnn_forward", (ld, N, 2)),
+                                           ("rnn_forward", (ld, N, H)),
+                                           ("rnn_forward", (T, N, 2))])
+    assert len(made) == 2 * len(forward_made) + 2 + cfg.num_layers + 1, made
+    assert len(copied) == 2  # the frontend's dropout masks, one transfer a forward
+    assert got["dparams"] is not None
+    scratch = rnn_forward.scratch("forward h", (N, 2), "float32")
+    assert rnn_forward.scratch("forward h", (N, 2), "float32") is scratch
+    other = []
+    thread = threading.Thread(target=lambda: other.append(
+        rnn_forward.scratch("forward h", (N, 2), "float32")))
+    thread.start()
+    thread.join()
+    assert other[0] is not scratch

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..problem import layer_params
 from ._layout import as_device, device_array
 from ._blas import product
-from .rnn_forward import contiguous_params, copy2, device_lengths, launch, steps
+from .rnn_forward import contiguous_params, copy2, device_lengths, launch, scratch, steps
 
 
 def run(problem, operands, out, algorithm):
@@ -30,11 +30,11 @@ def run(problem, operands, out, algorithm):
     layout = problem.reserve_layout
     dhx = device_array(hx.shape, dt)
     dcx = device_array(cx.shape, dt) if lstm else None
-    rec = device_array((n, p), dt)
-    dh = device_array((n, p), dt)
-    dc = device_array((n, hs), dt) if lstm else dh
+    rec = scratch("backward rec", (n, p), dt)
+    dh = scratch("backward dh", (n, p), dt)
+    dc = scratch("backward dc", (n, hs), dt) if lstm else dh
     proj = bool(cfg.proj_size)
-    dm = device_array((n, hs), dt) if proj else None  # dproj @ W_hr
+    dm = scratch("backward dm", (n, hs), dt) if proj else None  # dproj @ W_hr
     dout = dy
     for layer in reversed(range(cfg.num_layers)):
         din = device_array((t_len, n, cfg.layer_input_size(layer)), dt)

@@ -12,7 +12,7 @@ from ..problem import layer_params
 from ._layout import as_device, device_array
 from ._blas import product
 from .rnn_forward import (contiguous_params, device_lengths, launch, layer_input,
-                          masked_scratch, rows)
+                          masked_scratch, rows, scratch)
 
 
 def run(problem, operands, out, algorithm):
@@ -32,7 +32,7 @@ def run(problem, operands, out, algorithm):
     dparams = as_device(out) if out is not None else device_array((cfg.num_params,), dt)
     target = contiguous_params(dparams, dt) if acc else (
         dparams if dparams.is_c_contiguous() else device_array(dparams.shape, dt))
-    prev = device_array((t_len, n, p), dt)
+    prev = scratch("previous states", (t_len, n, p), dt)
     prev2 = prev.reshape(n_rows, p)
     x_rows = rows(x, dt)
     masked = masked_scratch(problem, dt)

@@ -12,6 +12,8 @@ layer inputs, the time/batch axis swap the frontend uses for batch_first device 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..config import cuda_threads_per_block
@@ -33,19 +35,60 @@ def copy2(src, dst, dtype, add=None):
            src if add is None else add, dst, add is not None)
 
 
-def zeros(shape, dtype):
-    out = device_array(shape, dtype)
-    flat = out.reshape(1, int(np.prod(shape)))
-    launch("zero2", (dtype,), flat.shape[1], flat)
-    return out
+#: Each host thread's scratch: {(device, name): device array}. Per thread, because every
+#: thread's kernels go to the same default stream, where two threads' steps would
+#: interleave on one buffer; within a thread, the stream orders one call's use of a buffer
+#: after the previous call's.
+_workspace = threading.local()
+
+#: Full-length sequence lengths kept on the device, per (device, T, N); at most this many.
+_FULL_LENGTHS_KEPT = 16
+
+#: Scratch larger than this is allocated per call, not kept: an inference forward's gates
+#: for T=1000, N=64, H=1024 are 1 GiB, too much to hold between calls unasked, and at that
+#: size an allocation costs little next to the work that fills it.
+WORKSPACE_MAX_BYTES = 64 * 2**20
+
+
+def scratch(name, shape, dtype, zero=False):
+    """A device array for a driver's own use, never handed to the caller: kept between
+    calls, one per (host thread, device, name), replaced when the shape or dtype changes.
+    So a steady training step allocates only its results (arrays over
+    :data:`WORKSPACE_MAX_BYTES` are made per call). ``zero``: zero-filled when made (for
+    arrays that are only read, such as the zero bias)."""
+    from ._blas import _device_id
+    arrays = _workspace.__dict__
+    key = (_device_id(), name)
+    found = arrays.get(key)
+    if found is None or tuple(found.shape) != tuple(shape) or \
+            found.dtype != np.dtype(dtype):
+        found = device_array(shape, dtype)
+        if int(np.prod(shape)) * np.dtype(dtype).itemsize <= WORKSPACE_MAX_BYTES:
+            arrays[key] = found
+        else:
+            arrays.pop(key, None)
+        if zero:
+            flat = found.reshape(1, int(np.prod(shape)))
+            launch("zero2", (dtype,), flat.shape[1], flat)
+    return found
 
 
 def device_lengths(lengths, seq_len, batch):
-    """The sequence lengths as an int64 device array (one small host-to-device copy: the
-    frontend hands them over as a NumPy array)."""
+    """The sequence lengths as an int64 device array: one small host-to-device copy when
+    the frontend hands them over (a NumPy array); without them, full lengths copied once
+    per (device, T, N) and kept."""
     from numba import cuda
-    host = lengths if lengths is not None else np.full(batch, seq_len, np.int64)
-    return cuda.to_device(np.ascontiguousarray(host, dtype=np.int64))
+    if lengths is not None:
+        return cuda.to_device(np.ascontiguousarray(lengths, dtype=np.int64))
+    from ._blas import _device_id
+    kept = _workspace.__dict__.setdefault("full_lengths", {})
+    key = (_device_id(), int(seq_len), int(batch))
+    found = kept.get(key)
+    if found is None:
+        if len(kept) >= _FULL_LENGTHS_KEPT:
+            kept.clear()
+        found = kept[key] = cuda.to_device(np.full(batch, seq_len, np.int64))
+    return found
 
 
 def copy3(src, dtype, swap):
@@ -80,8 +123,8 @@ def masked_scratch(problem, dtype):
     cfg = problem.config
     if cfg.dropout == 0 or cfg.num_layers == 1:
         return None
-    return device_array((problem.seq_len * problem.batch, cfg.num_directions * cfg.out_size),
-                        dtype)
+    return scratch("masked inputs", (problem.seq_len * problem.batch,
+                                     cfg.num_directions * cfg.out_size), dtype)
 
 
 def layer_input(layout, reserve, layer, x_rows, scratch, dtype):
@@ -129,14 +172,14 @@ def run(problem, operands, out, algorithm):
     layout = problem.reserve_layout if training else None
     hy = device_array(hx.shape, dt)
     cy = device_array(cx.shape, dt) if lstm else None
-    scratch_gates = None if training else device_array((t_len, n, gw), dt)
-    hg = device_array((n, gh), dt)
-    h = device_array((n, p), dt)
-    c = device_array((n, hs), dt) if lstm else h
+    scratch_gates = None if training else scratch("forward gates", (t_len, n, gw), dt)
+    hg = scratch("forward hg", (n, gh), dt)
+    h = scratch("forward h", (n, p), dt)
+    c = scratch("forward c", (n, hs), dt) if lstm else h
     proj = bool(cfg.proj_size)
-    m = device_array((n, hs), dt) if proj else None  # o * tanh(c), the projection's input
-    hp = device_array((n, p), dt) if proj else None  # m @ W_hr.T
-    zero_bias = zeros((gh,), dt) if not cfg.bias else None
+    m = scratch("forward m", (n, hs), dt) if proj else None  # o * tanh(c), W_hr's input
+    hp = scratch("forward hp", (n, p), dt) if proj else None  # m @ W_hr.T
+    zero_bias = scratch("zero bias", (gh,), dt, zero=True) if not cfg.bias else None
     x_rows = rows(x, dt)
     masked = masked_scratch(problem, dt) if training else None
     inp = x_rows
