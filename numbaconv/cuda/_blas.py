@@ -161,28 +161,41 @@ def element_strides(a) -> tuple:
     return tuple(int(s) // itemsize for s in a.strides)
 
 
-def cublas_product(binding: Cublas, handle, a, b, c, dtype: str, *, ta=False, tb=False,
-                   accumulate=False) -> bool:
-    """``c (+)= op(a) @ op(b)`` as one cuBLAS gemm; False (nothing done) where the arrays
-    have no column-major view or the dtype is not float32/float64."""
+def cublas_arguments(binding: Cublas, handle, a, b, c, dtype: str, ta: bool, tb: bool,
+                     accumulate: bool) -> Optional[tuple]:
+    """``(gemm, arguments, where)``: the cuBLAS function and its argument list computing
+    ``c (+)= op(a) @ op(b)``, and the index of ``a``'s pointer in the list; None where the
+    arrays have no column-major view or the dtype is not float32/float64."""
     gemm = binding.sgemm if dtype == "float32" else \
         binding.dgemm if dtype == "float64" else None
     if gemm is None:
-        return False
+        return None
     call = plan(a.shape, element_strides(a), b.shape, element_strides(b), c.shape,
                 element_strides(c), bool(ta), bool(tb))
     if call is None:
-        return False
+        return None
     scalars = _SCALARS.get(dtype)
     if scalars is None:
         scalars = _SCALARS[dtype] = _scalars(dtype)
     one, zero = scalars
     operands = {"a": a, "b": b}
-    gemm(handle, binding.op_t if call.transa else binding.op_n,
-         binding.op_t if call.transb else binding.op_n, call.m, call.n, call.k,
-         one.ctypes.data, pointer(operands[call.first]), call.lda,
-         pointer(operands[call.second]), call.ldb,
-         (one if accumulate else zero).ctypes.data, pointer(c), call.ldc)
+    arguments = [handle, binding.op_t if call.transa else binding.op_n,
+                 binding.op_t if call.transb else binding.op_n, call.m, call.n, call.k,
+                 one.ctypes.data, pointer(operands[call.first]), call.lda,
+                 pointer(operands[call.second]), call.ldb,
+                 (one if accumulate else zero).ctypes.data, pointer(c), call.ldc]
+    return gemm, arguments, 7 if call.first == "a" else 9
+
+
+def cublas_product(binding: Cublas, handle, a, b, c, dtype: str, *, ta=False, tb=False,
+                   accumulate=False) -> bool:
+    """``c (+)= op(a) @ op(b)`` as one cuBLAS gemm; False (nothing done) where the arrays
+    have no column-major view or the dtype is not float32/float64."""
+    found = cublas_arguments(binding, handle, a, b, c, dtype, ta, tb, accumulate)
+    if found is None:
+        return False
+    gemm, arguments, _ = found
+    gemm(*arguments)
     return True
 
 
@@ -241,7 +254,7 @@ def _load() -> tuple:
             continue
         try:
             binding = loader()
-            _new_handle(binding, tf32=False)  # loads libcublas: fails here, not mid-op
+            handle(binding, tf32=False)  # loads libcublas: fails here, not mid-op
         except Exception as error:
             failures.append(f"{name}: {type(error).__name__}: {error}")
             continue
@@ -323,7 +336,7 @@ def _device_id() -> int:
 def handle(binding: Cublas, tf32: bool):
     """This host thread's handle on the current device (created on first use, kept: cuBLAS
     recommends a handle per thread and device)."""
-    key = (_device_id(), tf32)
+    key = (binding.name, _device_id(), tf32)
     handles = _handles.__dict__
     found = handles.get(key)
     if found is None:
@@ -349,6 +362,44 @@ def product(a, b, c, dtype: str, *, ta=False, tb=False, accumulate=False) -> Non
             counts["cublas"] += 1
             return
     numba_product(a, b, c, dtype, ta=ta, tb=tb, accumulate=accumulate)
+
+
+class Prepared:
+    """One product planned once and run many times, as a step loop runs its recurrent
+    product: the path, the handle, the cuBLAS arguments (pointers included) are worked out
+    at preparation, so that a step costs one binding call. ``prepared()`` runs it;
+    ``prepared(a)`` runs it on another ``a`` of the same shape and strides (this step's
+    slice of the reserve), replacing one pointer."""
+
+    __slots__ = ("a", "b", "c", "dtype", "ta", "tb", "accumulate", "gemm", "arguments",
+                 "where", "layout", "a_pointer")
+
+    def __init__(self, a, b, c, dtype: str, *, ta=False, tb=False, accumulate=False):
+        self.a, self.b, self.c, self.dtype = a, b, c, dtype
+        self.ta, self.tb, self.accumulate = bool(ta), bool(tb), bool(accumulate)
+        self.gemm = None
+        self.layout = (tuple(a.shape), tuple(a.strides))
+        cublas, _ = binding()
+        reduce_len = a.shape[0] if ta else a.shape[1]
+        if cublas is not None and c.shape[0] and c.shape[1] and reduce_len > 0:
+            found = cublas_arguments(cublas, handle(cublas, cuda_tf32()), a, b, c, dtype,
+                                     self.ta, self.tb, self.accumulate)
+            if found is not None:
+                self.gemm, self.arguments, self.where = found
+                self.a_pointer = self.arguments[self.where]
+
+    def __call__(self, a=None) -> None:
+        if a is not None and (tuple(a.shape), tuple(a.strides)) != self.layout:
+            product(a, self.b, self.c, self.dtype, ta=self.ta, tb=self.tb,
+                    accumulate=self.accumulate)
+            return
+        if self.gemm is None:
+            product(self.a if a is None else a, self.b, self.c, self.dtype, ta=self.ta,
+                    tb=self.tb, accumulate=self.accumulate)
+            return
+        self.arguments[self.where] = self.a_pointer if a is None else pointer(a)
+        self.gemm(*self.arguments)
+        counts["cublas"] += 1
 
 
 def numba_product(a, b, c, dtype: str, *, ta=False, tb=False, accumulate=False) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..problem import layer_params
 from ._layout import as_device, device_array
-from ._blas import product
+from ._blas import Prepared, product
 from .rnn_forward import contiguous_params, copy2, device_lengths, launch, scratch, steps
 
 
@@ -51,6 +51,9 @@ def run(problem, operands, out, algorithm):
             if lstm:
                 copy2(dcy[ld], dc, dt)
             launch("zero2", (dt,), n * p, rec)
+            # planned once; each step passes its own slice of the reserve
+            recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec, dt)
+            projection = Prepared(dproj[0], w_hr, dm, dt) if proj else None
             for t in reversed(steps(t_len, d)):
                 tp = t - 1 if d == 0 else t + 1
                 first = tp < 0 or tp >= t_len
@@ -63,14 +66,14 @@ def run(problem, operands, out, algorithm):
                 if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
                     launch("gradient_of_output", (dt,), n * p, dh, rec, dy_d[t], dproj[t],
                            lens, t)
-                    product(dproj[t], w_hr, dm, dt)
+                    projection(dproj[t])
                     launch("backward_step", (mode, dt, True), n * hs, gates[t], cells[t],
                            prev, hx[ld], dm, dm, dm, dc, lens, t, d == 1)
                 else:
                     launch("backward_step", (mode, dt, False), n * hs, gates[t],
                            cells[t] if lstm else dh, prev, hx[ld], dh, rec, dy_d[t], dc,
                            lens, t, d == 1)
-                product(gates[t][:, :3 * hs] if gru else gates[t], w_hh, rec, dt)
+                recurrent(gates[t][:, :3 * hs] if gru else gates[t])
             copy2(dh, dhx[ld], dt, add=rec)
             if lstm:
                 copy2(dc, dcx[ld], dt)

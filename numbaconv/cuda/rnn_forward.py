@@ -19,7 +19,7 @@ import numpy as np
 from ..config import cuda_threads_per_block
 from ..problem import layer_params
 from . import _rnn_kernels
-from ._blas import elementwise_launch, product
+from ._blas import Prepared, elementwise_launch, product
 from ._layout import as_device, device_array
 
 
@@ -202,12 +202,15 @@ def run(problem, operands, out, algorithm):
             if lstm:
                 copy2(cx[ld], c, dt)
             cells = layout.cells(reserve, layer, d) if training and lstm else None
+            # planned once, run every step: the same arrays each time
+            recurrent = Prepared(h, w_hh, hg, dt, tb=True)
+            projection = Prepared(m, w_hr, hp, dt, tb=True) if proj else None
             for t in steps(t_len, d):
-                product(h, w_hh, hg, dt, tb=True)
+                recurrent()
                 if proj:  # the cell writes m; h and y come from its projection
                     launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
                            m, c, m, cells[t] if cells is not None else c, lens, t, training)
-                    product(m, w_hr, hp, dt, tb=True)
+                    projection()
                     launch("commit_projection", (dt,), n * p, hp, h, y_d[t], lens, t)
                 else:
                     launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
