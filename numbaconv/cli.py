@@ -71,6 +71,17 @@ def cuda_status() -> tuple:
         return False, f"not available ({type(exc).__name__}: {_one_line(exc)})"
 
 
+def _rnn_products() -> str:
+    """What the cuda backend's recurrent ops multiply with (cuBLAS or the Numba kernel), as
+    the backend says without loading anything; never raises."""
+    try:
+        from numbaconv import dispatch
+        describe = getattr(dispatch.get_backend("cuda"), "product_path", None)
+        return describe() if describe is not None else "not reported by this cuda backend"
+    except Exception as exc:
+        return f"unknown ({type(exc).__name__}: {_one_line(exc)})"
+
+
 def _threading_layers() -> list:
     """Numba threading layers whose libraries load here ("default" picks the first of them).
 
@@ -139,6 +150,7 @@ def cmd_info(args) -> int:
     _, text = cuda_status()
     _print("CUDA")
     _print(f"  {text}")
+    _print(f"  RNN products  {_rnn_products()}")
     _print("backends")
     rows = []
     for b in numbaconv.backends():

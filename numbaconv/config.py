@@ -54,6 +54,16 @@ Read once, at first use, from the environment:
     ``"bm,bn,bk,tm,tn"``: the tile of every CUDA convolution GEMM (block ``bm x bn``, step
     ``bk``, ``tm x tn`` outputs a thread) instead of the one chosen per shape; the simulator
     tests force tiny ones. The weight gradient's split follows the tile, so its bits do too.
+``NUMBACONV_CUDA_CUBLAS``
+    ``1`` (default): the ``cuda`` backend's recurrent ops run their matrix products through
+    cuBLAS where it loads (nvmath-python's bindings, else CuPy's; see docs/cuda.md), else
+    through numbaconv's Numba ``gemm`` kernel; ``0`` always takes the Numba kernel. Read at
+    the first product.
+``NUMBACONV_CUDA_TF32``
+    ``0`` (default): cuBLAS products in float32 use IEEE float32 arithmetic (cuBLAS's default
+    math mode, which never rounds operands to TF32); ``1`` allows TF32 tensor-core math
+    (``CUBLAS_TF32_TENSOR_OP_MATH``): faster on Ampere and later, with about 10 bits of
+    mantissa in the products (errors near 1e-3 relative). Read on every product.
 ``NUMBACONV_FASTMATH``
     ``1`` (default) lets LLVM reassociate and contract (FMA) floating-point arithmetic, which
     vectorises reductions. NaN and infinity semantics are kept (no ``nnan``/``ninf``): a NaN
@@ -620,6 +630,17 @@ def cuda_gemm_tile():
     if not os.environ.get("NUMBACONV_CUDA_GEMM_TILE", "").strip():
         return None
     return _ints("NUMBACONV_CUDA_GEMM_TILE", (0,) * 5)
+
+
+def cuda_cublas() -> bool:
+    """``NUMBACONV_CUDA_CUBLAS`` (default 1): whether the recurrent ops' products may use
+    cuBLAS."""
+    return _flag("NUMBACONV_CUDA_CUBLAS", True)
+
+
+def cuda_tf32() -> bool:
+    """``NUMBACONV_CUDA_TF32`` (default 0): whether cuBLAS may use TF32 math for float32."""
+    return _flag("NUMBACONV_CUDA_TF32", False)
 
 
 @functools.lru_cache(maxsize=None)

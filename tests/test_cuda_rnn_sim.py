@@ -3,7 +3,9 @@
 Runs only with NUMBA_ENABLE_CUDASIM=1 set before Numba is imported; tests/test_cuda.py runs
 this file in such a subprocess, with 4x8 tiles (step 4) and 32 threads per block, so that
 GEMM tiles and element-wise blocks are partly filled (T=3, N=3, I=4, H=5; batch_first
-tests use T != N, so that a missed axis swap cannot pass).
+tests use T != N, so that a missed axis swap cannot pass). Every test runs twice: products
+on the Numba gemm kernel, and through the cuBLAS mapping (a NumPy stand-in for cuBLAS under
+the simulator; see the ``product_path`` fixture).
 """
 
 import os
@@ -22,11 +24,57 @@ from numba import cuda  # noqa: E402
 import numbaconv as nc  # noqa: E402
 from numbaconv.testing import relative_error  # noqa: E402
 
+import cublas_standin  # noqa: E402
+
 T, N, I, H = 3, 3, 4, 5
 #: float16: storage rounding (2**-11 relative) of every gate, state and gradient, summed in
 #: float32; measured errors against the float64 reference stay below 1e-3 on these shapes.
 TOL = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-11}
 SEED = 7  # dropout_seed of every training forward here
+
+
+SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+@pytest.fixture(autouse=True, params=["numba", "cublas"])
+def product_path(request, monkeypatch):
+    """Every test runs its products on two paths (float16 products take the Numba kernel on
+    both): the Numba gemm kernel, and the cuBLAS mapping of numbaconv/cuda/_blas.py, with
+    cuBLAS itself on a GPU and, under the simulator, the NumPy stand-in of
+    tests/cublas_standin.py (every simulated device buffer registered with it, so that it
+    resolves the pointers it is given). Yields "numba", "cublas" (a GPU) or the stand-in."""
+    from numbaconv.cuda import _blas
+    if request.param == "numba":
+        previous = _blas.set_binding(None)
+        yield "numba"
+        _blas.restore(previous)
+        return
+    if not SIMULATED:
+        binding, why = _blas.binding()
+        if binding is None:
+            pytest.skip(f"cuBLAS did not load: {why}")
+        yield "cublas"
+        return
+    from numba.cuda.simulator.cudadrv import devicearray
+    memory = cublas_standin.Memory()
+    init = devicearray.FakeCUDAArray.__init__
+
+    def register(self, ary, stream=0):
+        init(self, ary, stream)
+        memory.register(ary)
+
+    monkeypatch.setattr(devicearray.FakeCUDAArray, "__init__", register)
+    from numbaconv.cuda import rnn_forward
+    rnn_forward._workspace.__dict__.clear()  # scratch made before registration: made anew
+    standin = cublas_standin.StandIn(memory)
+    previous = _blas.set_binding(_blas.Cublas(
+        "a NumPy stand-in", standin.sgemm, standin.dgemm, standin.create, standin.set_stream,
+        standin.set_math_mode, cublas_standin.OP_N, cublas_standin.OP_T,
+        cublas_standin.DEFAULT_MATH, cublas_standin.TF32_TENSOR_OP_MATH))
+    yield standin
+    _blas.restore(previous)
+    if "float16" not in request.node.name and "supports" not in request.node.name:
+        assert standin.calls, "no product reached the stand-in"
 
 
 def arrays(cfg, dtype, lengths=None, seed=0, t_len=T, n=N):
@@ -299,3 +347,156 @@ def test_supports_every_rnn_feature():
         params = cuda.to_device(np.zeros(cfg.num_params, np.float16))
         problem = PROBLEM_BUILDERS["rnn_forward"](cfg, x, params, training=True)
         assert backend.supports("rnn_forward", problem) is None, cfg
+
+
+@pytest.mark.parametrize("cfg, lengths", [
+    (nc.RNNConfig("lstm", I, H, num_layers=2, bidirectional=True, dropout=0.5, proj_size=3),
+     np.array([1, 3, 2])),
+    (nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True, dropout=0.5),
+     np.array([3, 2, 3])),
+    (nc.RNNConfig("rnn_relu", I, H, num_layers=2, bias=False), None),
+], ids=["lstm-every-feature", "gru-every-feature", "rnn_relu-no-bias"])
+def test_every_product_goes_through_cublas(product_path, cfg, lengths):
+    """With cuBLAS (or its stand-in) loaded, every float32/float64 product of a training
+    step, the accumulating weight gradient included, is one cuBLAS gemm: none falls back to
+    the Numba kernel. Under the simulator the stand-in also shows every kind of call:
+    both transposes of both operands, beta 0 and 1."""
+    from numbaconv.cuda import _blas
+    before = dict(_blas.counts)
+    if product_path == "numba":  # the other way round: every product on the Numba kernel
+        a = device(arrays(cfg, "float32", lengths))
+        with nc.use_backend("cuda"):
+            nc.rnn_forward(cfg, a["x"], a["params"], a["hx"], a["cx"],
+                           seq_lengths=lengths)
+        assert _blas.counts["cublas"] == before["cublas"]
+        assert _blas.counts["numba"] > before["numba"]
+        return
+    a = arrays(cfg, "float64", lengths)
+    d = device(a)
+    with nc.use_backend("cuda"):
+        got = train_step(cfg, d)
+        out = cuda.to_device(np.zeros(cfg.num_params))
+        nc.rnn_backward_weights(cfg, d["x"], d["params"], got["reserve"], hx=d["hx"],
+                                seq_lengths=lengths, out=out, accumulate=True)
+    assert _blas.counts["numba"] == before["numba"]
+    assert _blas.counts["cublas"] > before["cublas"]
+    if product_path != "cublas":  # the stand-in saw them all
+        assert _blas.counts["cublas"] - before["cublas"] == len(product_path.calls)
+        kinds = {(call[1], call[2], call[10]) for call in product_path.calls}
+        assert {t for t, _, _ in kinds} == {0, 1} and {t for _, t, _ in kinds} == {0, 1}
+        assert {beta for _, _, beta in kinds} == {0.0, 1.0}
+    with nc.use_backend("reference"):
+        want = train_step(cfg, a)
+    for k in ("y", "dx", "dhx", "dparams"):
+        assert relative_error(host(got[k]), want[k]) < TOL["float64"], k
+    assert relative_error(out.copy_to_host(), want["dparams"]) < TOL["float64"]
+
+
+def launch_counts(cfg, t_len, monkeypatch):
+    """{op: (kernel launches, products)} of one training step on (t_len, N): kernels counted
+    at the launch, products on either path (Numba gemm launches, cuBLAS calls)."""
+    from numbaconv.cuda import _blas, _rnn_kernels
+    real = _rnn_kernels.kernel
+    seen = {"kernels": 0, "gemm": 0}
+
+    def counting(name, *key):
+        kernel = real(name, *key)
+
+        class Counted:
+            def __getitem__(self, config):
+                launch = kernel[config]
+
+                def run(*args):
+                    seen["gemm" if name == "gemm" else "kernels"] += 1
+                    return launch(*args)
+                return run
+        return Counted()
+
+    monkeypatch.setattr(_rnn_kernels, "kernel", counting)
+    a = device(arrays(cfg, "float32", t_len=t_len))
+    counts = {}
+    state = {}
+
+    def measure(op, call):
+        before = (seen["kernels"], seen["gemm"] + _blas.counts["cublas"])
+        state[op] = call()
+        counts[op] = (seen["kernels"] - before[0],
+                      seen["gemm"] + _blas.counts["cublas"] - before[1])
+
+    with nc.use_backend("cuda"):
+        measure("forward", lambda: forward(cfg, a))
+        y, _, _, reserve = state["forward"]
+        measure("backward_data", lambda: backward_data(cfg, a, y, reserve))
+        measure("backward_weights", lambda: backward_weights(cfg, a, reserve))
+    monkeypatch.setattr(_rnn_kernels, "kernel", real)
+    return counts
+
+
+#: Launches a time step adds, per layer and direction: (kernels, products). Reported in
+#: docs/cuda.md ("Launches per step").
+LAUNCHES_PER_STEP = {
+    "lstm": {"forward": (1, 1), "backward_data": (1, 1), "backward_weights": (0, 0)},
+    "lstm-proj": {"forward": (2, 2), "backward_data": (2, 2), "backward_weights": (0, 0)},
+    "gru": {"forward": (1, 1), "backward_data": (1, 1), "backward_weights": (0, 0)},
+}
+
+
+@pytest.mark.parametrize("name, cfg", [
+    ("lstm", nc.RNNConfig("lstm", I, H)),
+    ("lstm-proj", nc.RNNConfig("lstm", I, H, proj_size=2)),
+    ("gru", nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True)),
+], ids=["lstm", "lstm-proj", "gru-2-layers-bidirectional"])
+def test_launches_per_step(product_path, name, cfg, monkeypatch):
+    """A step costs one product and one kernel forward and backward (two and two with a
+    projection), the weight gradient none: counted as the difference between T = 4 and
+    T = 3, divided by layers x directions."""
+    short = launch_counts(cfg, 3, monkeypatch)
+    long = launch_counts(cfg, 4, monkeypatch)
+    per = cfg.num_layers * cfg.num_directions
+    for op, (kernels, products) in LAUNCHES_PER_STEP[name].items():
+        step = ((long[op][0] - short[op][0]) / per, (long[op][1] - short[op][1]) / per)
+        assert step == (kernels, products), (op, step, short[op])
+
+
+def test_a_steady_training_step_allocates_only_its_results(monkeypatch):
+    """The second training step of the same shapes allocates its results and nothing else
+    (scratch comes from the thread's workspace) and copies nothing to the device when the
+    sequences are full length; another thread gets its own scratch."""
+    import threading
+
+    from numbaconv.cuda import rnn_backward_data, rnn_backward_weights, rnn_forward
+    cfg = nc.RNNConfig("lstm", I, H, num_layers=2, dropout=0.5, proj_size=2)
+    a = device(arrays(cfg, "float32"))
+    with nc.use_backend("cuda"):
+        train_step(cfg, a)  # fills the workspace
+    made, copied = [], []
+    for module in (rnn_forward, rnn_backward_data, rnn_backward_weights):
+        real = module.device_array
+        monkeypatch.setattr(module, "device_array",
+                            lambda shape, dtype, real=real, name=module.__name__:
+                            made.append((name.rsplit(".", 1)[1], tuple(shape)))
+                            or real(shape, dtype))
+    real_to_device = cuda.to_device
+    monkeypatch.setattr(cuda, "to_device",
+                        lambda *args, **kw: copied.append(1) or real_to_device(*args, **kw))
+    with nc.use_backend("cuda"):
+        forward(cfg, a)
+        forward_made = list(made)
+        got = train_step(cfg, a)
+    # forward: hy, cy, y (a copy of the reserve's last outputs); data gradient: dhx, dcx
+    # and dx of each layer; weight gradient: dparams
+    ld = cfg.num_layers
+    assert sorted(forward_made) == sorted([("rnn_forward", (ld, N, 2)),
+                                           ("rnn_forward", (ld, N, H)),
+                                           ("rnn_forward", (T, N, 2))])
+    assert len(made) == 2 * len(forward_made) + 2 + cfg.num_layers + 1, made
+    assert len(copied) == 2  # the frontend's dropout masks, one transfer a forward
+    assert got["dparams"] is not None
+    scratch = rnn_forward.scratch("forward h", (N, 2), "float32")
+    assert rnn_forward.scratch("forward h", (N, 2), "float32") is scratch
+    other = []
+    thread = threading.Thread(target=lambda: other.append(
+        rnn_forward.scratch("forward h", (N, 2), "float32")))
+    thread.start()
+    thread.join()
+    assert other[0] is not scratch

@@ -1,10 +1,12 @@
-"""The ``cuda`` backend: Numba CUDA kernels (the ``cuda`` extra: ``numba-cuda[cu12]``).
+"""The ``cuda`` backend: Numba CUDA kernels (the ``cuda`` extra: ``numba-cuda[cu12]``, and
+nvmath-python with cuBLAS for the recurrent ops' products).
 
 Serves any array exposing ``__cuda_array_interface__`` (Numba device arrays, CuPy, PyTorch
 CUDA tensors), with any strides, and returns Numba device arrays. float16 is stored as is and
 accumulated in float32. Every reduction is deterministic (fixed splits, partials added in
-order, no floating-point atomics); the GEMMs index in 32 bits where the operands fit, else
-64; no op copies to the host.
+order, no floating-point atomics; the recurrent ops' cuBLAS products are bitwise repeatable
+on one GPU model and toolkit, docs/cuda.md); the GEMMs index in 32 bits where the operands
+fit, else 64; no op copies to the host.
 
 Importing this package imports neither Numba nor a kernel: creating the backend is free, and
 ``numba.cuda`` is imported by :meth:`CudaBackend.availability` and on the first run. Kernels
@@ -29,9 +31,9 @@ each kernel's performance model, read from its machine code):
 ``reduce``
     The bias gradient (two passes).
 ``fused`` (rnn_forward, rnn_backward_data, rnn_backward_weights)
-    Tiled GEMMs for the input projections of all steps, each step's recurrent product, the
-    input gradient and the weight gradients (over all T*N rows, in a fixed order), and one
-    fused kernel per step for the gates and the state update (or their derivatives), writing
+    Matrix products (cuBLAS where it loads, else a tiled Numba GEMM) for the input
+    projections of all steps, each step's recurrent product, the input gradient and the
+    weight gradients (over all T*N rows), and one fused kernel per step for the gates and the state update (or their derivatives), writing
     the reserve layout every backend shares. RNN tanh/relu, LSTM (with projection) and GRU,
     any number of layers, both directions, sequence lengths, dropout between layers in
     training (masks drawn on the host by the frontend, as for cpu), batch_first (device
@@ -102,8 +104,8 @@ class CudaBackend(Backend):
 
     def choose(self, op, problem):
         if op in RNN_OPS:
-            return "fused", ("the only algorithm: tiled GEMMs (deterministic) and one fused "
-                             "gate kernel per step")
+            return "fused", ("the only algorithm: matrix products (cuBLAS or a tiled Numba "
+                             "GEMM, both deterministic) and one fused gate kernel per step")
         if op == "conv_backward_bias":
             return "reduce", "the only algorithm (two passes, partials added in order)"
         first = self.algorithms(op, problem)[0]
@@ -128,6 +130,13 @@ class CudaBackend(Backend):
         chosen = [p for p in problems if p.op in OP_MODULES and p.op not in RNN_OPS
                   and self.choose(p.op, p)[0] == "implicit_gemm"]
         return _implicit_gemm.precompile(chosen, processes)
+
+    def product_path(self) -> str:
+        """How the recurrent ops' matrix products run (cuBLAS through which binding, or the
+        Numba kernel, and why), for ``numbaconv info``; loads nothing before the first
+        product."""
+        from ._blas import describe
+        return describe()
 
     def swap_time_batch(self, a):
         """``(T, N, F) <-> (N, T, F)`` of a device array as a new C-contiguous device array

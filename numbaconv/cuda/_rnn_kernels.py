@@ -47,7 +47,9 @@ def gemm_function(ta: bool, tb: bool, dtype: str, tile: tuple):
     """``c[m, q] (+)= sum_l A[m, l] * B[l, q]`` with ``A = a.T if ta else a`` and
     ``B = b.T if tb else b``.
 
-    Launch: block ``(tile_q, tile_m)``; grid ``(q_tiles, m_tiles)``.
+    Launch: block ``(tile_q, tile_m)``; grid ``(m_tiles, q_tiles)``, each at most the
+    hardware's limit (:func:`numbaconv.cuda._blas.gemm_launch`): a block loops over the row
+    tiles ``blockIdx.x + i * gridDim.x`` and column tiles likewise, so any output fits.
     Arguments: ``a, b, c, accumulate``.
     """
     acc = _acc_type(dtype)
@@ -63,38 +65,42 @@ def gemm_function(ta: bool, tb: bool, dtype: str, tile: tuple):
         rows = c.shape[0]
         cols = c.shape[1]
         reduce_len = a.shape[0] if ta else a.shape[1]
-        m0 = cuda.blockIdx.y * tm
-        q0 = cuda.blockIdx.x * tq
-        total = acc(0)
-        for l0 in range(0, reduce_len, tl):
-            for e in range(tid, tm * tl, threads):
-                mi = e // tl
-                li = e % tl
-                m = m0 + mi
-                l = l0 + li
-                v = acc(0)
-                if m < rows and l < reduce_len:
-                    v = acc(a[l, m]) if ta else acc(a[m, l])
-                sa[mi, li] = v
-            for e in range(tid, tl * tq, threads):
-                li = e // tq
-                qi = e % tq
-                l = l0 + li
-                q = q0 + qi
-                v = acc(0)
-                if l < reduce_len and q < cols:
-                    v = acc(b[q, l]) if tb else acc(b[l, q])
-                sb[li, qi] = v
-            cuda.syncthreads()
-            for li in range(tl):
-                total += sa[ty, li] * sb[li, tx]
-            cuda.syncthreads()
-        m = m0 + ty
-        q = q0 + tx
-        if m < rows and q < cols:
-            if accumulate:
-                total += acc(c[m, q])
-            c[m, q] = total
+        row_tiles = (rows + tm - 1) // tm
+        col_tiles = (cols + tq - 1) // tq
+        for row_tile in range(cuda.blockIdx.x, row_tiles, cuda.gridDim.x):
+            m0 = row_tile * tm
+            for col_tile in range(cuda.blockIdx.y, col_tiles, cuda.gridDim.y):
+                q0 = col_tile * tq
+                total = acc(0)
+                for l0 in range(0, reduce_len, tl):
+                    for e in range(tid, tm * tl, threads):
+                        mi = e // tl
+                        li = e % tl
+                        m = m0 + mi
+                        l = l0 + li
+                        v = acc(0)
+                        if m < rows and l < reduce_len:
+                            v = acc(a[l, m]) if ta else acc(a[m, l])
+                        sa[mi, li] = v
+                    for e in range(tid, tl * tq, threads):
+                        li = e // tq
+                        qi = e % tq
+                        l = l0 + li
+                        q = q0 + qi
+                        v = acc(0)
+                        if l < reduce_len and q < cols:
+                            v = acc(b[q, l]) if tb else acc(b[l, q])
+                        sb[li, qi] = v
+                    cuda.syncthreads()
+                    for li in range(tl):
+                        total += sa[ty, li] * sb[li, tx]
+                    cuda.syncthreads()
+                m = m0 + ty
+                q = q0 + tx
+                if m < rows and q < cols:
+                    if accumulate:
+                        total += acc(c[m, q])
+                    c[m, q] = total
 
     return gemm
 

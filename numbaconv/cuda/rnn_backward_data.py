@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..problem import layer_params
 from ._layout import as_device, device_array
-from .rnn_forward import contiguous_params, copy2, device_lengths, gemm, launch, steps
+from ._blas import Prepared, product
+from .rnn_forward import contiguous_params, copy2, device_lengths, launch, scratch, steps
 
 
 def run(problem, operands, out, algorithm):
@@ -29,11 +30,11 @@ def run(problem, operands, out, algorithm):
     layout = problem.reserve_layout
     dhx = device_array(hx.shape, dt)
     dcx = device_array(cx.shape, dt) if lstm else None
-    rec = device_array((n, p), dt)
-    dh = device_array((n, p), dt)
-    dc = device_array((n, hs), dt) if lstm else dh
+    rec = scratch("backward rec", (n, p), dt)
+    dh = scratch("backward dh", (n, p), dt)
+    dc = scratch("backward dc", (n, hs), dt) if lstm else dh
     proj = bool(cfg.proj_size)
-    dm = device_array((n, hs), dt) if proj else None  # dproj @ W_hr
+    dm = scratch("backward dm", (n, hs), dt) if proj else None  # dproj @ W_hr
     dout = dy
     for layer in reversed(range(cfg.num_layers)):
         din = device_array((t_len, n, cfg.layer_input_size(layer)), dt)
@@ -50,6 +51,9 @@ def run(problem, operands, out, algorithm):
             if lstm:
                 copy2(dcy[ld], dc, dt)
             launch("zero2", (dt,), n * p, rec)
+            # planned once; each step passes its own slice of the reserve
+            recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec, dt)
+            projection = Prepared(dproj[0], w_hr, dm, dt) if proj else None
             for t in reversed(steps(t_len, d)):
                 tp = t - 1 if d == 0 else t + 1
                 first = tp < 0 or tp >= t_len
@@ -62,24 +66,24 @@ def run(problem, operands, out, algorithm):
                 if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
                     launch("gradient_of_output", (dt,), n * p, dh, rec, dy_d[t], dproj[t],
                            lens, t)
-                    gemm(dproj[t], w_hr, dm, dt)
+                    projection(dproj[t])
                     launch("backward_step", (mode, dt, True), n * hs, gates[t], cells[t],
                            prev, hx[ld], dm, dm, dm, dc, lens, t, d == 1)
                 else:
                     launch("backward_step", (mode, dt, False), n * hs, gates[t],
                            cells[t] if lstm else dh, prev, hx[ld], dh, rec, dy_d[t], dc,
                            lens, t, d == 1)
-                gemm(gates[t][:, :3 * hs] if gru else gates[t], w_hh, rec, dt)
+                recurrent(gates[t][:, :3 * hs] if gru else gates[t])
             copy2(dh, dhx[ld], dt, add=rec)
             if lstm:
                 copy2(dc, dcx[ld], dt)
             # The input gradient of every step at once: dgates (T*N, G*H) @ W_ih.
             g2 = gates.reshape(rows, gw)
             if gru:  # input-path gradients are dr, dz and dn (columns 0:2H, 3H:4H)
-                gemm(g2[:, :2 * hs], w_ih[:2 * hs], d2, dt, accumulate=d > 0)
-                gemm(g2[:, 3 * hs:], w_ih[2 * hs:], d2, dt, accumulate=True)
+                product(g2[:, :2 * hs], w_ih[:2 * hs], d2, dt, accumulate=d > 0)
+                product(g2[:, 3 * hs:], w_ih[2 * hs:], d2, dt, accumulate=True)
             else:
-                gemm(g2, w_ih, d2, dt, accumulate=d > 0)
+                product(g2, w_ih, d2, dt, accumulate=d > 0)
         masks = layout.masks(reserve, layer)
         if masks is not None:  # the gradient of the previous layer's output
             f = masks.shape[2]

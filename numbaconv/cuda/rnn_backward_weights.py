@@ -1,5 +1,5 @@
 """cuda ``rnn_backward_weights``: after the recurrent loop of rnn_backward_data, every weight
-gradient is one tiled GEMM over all T*N rows (gate gradients from the reserve, transposed,
+gradient is one GEMM over all T*N rows (gate gradients from the reserve, transposed,
 against the layer's inputs and the previous states, rebuilt on the device), each output
 summing its rows in a fixed order; the bias gradients are column sums in row order; with
 proj_size, ``dW_hr = dproj.T @ m`` (both from the reserve). Layers 1.. read the previous
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from ..problem import layer_params
 from ._layout import as_device, device_array
-from .rnn_forward import (contiguous_params, device_lengths, gemm, launch, layer_input,
-                          masked_scratch, rows)
+from ._blas import product
+from .rnn_forward import (contiguous_params, device_lengths, launch, layer_input,
+                          masked_scratch, rows, scratch)
 
 
 def run(problem, operands, out, algorithm):
@@ -31,7 +32,7 @@ def run(problem, operands, out, algorithm):
     dparams = as_device(out) if out is not None else device_array((cfg.num_params,), dt)
     target = contiguous_params(dparams, dt) if acc else (
         dparams if dparams.is_c_contiguous() else device_array(dparams.shape, dt))
-    prev = device_array((t_len, n, p), dt)
+    prev = scratch("previous states", (t_len, n, p), dt)
     prev2 = prev.reshape(n_rows, p)
     x_rows = rows(x, dt)
     masked = masked_scratch(problem, dt)
@@ -45,16 +46,16 @@ def run(problem, operands, out, algorithm):
             launch("previous_states", (dt,), n_rows * p, outputs[:, :, d * p:(d + 1) * p],
                    hx[ld], prev, lens, d == 1)
             if gru:  # columns: dr, dz, r * dn (hidden path), dn (input path)
-                gemm(g2[:, :2 * hs], inp, dw_ih[:2 * hs], dt, ta=True, accumulate=acc)
-                gemm(g2[:, 3 * hs:], inp, dw_ih[2 * hs:], dt, ta=True, accumulate=acc)
-                gemm(g2[:, :3 * hs], prev2, dw_hh, dt, ta=True, accumulate=acc)
+                product(g2[:, :2 * hs], inp, dw_ih[:2 * hs], dt, ta=True, accumulate=acc)
+                product(g2[:, 3 * hs:], inp, dw_ih[2 * hs:], dt, ta=True, accumulate=acc)
+                product(g2[:, :3 * hs], prev2, dw_hh, dt, ta=True, accumulate=acc)
             else:
-                gemm(g2, inp, dw_ih, dt, ta=True, accumulate=acc)
-                gemm(g2, prev2, dw_hh, dt, ta=True, accumulate=acc)
+                product(g2, inp, dw_ih, dt, ta=True, accumulate=acc)
+                product(g2, prev2, dw_hh, dt, ta=True, accumulate=acc)
             if cfg.bias:
                 launch("bias_sums", (dt, gru), gh, g2, db_ih, db_hh, acc)
             if dw_hr is not None:  # dproj (rows, P) against m = o * tanh(c) (rows, H)
-                gemm(layout.dproj(reserve, layer, d).reshape(n_rows, p),
+                product(layout.dproj(reserve, layer, d).reshape(n_rows, p),
                      layout.cells(reserve, layer, d).reshape(n_rows, hs), dw_hr, dt,
                      ta=True, accumulate=acc)
     if target is not dparams:

@@ -1,4 +1,4 @@
-"""cuda ``rnn_forward``: the input projections of all steps as one tiled GEMM per layer and
+"""cuda ``rnn_forward``: the input projections of all steps as one GEMM per layer and
 direction (written straight into the reserve's gate region), then per step the recurrent
 product ``h @ W_hh.T`` (GEMM) and one fused kernel for the gates and the state update; with
 proj_size, the projection ``m @ W_hr.T`` (GEMM) and a kernel committing it to h and y. In
@@ -6,36 +6,27 @@ training, layers 1.. read the previous layer's output times the dropout masks th
 wrote into the reserve. Twin of :mod:`numbaconv.cpu.rnn_forward`; the reserve is the same
 layout, on the device.
 
-Also the drivers' shared helpers (GEMM and element-wise launches, device lengths, layer
-inputs, the time/batch axis swap the frontend uses for batch_first device arrays)."""
+Every GEMM is :func:`numbaconv.cuda._blas.product` (cuBLAS where it loads, else the Numba
+``gemm`` kernel). Also the drivers' shared helpers (element-wise launches, device lengths,
+layer inputs, the time/batch axis swap the frontend uses for batch_first device arrays)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from ..config import cuda_threads_per_block, cuda_tile
+from ..config import cuda_threads_per_block
 from ..problem import layer_params
 from . import _rnn_kernels
+from ._blas import Prepared, elementwise_launch, product
 from ._layout import as_device, device_array
-
-
-def blocks(count: int, per_block: int) -> int:
-    return max(1, -(-count // per_block))
-
-
-def gemm(a, b, c, dtype, *, ta=False, tb=False, accumulate=False):
-    """``c (+)= op(a) @ op(b)`` on the device (2-D arrays, any strides)."""
-    tile = cuda_tile()
-    tm, tq, _ = tile
-    kernel = _rnn_kernels.kernel("gemm", bool(ta), bool(tb), dtype, tile)
-    kernel[(blocks(c.shape[1], tq), blocks(c.shape[0], tm)), (tq, tm)](
-        a, b, c, bool(accumulate))
 
 
 def launch(name, key, count, *args):
     """An element-wise kernel over ``count`` threads."""
-    threads = cuda_threads_per_block()
-    _rnn_kernels.kernel(name, *key)[blocks(count, threads), threads](*args)
+    grid, block = elementwise_launch(count, cuda_threads_per_block())
+    _rnn_kernels.kernel(name, *key)[grid, block](*args)
 
 
 def copy2(src, dst, dtype, add=None):
@@ -44,19 +35,60 @@ def copy2(src, dst, dtype, add=None):
            src if add is None else add, dst, add is not None)
 
 
-def zeros(shape, dtype):
-    out = device_array(shape, dtype)
-    flat = out.reshape(1, int(np.prod(shape)))
-    launch("zero2", (dtype,), flat.shape[1], flat)
-    return out
+#: Each host thread's scratch: {(device, name): device array}. Per thread, because every
+#: thread's kernels go to the same default stream, where two threads' steps would
+#: interleave on one buffer; within a thread, the stream orders one call's use of a buffer
+#: after the previous call's.
+_workspace = threading.local()
+
+#: Full-length sequence lengths kept on the device, per (device, T, N); at most this many.
+_FULL_LENGTHS_KEPT = 16
+
+#: Scratch larger than this is allocated per call, not kept: an inference forward's gates
+#: for T=1000, N=64, H=1024 are 1 GiB, too much to hold between calls unasked, and at that
+#: size an allocation costs little next to the work that fills it.
+WORKSPACE_MAX_BYTES = 64 * 2**20
+
+
+def scratch(name, shape, dtype, zero=False):
+    """A device array for a driver's own use, never handed to the caller: kept between
+    calls, one per (host thread, device, name), replaced when the shape or dtype changes.
+    So a steady training step allocates only its results (arrays over
+    :data:`WORKSPACE_MAX_BYTES` are made per call). ``zero``: zero-filled when made (for
+    arrays that are only read, such as the zero bias)."""
+    from ._blas import _device_id
+    arrays = _workspace.__dict__
+    key = (_device_id(), name)
+    found = arrays.get(key)
+    if found is None or tuple(found.shape) != tuple(shape) or \
+            found.dtype != np.dtype(dtype):
+        found = device_array(shape, dtype)
+        if int(np.prod(shape)) * np.dtype(dtype).itemsize <= WORKSPACE_MAX_BYTES:
+            arrays[key] = found
+        else:
+            arrays.pop(key, None)
+        if zero:
+            flat = found.reshape(1, int(np.prod(shape)))
+            launch("zero2", (dtype,), flat.shape[1], flat)
+    return found
 
 
 def device_lengths(lengths, seq_len, batch):
-    """The sequence lengths as an int64 device array (one small host-to-device copy: the
-    frontend hands them over as a NumPy array)."""
+    """The sequence lengths as an int64 device array: one small host-to-device copy when
+    the frontend hands them over (a NumPy array); without them, full lengths copied once
+    per (device, T, N) and kept."""
     from numba import cuda
-    host = lengths if lengths is not None else np.full(batch, seq_len, np.int64)
-    return cuda.to_device(np.ascontiguousarray(host, dtype=np.int64))
+    if lengths is not None:
+        return cuda.to_device(np.ascontiguousarray(lengths, dtype=np.int64))
+    from ._blas import _device_id
+    kept = _workspace.__dict__.setdefault("full_lengths", {})
+    key = (_device_id(), int(seq_len), int(batch))
+    found = kept.get(key)
+    if found is None:
+        if len(kept) >= _FULL_LENGTHS_KEPT:
+            kept.clear()
+        found = kept[key] = cuda.to_device(np.full(batch, seq_len, np.int64))
+    return found
 
 
 def copy3(src, dtype, swap):
@@ -91,8 +123,8 @@ def masked_scratch(problem, dtype):
     cfg = problem.config
     if cfg.dropout == 0 or cfg.num_layers == 1:
         return None
-    return device_array((problem.seq_len * problem.batch, cfg.num_directions * cfg.out_size),
-                        dtype)
+    return scratch("masked inputs", (problem.seq_len * problem.batch,
+                                     cfg.num_directions * cfg.out_size), dtype)
 
 
 def layer_input(layout, reserve, layer, x_rows, scratch, dtype):
@@ -140,14 +172,14 @@ def run(problem, operands, out, algorithm):
     layout = problem.reserve_layout if training else None
     hy = device_array(hx.shape, dt)
     cy = device_array(cx.shape, dt) if lstm else None
-    scratch_gates = None if training else device_array((t_len, n, gw), dt)
-    hg = device_array((n, gh), dt)
-    h = device_array((n, p), dt)
-    c = device_array((n, hs), dt) if lstm else h
+    scratch_gates = None if training else scratch("forward gates", (t_len, n, gw), dt)
+    hg = scratch("forward hg", (n, gh), dt)
+    h = scratch("forward h", (n, p), dt)
+    c = scratch("forward c", (n, hs), dt) if lstm else h
     proj = bool(cfg.proj_size)
-    m = device_array((n, hs), dt) if proj else None  # o * tanh(c), the projection's input
-    hp = device_array((n, p), dt) if proj else None  # m @ W_hr.T
-    zero_bias = zeros((gh,), dt) if not cfg.bias else None
+    m = scratch("forward m", (n, hs), dt) if proj else None  # o * tanh(c), W_hr's input
+    hp = scratch("forward hp", (n, p), dt) if proj else None  # m @ W_hr.T
+    zero_bias = scratch("zero bias", (gh,), dt, zero=True) if not cfg.bias else None
     x_rows = rows(x, dt)
     masked = masked_scratch(problem, dt) if training else None
     inp = x_rows
@@ -164,18 +196,21 @@ def run(problem, operands, out, algorithm):
                 b_ih = b_hh = zero_bias
             ld = layer * d_num + d
             gates = layout.gates(reserve, layer, d) if training else scratch_gates
-            gemm(inp, w_ih, gates.reshape(t_len * n, gw)[:, :gh], dt, tb=True)
+            product(inp, w_ih, gates.reshape(t_len * n, gw)[:, :gh], dt, tb=True)
             y_d = out_l[:, :, d * p:(d + 1) * p]
             copy2(hx[ld], h, dt)
             if lstm:
                 copy2(cx[ld], c, dt)
             cells = layout.cells(reserve, layer, d) if training and lstm else None
+            # planned once, run every step: the same arrays each time
+            recurrent = Prepared(h, w_hh, hg, dt, tb=True)
+            projection = Prepared(m, w_hr, hp, dt, tb=True) if proj else None
             for t in steps(t_len, d):
-                gemm(h, w_hh, hg, dt, tb=True)
+                recurrent()
                 if proj:  # the cell writes m; h and y come from its projection
                     launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
                            m, c, m, cells[t] if cells is not None else c, lens, t, training)
-                    gemm(m, w_hr, hp, dt, tb=True)
+                    projection()
                     launch("commit_projection", (dt,), n * p, hp, h, y_d[t], lens, t)
                 else:
                     launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
