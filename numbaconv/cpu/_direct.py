@@ -36,7 +36,9 @@ Zero padding is multiplied like the reference multiplies it, so NaN and infinity
 propagate exactly as there; non-finite weights take the packed (im2col) path, which is exact
 for them too. The weight gradient keeps one partial per job, over a split fixed by the problem
 shape (never the thread count), and adds the partials in order: the same inputs give bitwise
-the same dw on every run.
+the same dw on every run. A call of more than ``_heuristics.DIRECT_PIECE_MACS`` multiply-adds
+runs its jobs as several parallel regions (:func:`_pieces`), so that Ctrl-C, which Python
+sees only between two regions, ends it soon; each job computes the same in any region.
 
 Two LLVM habits shape the code. Indices into the vectorised dimension start at zero or are
 unsigned (a signed offset brings Numba's negative-index wraparound into the address, and the
@@ -49,6 +51,7 @@ loops (a slice touches the array's reference count, one cache line for every thr
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -61,7 +64,7 @@ from . import _direct_cl as cl
 from . import _heuristics
 from ._rows import zero_rows
 from ._sliding import lanes_for, row_lanes, row_pitch, same_units
-from ._tiles import add_partials
+from ._tiles import add_partials, interruptible_ranges
 
 #: Parallel jobs to aim for: spatial rows are split until a problem has this many (or runs
 #: out of rows). Fixed, so the weight-gradient split never depends on the thread count.
@@ -104,6 +107,14 @@ def _transposed_form(g) -> _Form:
     return _Form(g.s, g.p, g.stride, before, (1, 1, 1), g.dilation, g.r)
 
 
+def _pieces(g, jobs: int) -> list:
+    """Ranges of a kernel's ``jobs``, one parallel region each: several for a call of more
+    than DIRECT_PIECE_MACS multiply-adds, so that Ctrl-C ends it between them. A job
+    computes the same whatever region runs it, so the pieces change no bit."""
+    macs = g.n * max(g.positions, math.prod(g.s)) * g.k * g.cg * g.taps
+    return interruptible_ranges(jobs, macs, _heuristics.DIRECT_PIECE_MACS)
+
+
 def _row_split(rows: int, outer: int) -> int:
     """Output rows per job: split ``rows`` until ``outer * blocks`` reaches MIN_JOBS."""
     blocks = min(rows, max(1, -(-MIN_JOBS // max(outer, 1))))
@@ -132,13 +143,14 @@ def forward(g, x, w, y) -> None:
         wk = np.ascontiguousarray(w.reshape(g.k, g.cg, g.taps).transpose(1, 2, 0))
         y3 = y.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
         if _same_rows(g, form, x, y):
-            _same3(form, g.x5(x), wk, y3)
+            _same3(g, form, g.x5(x), wk, y3)
             return
         rows = _row_split(g.p[1], g.n * g.p[0])
-        cl._cl_conv(g.x5(x), wk, y3, _rows2d(y3), cmap, identity, False, g.cg, g.kg,
-                    *form.args(), rows, False, *_row_kernels(g.k, y.dtype))
+        for first, last in _pieces(g, g.n * g.p[0] * -(-g.p[1] // rows)):
+            cl._cl_conv(g.x5(x), wk, y3, _rows2d(y3), cmap, identity, False, g.cg, g.kg,
+                        *form.args(), rows, False, *_row_kernels(g.k, y.dtype), first, last)
     else:
-        _cf_convolve(form, g.x5(x), w.reshape(g.k, g.cg, g.taps), g.y5(y), g.kg, False)
+        _cf_convolve(g, form, g.x5(x), w.reshape(g.k, g.cg, g.taps), g.y5(y), g.kg, False)
 
 
 def data_gradient(g, dy, w, dx, accumulate: bool = True) -> None:
@@ -155,18 +167,20 @@ def data_gradient(g, dy, w, dx, accumulate: bool = True) -> None:
         cmap = np.zeros((g.cg, 1), np.int64)                         # dy is read as is
         dx3 = dx.reshape(g.n * g.s[0] * g.s[1], g.s[2], g.c)
         if overwrite and _same_rows(g, form, dy, dx):
-            _same3(form, g.y5(dy), wk, dx3)
+            _same3(g, form, g.y5(dy), wk, dx3)
             return
         rows = _row_split(g.s[1], g.n * g.s[0])
-        cl._cl_conv(g.y5(dy), wk, dx3, _rows2d(dx3), cmap, True, True, g.cg, g.kg,
-                    *form.args(), rows, overwrite, *_row_kernels(g.k, dx.dtype))
+        for first, last in _pieces(g, g.n * g.s[0] * -(-g.s[1] // rows)):
+            cl._cl_conv(g.y5(dy), wk, dx3, _rows2d(dx3), cmap, True, True, g.cg, g.kg,
+                        *form.args(), rows, overwrite, *_row_kernels(g.k, dx.dtype), first,
+                        last)
     else:
         # dx plane g*Cg + c sums dy planes g*Kg + j, each with flip(w[g*Kg + j, c]).
         wsrc = np.ascontiguousarray(
             flipped.reshape(g.groups, g.kg, g.cg, g.taps).transpose(0, 2, 1, 3)
             .reshape(g.c, g.kg, g.taps))
         # Added into dx, or written (zeros where no dy reaches) when not accumulating.
-        _cf_convolve(form, g.y5(dy), wsrc, g.x5(dx), g.cg, accumulate)
+        _cf_convolve(g, form, g.y5(dy), wsrc, g.x5(dx), g.cg, accumulate)
 
 
 def weight_gradient(g, x, dy) -> np.ndarray:
@@ -179,8 +193,10 @@ def weight_gradient(g, x, dy) -> np.ndarray:
         jobs = g.n * g.p[0] * -(-g.p[1] // rows)
         partial = np.empty((jobs, g.cg, g.taps, g.k), dy.dtype)
         dy3 = dy.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
-        cl._cl_weight_partials(g.x5(x), dy3, partial, cmap, identity, out, size, before,
-                               stride, dil, r, rows, *_row_kernels(g.k, dy.dtype))
+        for first, last in _pieces(g, jobs):
+            cl._cl_weight_partials(g.x5(x), dy3, partial, cmap, identity, out, size, before,
+                                   stride, dil, r, rows, *_row_kernels(g.k, dy.dtype), first,
+                                   last)
         total = np.empty(g.cg * g.taps * g.k, dy.dtype)
         add_partials(partial.reshape(jobs, -1), total)
         return np.ascontiguousarray(total.reshape(g.cg, g.taps, g.k).transpose(2, 0, 1))
@@ -189,19 +205,23 @@ def weight_gradient(g, x, dy) -> np.ndarray:
              if g.cg == 1 and g.kg == 1 and g.p[2] >= _heuristics.SAME_WEIGHT_MIN_WIDTH else 0)
     if lanes:
         dw = np.empty((g.k, g.taps), dy.dtype)
-        cf_plane._cf_same3_weight(_planes(x5), _planes(dy5), dw, g.p[1], g.p[2], _chunks(g.k),
-                                  lanes)
+        for first, last in _pieces(g, g.k):     # its sums run over the images: by channels
+            cf_plane._cf_same3_weight(_planes(x5), _planes(dy5), dw, g.p[1], g.p[2],
+                                      _chunks(last - first), lanes, first, last)
         return dw.reshape((g.k, g.cg) + g.r)
     rows = _row_split(g.p[1], g.n * g.k * g.p[0])
     split = g.p[0] * -(-g.p[1] // rows)                   # jobs per (image, output plane)
     jobs = g.n * g.k * split
     partial = np.empty((jobs, g.cg, g.taps), dy.dtype)
-    if _flat(form):
-        cf_plane._cf_flat_weight(_planes(x5), _planes(dy5), partial, g.kg, _column_mask(form),
-                                 out, size, before, stride, dil, r, rows, _chunks(jobs), _zero(dy))
-    else:
-        cf_slab._cf_weight_partials(x5, dy5, partial, g.kg, out, size, before, stride, dil, r,
-                                    rows, _chunks(jobs), _zero(dy))
+    for first, last in _pieces(g, jobs):
+        chunks = _chunks(last - first)
+        if _flat(form):
+            cf_plane._cf_flat_weight(_planes(x5), _planes(dy5), partial, g.kg,
+                                     _column_mask(form), out, size, before, stride, dil, r,
+                                     rows, chunks, _zero(dy), first, last)
+        else:
+            cf_slab._cf_weight_partials(x5, dy5, partial, g.kg, out, size, before, stride, dil,
+                                        r, rows, chunks, _zero(dy), first, last)
     # Jobs run (image, plane, split): bring the images and splits of each plane together.
     ordered = partial.reshape(g.n, g.k, split, g.cg * g.taps).transpose(0, 2, 1, 3)
     total = np.empty(g.k * g.cg * g.taps, dy.dtype)
@@ -236,11 +256,12 @@ def _same_rows(g, form, src, dst) -> bool:
             and src.flags.c_contiguous and dst.flags.c_contiguous)
 
 
-def _same3(form, src5, wk, dst3) -> None:
+def _same3(g, form, src5, wk, dst3) -> None:
     out, _, _, before, stride, dil, _ = form.args()
     zero = np.zeros(src5.shape[3] * src5.shape[4], dst3.dtype)
-    cl._cl_same3(src5, wk, dst3, zero, out, before, stride, dil,
-                 *same_units(src5.shape[4], dst3.dtype))
+    for first, last in _pieces(g, dst3.shape[0]):
+        cl._cl_same3(src5, wk, dst3, zero, out, before, stride, dil,
+                     *same_units(src5.shape[4], dst3.dtype), first, last)
 
 
 def _same_planes(form, wsrc, src5, dst5, add) -> int:
@@ -256,25 +277,28 @@ def _same_planes(form, wsrc, src5, dst5, add) -> int:
     return row_lanes(dst5.dtype) if ok else 0
 
 
-def _cf_convolve(form, src5, wsrc, dst5, per_group, add) -> None:
+def _cf_convolve(g, form, src5, wsrc, dst5, per_group, add) -> None:
     lanes = _same_planes(form, wsrc, src5, dst5, add)
     if lanes:
         # (C, 9, lanes): each weight broadcast to a vector, the 3x3 window transposed.
         taps = wsrc.reshape(-1, 3, 3).transpose(0, 2, 1).reshape(-1, 9)
         wb = np.ascontiguousarray(np.broadcast_to(taps[:, :, None], taps.shape + (lanes,)))
         planes = dst5.shape[0] * dst5.shape[1] * dst5.shape[2]
-        cf_plane._cf_same3(_planes(src5), wb, _planes(dst5), form.out[1], form.out[2],
-                           _chunks(planes), lanes)
+        for first, last in _pieces(g, planes):
+            cf_plane._cf_same3(_planes(src5), wb, _planes(dst5), form.out[1], form.out[2],
+                               _chunks(last - first), lanes, first, last)
         return
     n, o = dst5.shape[0], dst5.shape[1]
     rows = _row_split(form.out[1], n * o * form.out[0])
-    chunks = _chunks(n * o * form.out[0] * -(-form.out[1] // rows))
-    if _flat(form):
-        cf_plane._cf_flat_conv(_planes(src5), wsrc, _planes(dst5), per_group, add,
-                               _column_mask(form), *form.args(), rows, chunks, _zero(dst5))
-    else:
-        cf_slab._cf_conv(src5, wsrc, dst5, per_group, add, *form.args(), rows, chunks,
-                         _zero(dst5))
+    for first, last in _pieces(g, n * o * form.out[0] * -(-form.out[1] // rows)):
+        chunks = _chunks(last - first)
+        if _flat(form):
+            cf_plane._cf_flat_conv(_planes(src5), wsrc, _planes(dst5), per_group, add,
+                                   _column_mask(form), *form.args(), rows, chunks, _zero(dst5),
+                                   first, last)
+        else:
+            cf_slab._cf_conv(src5, wsrc, dst5, per_group, add, *form.args(), rows, chunks,
+                             _zero(dst5), first, last)
 
 
 def _zero_rows(a) -> None:

@@ -16,7 +16,7 @@ from ._sliding import (conv3_lanes1, conv3_lanes2, conv3_lanes4, conv3_lanes8, c
 
 
 @parallel_jit
-def _cf_same3(src4, wb, dst4, height, width, chunks, lanes):
+def _cf_same3(src4, wb, dst4, height, width, chunks, lanes, first_plane, last_plane):
     """Depthwise 3x3 planes of ``same`` padding and stride 1, channels-first: strips of
     adjacent columns walk down the plane as one vector (the ``same`` row of
     :mod:`._sliding`, rows and columns swapped: its three source "rows" are the plane
@@ -28,17 +28,17 @@ def _cf_same3(src4, wb, dst4, height, width, chunks, lanes):
 
     src4 and dst4 (N, C, P, height * width) (P: the planes of a 3D problem's depth, one tap
     plane), C-contiguous, dst4 written; wb (C, 9, lanes): each channel's weights with the
-    window transposed (tap column major), each broadcast to a vector. The planes are dealt
-    to ``chunks`` jobs, each allocating its buffer once. The callers check the geometry
-    (:func:`._direct._same_planes`).
+    window transposed (tap column major), each broadcast to a vector. The planes (image,
+    channel, depth) [first_plane, last_plane) are dealt to ``chunks`` jobs, each allocating
+    its buffer once. The callers check the geometry (:func:`._direct._same_planes`).
     """
-    n_total, c_total, depth = src4.shape[0], src4.shape[1], src4.shape[2]
-    planes = n_total * c_total * depth
+    c_total, depth = src4.shape[1], src4.shape[2]
     pitch = width + 2
-    per_chunk = (planes + chunks - 1) // chunks
+    per_chunk = (last_plane - first_plane + chunks - 1) // chunks
     for chunk in prange(chunks):
         buf = np.zeros((height, pitch), dst4.dtype)
-        for plane in range(chunk * per_chunk, min(planes, chunk * per_chunk + per_chunk)):
+        first = first_plane + chunk * per_chunk
+        for plane in range(first, min(last_plane, first + per_chunk)):
             a0 = plane % depth
             rest = plane // depth
             c = rest % c_total
@@ -82,7 +82,7 @@ def _strip(left, lanes):
 
 
 @parallel_jit
-def _cf_same3_weight(x4, dy4, dw, height, width, chunks, lanes):
+def _cf_same3_weight(x4, dy4, dw, height, width, chunks, lanes, first_channel, last_channel):
     """dw[c, t]: the weight gradient of a depthwise 3x3 layer of ``same`` padding and stride
     1, channels-first, the taps in w's order: strips of adjacent columns walk down each
     plane (:func:`._sliding.grad3_row` turned on its side, as in :func:`_cf_same3`),
@@ -90,16 +90,18 @@ def _cf_same3_weight(x4, dy4, dw, height, width, chunks, lanes):
     tap sums carried in a vector through all planes of a channel (images, then depth),
     then summed across the lanes: a fixed order, whatever the thread count.
 
-    x4 and dy4 (N, C, P, height * width), C-contiguous; dw (C, 9). Padding is multiplied
-    (zeros around a copy of each plane), as the reference multiplies it.
+    x4 and dy4 (N, C, P, height * width), C-contiguous; dw (C, 9), its rows [first_channel,
+    last_channel) written, dealt to ``chunks`` jobs. Padding is multiplied (zeros around a
+    copy of each plane), as the reference multiplies it.
     """
     n_total, c_total, depth = x4.shape[0], x4.shape[1], x4.shape[2]
     pitch = width + 2
-    per_chunk = (c_total + chunks - 1) // chunks
+    per_chunk = (last_channel - first_channel + chunks - 1) // chunks
     for chunk in prange(chunks):
         buf = np.zeros((height + 2, pitch), dw.dtype)
         acc = np.empty((9, lanes), dw.dtype)
-        for c in range(chunk * per_chunk, min(c_total, chunk * per_chunk + per_chunk)):
+        first = first_channel + chunk * per_chunk
+        for c in range(first, min(last_channel, first + per_chunk)):
             acc[:] = 0
             for n in range(n_total):
                 for a0 in range(depth):
@@ -289,13 +291,13 @@ def _flat_fill(xg, src, n, ch, a0, lo, hi, guard, width):
 
 @parallel_jit
 def _cf_flat_conv(src4, wsrc, dst4, per_group, add, mask, out, size, spread, before,
-                  stride, dil, r, rows, chunks, zero):
+                  stride, dil, r, rows, chunks, zero, first_job, last_job):
     """Channels-first convolution, stride 1, output rows as wide as the source rows.
 
     src4 (N, Cs, A0, A1 * W); dst4 (N, O, O0, O1 * W); wsrc (O, J, taps); mask (r2, O1 * W):
     column q % W of tap column t2 reads inside the row. See _cf_conv for the rest.
     """
-    n_total, o_total = dst4.shape[0], dst4.shape[1]
+    o_total = dst4.shape[1]
     jn = wsrc.shape[1]
     out_depth, out_height = out[0], out[1]
     src_height, width = size[1], size[2]
@@ -304,7 +306,7 @@ def _cf_flat_conv(src4, wsrc, dst4, per_group, add, mask, out, size, spread, bef
     reach = max(((r[1] - 1) * dil[1] - before[1]) * width + (r[2] - 1) * dil[2] - before[2], 0)
     length = guard + max(out_height, src_height) * width + reach + width
     blocks = (out_height + rows - 1) // rows
-    jobs = n_total * o_total * out_depth * blocks
+    jobs = last_job - first_job
     for chunk in prange(chunks):
         xg = np.zeros(length, dst4.dtype)
         fo = np.empty(t12, np.int64)
@@ -314,14 +316,14 @@ def _cf_flat_conv(src4, wsrc, dst4, per_group, add, mask, out, size, spread, bef
         _flat_plan(r, dil, before, width, fo, mo, size9)
         for i in range(t12):
             fo[i] += guard
-        start = chunk * jobs // chunks
+        start = first_job + chunk * jobs // chunks
         blk = start % blocks
         rest = start // blocks
         o0 = rest % out_depth
         rest //= out_depth
         o = rest % o_total
         n = rest // o_total
-        for _ in range(start, (chunk + 1) * jobs // chunks):
+        for _ in range(start, first_job + (chunk + 1) * jobs // chunks):
             pa = blk * rows
             pb = min(pa + rows, out_height)
             q0 = pa * width
@@ -370,13 +372,13 @@ def _cf_flat_conv(src4, wsrc, dst4, per_group, add, mask, out, size, spread, bef
 
 @parallel_jit
 def _cf_flat_weight(x4, dy4, partial, per_group, mask, out, size, before, stride, dil, r, rows,
-                    chunks, zero):
+                    chunks, zero, first_job, last_job):
     """partial[job, j, t] for stride 1 and output rows as wide as x rows (see _cf_flat_conv).
 
     Padding is read as zeros and multiplied (rows from the guard, columns by the mask), as
     the reference multiplies it.
     """
-    n_total, o_total = dy4.shape[0], dy4.shape[1]
+    o_total = dy4.shape[1]
     jn, taps = partial.shape[1], partial.shape[2]
     out_depth, out_height = out[0], out[1]
     src_height, width = size[1], size[2]
@@ -385,7 +387,7 @@ def _cf_flat_weight(x4, dy4, partial, per_group, mask, out, size, before, stride
     reach = max(((r[1] - 1) * dil[1] - before[1]) * width + (r[2] - 1) * dil[2] - before[2], 0)
     length = guard + max(out_height, src_height) * width + reach + width
     blocks = (out_height + rows - 1) // rows
-    jobs = n_total * o_total * out_depth * blocks
+    jobs = last_job - first_job
     for chunk in prange(chunks):
         xg = np.zeros(length, partial.dtype)
         fo = np.empty(t12, np.int64)
@@ -395,14 +397,14 @@ def _cf_flat_weight(x4, dy4, partial, per_group, mask, out, size, before, stride
         _flat_plan(r, dil, before, width, fo, mo, size9)
         for i in range(t12):
             fo[i] += guard
-        start = chunk * jobs // chunks
+        start = first_job + chunk * jobs // chunks
         blk = start % blocks
         rest = start // blocks
         o0 = rest % out_depth
         rest //= out_depth
         o = rest % o_total
         n = rest // o_total
-        for job in range(start, (chunk + 1) * jobs // chunks):
+        for job in range(start, first_job + (chunk + 1) * jobs // chunks):
             pa = blk * rows
             pb = min(pa + rows, out_height)
             q0 = pa * width

@@ -205,21 +205,23 @@ def _cf_taps(r, dil, s1, s2, m2, plane, offset):
 
 @parallel_jit
 def _cf_conv(src, wsrc, dst, per_group, add, out, size, spread, before, stride, dil, r,
-             rows, chunks, zero):
+             rows, chunks, zero, first_job, last_job):
     """Channels-first forward-form convolution, plane by plane.
 
     src (N, Cs, A0, A1, A2); wsrc (O, J, taps); dst (N, O, O0, O1, O2). Output plane o sums
     its J source planes (o // per_group) * J + j, each with kernel wsrc[o, j]. ``add``
     adds into dst (the data gradient with accumulation); otherwise dst is overwritten.
+    The jobs (image, output plane, depth, block of ``rows`` rows) [first_job, last_job) run,
+    dealt in runs to ``chunks`` parallel jobs, each allocating its buffers once.
     """
-    n_total, o_total = dst.shape[0], dst.shape[1]
+    o_total = dst.shape[1]
     jn = wsrc.shape[1]
     out_depth, out_height, out_width = out[0], out[1], out[2]
     s1, s2 = stride[1], stride[2]
     m2 = ((out_width - 1) * s2 + (r[2] - 1) * dil[2] + s2) // s2
     m1 = ((rows - 1) * s1 + (r[1] - 1) * dil[1] + s1) // s1
     blocks = (out_height + rows - 1) // rows
-    jobs = n_total * o_total * out_depth * blocks
+    jobs = last_job - first_job
     t12 = r[1] * r[2]
     for chunk in prange(chunks):
         buf = np.zeros((s1 * s2, m1, m2), dst.dtype)
@@ -230,7 +232,7 @@ def _cf_conv(src, wsrc, dst, per_group, add, out, size, spread, before, stride, 
         offset = np.empty(t12, np.int64)
         weight = np.empty(t12, dst.dtype)
         _cf_taps(r, dil, s1, s2, m2, plane, offset)
-        start = chunk * jobs // chunks
+        start = first_job + chunk * jobs // chunks
         # (n, o, o0, blk) of the chunk's first job, then counted up like an odometer.
         blk = start % blocks
         rest = start // blocks
@@ -238,7 +240,7 @@ def _cf_conv(src, wsrc, dst, per_group, add, out, size, spread, before, stride, 
         rest //= out_depth
         o = rest % o_total
         n = rest // o_total
-        for _ in range(start, (chunk + 1) * jobs // chunks):
+        for _ in range(start, first_job + (chunk + 1) * jobs // chunks):
             pa = blk * rows
             nr = min(rows, out_height - pa)
             q = (nr - 1) * m2 + out_width
@@ -295,22 +297,23 @@ def _cf_conv(src, wsrc, dst, per_group, add, out, size, spread, before, stride, 
 
 @parallel_jit
 def _cf_weight_partials(x, dy, partial, per_group, out, size, before, stride, dil, r, rows,
-                        chunks, zero):
+                        chunks, zero, first_job, last_job):
     """partial[job, j, t]: weight gradient of one job (image, output plane, rows), CF.
 
     x (N, C, S0, S1, S2); dy (N, K, P0, P1, P2); output plane k pairs with the J source planes
     (k // per_group) * J + j. dy is copied into the slab's pitch, spare columns zero; a plane
     whose values are not all finite is summed row by row instead, without the spare columns,
-    so that nothing is multiplied that the reference does not multiply.
+    so that nothing is multiplied that the reference does not multiply. Jobs [first_job,
+    last_job) run, as in :func:`_cf_conv`.
     """
-    n_total, o_total = dy.shape[0], dy.shape[1]
+    o_total = dy.shape[1]
     jn, taps = partial.shape[1], partial.shape[2]
     out_depth, out_height, out_width = out[0], out[1], out[2]
     s1, s2 = stride[1], stride[2]
     m2 = ((out_width - 1) * s2 + (r[2] - 1) * dil[2] + s2) // s2
     m1 = ((rows - 1) * s1 + (r[1] - 1) * dil[1] + s1) // s1
     blocks = (out_height + rows - 1) // rows
-    jobs = n_total * o_total * out_depth * blocks
+    jobs = last_job - first_job
     t12 = r[1] * r[2]
     ones = np.ones(3, np.int64)
     for chunk in prange(chunks):
@@ -322,14 +325,14 @@ def _cf_weight_partials(x, dy, partial, per_group, out, size, before, stride, di
         offset = np.empty(t12, np.int64)
         acc = np.empty(taps, partial.dtype)
         _cf_taps(r, dil, s1, s2, m2, plane, offset)
-        start = chunk * jobs // chunks
+        start = first_job + chunk * jobs // chunks
         blk = start % blocks
         rest = start // blocks
         o0 = rest % out_depth
         rest //= out_depth
         o = rest % o_total
         n = rest // o_total
-        for job in range(start, (chunk + 1) * jobs // chunks):
+        for job in range(start, first_job + (chunk + 1) * jobs // chunks):
             pa = blk * rows
             nr = min(rows, out_height - pa)
             q = (nr - 1) * m2 + out_width

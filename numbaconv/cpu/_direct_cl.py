@@ -287,7 +287,7 @@ def _cl_rows(rowslot, tag, buf, src, n, o0, p1, out, size, spread, before, strid
 
 @parallel_jit
 def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size, spread, before,
-             stride, dil, r, rows, overwrite, pitch, vec):
+             stride, dil, r, rows, overwrite, pitch, vec, first_job, last_job):
     """Channels-last forward-form convolution, K channels wide.
 
     src (N, A0, A1, A2, Cs); wk (passes, taps, K): the weights of each pass, K-space;
@@ -297,9 +297,9 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
     over its kg outputs into dx channel g*cg + c; ``overwrite`` (depthwise, one fused 3x3
     body per row) writes dx instead, like the forward. Source rows are copied into buffers
     ``pitch`` (>= K) elements a pixel; ``vec`` nonzero (K in whole vectors of that many)
-    runs fused 3x3 rows of stride 1 as :func:`._sliding.conv3_row`.
+    runs fused 3x3 rows of stride 1 as :func:`._sliding.conv3_row`. Jobs (image, output
+    plane, block of ``rows`` rows) [first_job, last_job) run.
     """
-    n_total = src.shape[0]
     passes, kk = wk.shape[0], wk.shape[2]
     out_depth, out_height, out_width = out[0], out[1], out[2]
     blocks = (out_height + rows - 1) // rows
@@ -319,7 +319,8 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
     groups = kk // kg
     if pitch < kk or width < out_width + 2:
         vec = 0        # the row kernel's reach (out_width + 2 pixels of vec channels) is not there
-    for job in prange(n_total * out_depth * blocks):
+    for i in prange(last_job - first_job):
+        job = first_job + i
         blk = job % blocks
         rest = job // blocks
         o0 = rest % out_depth
@@ -421,7 +422,7 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
 
 
 @parallel_jit
-def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units):
+def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units, first_row, last_row):
     """Depthwise 3x3 rows of ``same`` padding and stride 1 along them, channels-last, read
     from src and written into dst3 where they lie (no row buffers): one output row a job,
     each call of the :mod:`._sliding` ``same`` rows ``units`` vectors of ``lanes`` channels
@@ -429,11 +430,13 @@ def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units):
 
     src (N, A0, A1, A2, K) C-contiguous; wk (1, 9, K); dst3 (N * O0 * O1, O2, K)
     C-contiguous, O2 == A2, written; zero: A2 * K zeros, the rows above and below the
-    source. The callers check the geometry (:func:`._direct._same_rows`).
+    source. Output rows (image, plane, row) [first_row, last_row) are written. The callers
+    check the geometry (:func:`._direct._same_rows`).
     """
-    n_total, src_depth, src_height, src_width, kk = src.shape
+    _, src_depth, src_height, src_width, kk = src.shape
     out_depth, out_height = out[0], out[1]
-    for job in prange(n_total * out_depth * out_height):
+    for i in prange(last_row - first_row):
+        job = first_row + i
         p1 = job % out_height
         rest = job // out_height
         o0 = rest % out_depth
@@ -467,7 +470,7 @@ def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units):
 
 @parallel_jit
 def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, stride, dil, r,
-                        rows, pitch, vec):
+                        rows, pitch, vec, first_job, last_job):
     """partial[job, c, t, k]: the weight gradient of one job's output rows, channels-last.
 
     src is x (N, S0, S1, S2, C); dy3 is dy as (N * P0 * P1, P2, K); pass c gathers x channel
@@ -475,9 +478,9 @@ def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, st
     reference does, so a non-finite dy next to the border poisons dw exactly like there.
     Source rows are copied into buffers ``pitch`` (>= K) elements a pixel; ``vec`` nonzero
     (K in whole vectors of that many) runs 3x3 tap rows of stride 1 as
-    :func:`._sliding.grad3_row`.
+    :func:`._sliding.grad3_row`. Jobs (image, output plane, block of ``rows`` rows)
+    [first_job, last_job) run.
     """
-    n_total = src.shape[0]
     kk = partial.shape[3]
     passes = partial.shape[1]
     out_depth, out_height, out_width = out[0], out[1], out[2]
@@ -490,7 +493,8 @@ def _cl_weight_partials(src, dy3, partial, cmap, identity, out, size, before, st
     ones = np.ones(3, np.int64)
     sliding = vec != 0 and step == 1 and r[1] == 3 and r[2] == 3 and pitch >= kk and \
         width >= out_width + 2 and dy3.shape[1] >= out_width and dy3.shape[2] == kk
-    for job in prange(n_total * out_depth * blocks):
+    for i in prange(last_job - first_job):
+        job = first_job + i
         blk = job % blocks
         rest = job // blocks
         o0 = rest % out_depth

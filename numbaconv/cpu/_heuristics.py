@@ -191,6 +191,17 @@ def gemm_reason(problem) -> Optional[str]:
     return None
 
 
+# --- Ctrl-C --------------------------------------------------------------------------------
+#: ``implicit`` and ``direct`` run a call as Numba parallel regions launched from the calling
+#: thread, and Python sees Ctrl-C only between them: a call of more multiply-adds than this
+#: is a loop of regions of about this many each (ranges of its jobs, at least one job per
+#: thread), so that KeyboardInterrupt comes within a region's time (about 0.1 s on 2 AVX2
+#: cores). Smaller regions answer sooner but each pays a launch and a closing barrier.
+IMPLICIT_PIECE_MACS = 2**31
+#: The same for ``direct``, whose loops multiply 3-8 times more slowly (depthwise layers
+#: move more bytes per multiply-add).
+DIRECT_PIECE_MACS = 2**28
+
 # --- paths inside the algorithms ----------------------------------------------------------
 #: Channels-last 1x1 products (one group) with at least this many rows (N * S) per channel
 #: (of the larger count) run through the micro-kernel reading the rows in place; fewer, BLAS.

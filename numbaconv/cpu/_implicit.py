@@ -29,6 +29,12 @@ Against im2col + BLAS this saves writing and re-reading the packed matrix, KD*KH
 though: each one's depth is one output row, and the accumulator tile is loaded and stored
 once per product; the forward's short rows carry many padding pixels. Measured figures,
 and the choices they lead to, are at ``_heuristics.IMPLICIT_MIN_WIDTH`` (docs/cpu-algorithms.md).
+
+A call of more than ``_heuristics.IMPLICIT_PIECE_MACS`` multiply-adds runs its tiles (the
+strided data gradient: its rows) as several parallel regions, so that Ctrl-C, which Python
+sees only between two regions, ends it soon; the weight gradient's regions are whole rounds
+of its slots, each slot adding its tiles in the same order. The results are those of one
+region, bit for bit.
 """
 
 from __future__ import annotations
@@ -41,10 +47,11 @@ from numba import prange
 
 from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
+from . import _heuristics
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose_tile,
                            micro_tile_rows, strided_shape, tile_shape, vector_lanes)
 from ._sliding import row_pitch
-from ._tiles import SLOTS, add_partials
+from ._tiles import SLOTS, add_partials, interruptible_ranges
 
 #: A tile's padded copy of the input rows it reads is kept under this many bytes.
 WINDOW_BYTES = 2**20
@@ -61,6 +68,14 @@ WINDOW_BYTES = 2**20
 #: 7.9 and 8.9 in parts of 32; ResNet 64c 56x56 and the stem within noise).
 LONG_ROW = 256
 DEPTH_BYTES = 2**14
+
+
+def _pieces(g: Geom, units: int, multiple: int = 0) -> list:
+    """Ranges of ``units`` (tiles or rows), one parallel region each: several for a call of
+    more than IMPLICIT_PIECE_MACS multiply-adds, so that Ctrl-C ends it between them (see
+    :func:`._tiles.interruptible_ranges`)."""
+    macs = g.n * g.positions * g.k * g.c * g.taps
+    return interruptible_ranges(units, macs, _heuristics.IMPLICIT_PIECE_MACS, multiple)
 
 
 def _runs(g: Geom) -> tuple:
@@ -105,10 +120,11 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
     rows, tiles = _tiling(g, x.itemsize)
     s, r, p, stride, dil, before = g.geometry_args()
     overrun = np.zeros(tiles, np.int64)
-    _forward_rows(np.ascontiguousarray(x).reshape(-1), np.array(g.strides_of(g.s, g.c)),
-                  weights.reshape(-1), y.reshape(-1), np.array(g.strides_of(g.p, g.k)),
-                  overrun, g.n, s, p, g.c, g.k, r, stride, dil, before, rows, runs, length,
-                  padded_k, accumulate, mr, nr, lanes)
+    args = (np.ascontiguousarray(x).reshape(-1), np.array(g.strides_of(g.s, g.c)),
+            weights.reshape(-1), y.reshape(-1), np.array(g.strides_of(g.p, g.k)), overrun)
+    for first, last in _pieces(g, tiles):
+        _forward_rows(*args, first, last, s, p, g.c, g.k, r, stride, dil, before, rows,
+                      runs, length, padded_k, accumulate, mr, nr, lanes)
     if overrun.any():
         raise IndexError("implicit forward: a product would reach past its arrays")
 
@@ -145,11 +161,14 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     parts = np.empty((slots, g.r[0], g.r[1], runs, padded_length, padded_k), dtype)
     s, r, p, stride, dil, before = g.geometry_args()
     overrun = np.zeros(slots, np.int64)
-    _weight_kernel(mr, tile_shape(dtype)[0])(
-        np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1), parts,
-        overrun, np.array(g.strides_of(g.s, g.c)), np.array(g.strides_of(g.p, g.k)), g.n, s,
-        p, g.c, g.k, r, stride, dil, before, rows, mr, nr, vector_lanes(dtype),
-        _depth(g.p[2], padded_k * x.itemsize))
+    kernel = _weight_kernel(mr, tile_shape(dtype)[0])
+    args = (np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1), parts,
+            overrun, np.array(g.strides_of(g.s, g.c)), np.array(g.strides_of(g.p, g.k)))
+    # Pieces of whole rounds of the slots (a slot per prange job: a round keeps them all
+    # busy); each slot still adds its tiles in tile order, from its first piece to its last.
+    for first, last in _pieces(g, tiles, slots):
+        kernel(*args, first, last, g.n, s, p, g.c, g.k, r, stride, dil, before, rows, mr, nr,
+               vector_lanes(dtype), _depth(g.p[2], padded_k * x.itemsize))
     if overrun.any():
         raise IndexError("implicit weight gradient: a product would reach past its arrays")
     total = np.empty(parts[0].size, dtype)
@@ -220,12 +239,12 @@ def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, wid
 
 
 @parallel_jit
-def _forward_rows(x, xs, weights, y, ys, overrun, n_images, s, p, c, k, r, stride, dil,
-                  before, rows, runs, length, padded_k, accumulate, mr, nr, lanes):
-    """y (=|+=) x * weights, stride 1, one tile of output rows per job (see
-    :func:`forward`); x and y flat with element strides ``xs``, ``ys`` along
-    (N, D, H, W, C). A product that would reach past an array is skipped and flagged."""
-    planes = n_images * p[0]
+def _forward_rows(x, xs, weights, y, ys, overrun, first_tile, last_tile, s, p, c, k, r,
+                  stride, dil, before, rows, runs, length, padded_k, accumulate, mr, nr, lanes):
+    """y (=|+=) x * weights, stride 1, one tile of output rows per job, tiles
+    [first_tile, last_tile) (see :func:`forward`); x and y flat with element strides ``xs``,
+    ``ys`` along (N, D, H, W, C). A product that would reach past an array is skipped and
+    flagged."""
     per_plane = (p[1] + rows - 1) // rows
     width = p[2] + (r[2] - 1) * dil[2]        # padded pixels per row: p[2] windows
     pitch = width * c
@@ -233,7 +252,8 @@ def _forward_rows(x, xs, weights, y, ys, overrun, n_images, s, p, c, k, r, strid
     plane_values = rows_in * pitch
     # Spare values past the padded rows for the last tile's virtual pixels and run.
     size = r[0] * plane_values + (mr + (r[2] - 1) * dil[2]) * c + length
-    for t in prange(planes * per_plane):
+    for job in prange(last_tile - first_tile):
+        t = first_tile + job
         window = np.zeros(size, x.dtype)
         tile = np.empty(mr * nr, y.dtype)
         n, od, o0, o1 = _tile(t, per_plane, rows, p)
@@ -300,12 +320,14 @@ def _weight_kernel(rows: int, default_rows: int):
 
 
 @parallel_jit
-def _weight_partials(x, dy, parts, overrun, xs, ys, n_images, s, p, c, k, r, stride, dil,
-                     before, rows, mr, nr, lanes, depth):
-    """parts[slot] = the sum over the slot's tiles of their windows.T @ dy, as
-    (KD, KH, runs, padded run, padded K). x and dy are flat; ``xs`` and ``ys`` are their
-    element strides along (N, D, H, W, C): channels-last or channels-first. A product that
-    would reach past an array is skipped and flagged in ``overrun[slot]``."""
+def _weight_partials(x, dy, parts, overrun, xs, ys, first_tile, last_tile, n_images, s, p, c,
+                     k, r, stride, dil, before, rows, mr, nr, lanes, depth):
+    """parts[slot] (+)= the sum over the slot's tiles in [first_tile, last_tile) of their
+    windows.T @ dy, as (KD, KH, runs, padded run, padded K): written from tile 0, added to
+    after it (tile t is slot t % slots's, each slot's tiles added in tile order). x and dy
+    are flat; ``xs`` and ``ys`` are their element strides along (N, D, H, W, C):
+    channels-last or channels-first. A product that would reach past an array is skipped
+    and flagged in ``overrun[slot]``."""
     slots, _, _, runs, padded_length, padded_k = parts.shape
     planes = n_images * p[0]
     per_plane = (p[1] + rows - 1) // rows
@@ -317,12 +339,14 @@ def _weight_partials(x, dy, parts, overrun, xs, ys, n_images, s, p, c, k, r, str
     lda = stride[2] * c
     for slot in prange(slots):
         part = parts[slot]
-        part[...] = 0
+        if first_tile == 0:
+            part[...] = 0
         # The padded rows, then padded_length spare values that the last window's padded
         # run reads past them (those columns only reach the discarded rows of part).
         window = np.zeros(r[0] * plane_values + padded_length, x.dtype)
         grads = np.zeros(rows * p[2] * padded_k if copy_dy else 1, x.dtype)
-        for t in range(slot, planes * per_plane, slots):
+        start = first_tile + (slot - first_tile % slots + slots) % slots
+        for t in range(start, min(last_tile, planes * per_plane), slots):
             n, od, o0, o1 = _tile(t, per_plane, rows, p)
             _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, width,
                          rows_in, lanes)
@@ -398,24 +422,26 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     s, r, p, stride, dil, before = g.geometry_args()
     rows = g.n * g.s[0] * g.s[1]
     overrun = np.zeros(rows, np.int64)
-    _strided_rows(dyp.reshape(-1), wt.reshape(-1), dx.reshape(-1), overrun, s, r, p, stride,
-                  dil, before, g.k, g.c, padded_c, pitch, width, left, accumulate, mr, nr)
+    for first, last in _pieces(g, rows):
+        _strided_rows(dyp.reshape(-1), wt.reshape(-1), dx.reshape(-1), overrun, first, last, s,
+                      r, p, stride, dil, before, g.k, g.c, padded_c, pitch, width, left,
+                      accumulate, mr, nr)
     if overrun.any():
         raise IndexError("implicit data gradient: a product would reach past its arrays")
 
 
 @parallel_jit
-def _strided_rows(dyp, wt, dx, overrun, s, r, p, stride, dil, before, k, c, padded_c, pitch,
-                  width, left, accumulate, mr, nr):
-    """One dx row (n, z, y) a job (see :func:`strided_data_gradient`); dyp (N * P0 * P1,
-    width, K), wt (taps, K, pitch), dx (N, S0, S1, S2, C), all flat. For each phase and block
-    of NR channels, tap after tap over the row's runs of MR pixels (the tap's weight panel
-    stays in L1 through the row); runs that end past the row or channels past C go
-    through scratch tiles, one per run."""
-    rows = overrun.size
+def _strided_rows(dyp, wt, dx, overrun, first_row, last_row, s, r, p, stride, dil, before, k,
+                  c, padded_c, pitch, width, left, accumulate, mr, nr):
+    """One dx row (n, z, y) a job, rows [first_row, last_row) of the N * S0 * S1 (see
+    :func:`strided_data_gradient`); dyp (N * P0 * P1, width, K), wt (taps, K, pitch), dx
+    (N, S0, S1, S2, C), all flat. For each phase and block of NR channels, tap after tap
+    over the row's runs of MR pixels (the tap's weight panel stays in L1 through the row);
+    runs that end past the row or channels past C go through scratch tiles, one per run."""
     row_values = s[2] * c
     widest = (s[2] + stride[2] - 1) // stride[2]
-    for t in prange(rows):
+    for job in prange(last_row - first_row):
+        t = first_row + job
         tiles = np.empty(((widest + mr - 1) // mr) * mr * nr, dx.dtype)
         y = t % s[1]
         z = (t // s[1]) % s[0]

@@ -410,6 +410,27 @@ def fixed_ranges(size: int, parts: int) -> list:
     return [(start, min(size, start + step)) for start in range(0, size, step)]
 
 
+def interruptible_ranges(size: int, work: float, piece_work: float, multiple: int = 0) -> list:
+    """[(start, stop), ...]: [0, size) cut into ranges of about ``piece_work`` each, where
+    the whole is ``work``; one range, today's single parallel region, when the whole is no
+    more. The algorithms that launch their parallel kernels from the calling thread run one
+    region per range, so that Ctrl-C (which Python sees only between regions) ends a long
+    call within about one range's time.
+
+    Each range but the last holds a multiple of ``multiple`` units, by default of Numba's
+    thread count, so that no thread of a region idles for want of a job: where one job is
+    more than ``piece_work``, a range is one job per thread. The ranges only group jobs
+    into regions, and every job computes the same in any region: no result depends on them,
+    bit for bit (tests/test_reliability.py splits calls into the smallest pieces).
+    """
+    multiple = multiple or numba.get_num_threads()
+    count = min(-(-size // multiple), math.ceil(work / piece_work))
+    if count <= 1:
+        return [(0, size)]
+    step = -(-(-(-size // count)) // multiple) * multiple
+    return [(start, min(size, start + step)) for start in range(0, size, step)]
+
+
 def serial(kernel):
     """The one-thread compilation of a parallel kernel (made once, on first use): for the
     tile workers under Numba's workqueue threading layer (which cannot launch parallel
