@@ -146,6 +146,7 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     def slot(first, pick):
         total = product(tiles[first], pick, None)
         for tile in tiles[first + slots::slots]:
+            _tiles.stop_if_interrupted()
             if in_place:
                 product(tile, pick, total)
             else:

@@ -462,7 +462,8 @@ def run_tiles(work, jobs: list) -> list:
     330 GFLOP/s on two), 7 ms shared out. Jobs must write disjoint outputs. Called from a
     tile worker (a job that shares out work of its own), the jobs run there, in order: a
     worker waiting on the pool could wait for itself. Ctrl-C ends the call after the tiles
-    that are running (the outputs are then partly written).
+    that are running (the outputs are then partly written); a job that runs many tiles
+    itself (a weight gradient's slot) stops at the next :func:`stop_if_interrupted`.
     """
     if in_tile_worker():
         pick = _worker_pick()
@@ -472,20 +473,47 @@ def run_tiles(work, jobs: list) -> list:
         with packing_threads():
             return [work(job, _same) for job in jobs]
     pick = _worker_pick()
+    interrupted = threading.Event()
     with blas_single_threaded():
-        futures = [_pool(workers).submit(work, job, pick) for job in jobs]
+        futures = [_pool(workers).submit(_job, work, job, pick, interrupted) for job in jobs]
         try:
             wait(futures)
         except BaseException:
             # Ctrl-C (KeyboardInterrupt arrives in this thread, in wait): drop the queued
             # tiles, which the pool would otherwise run to the end, even at interpreter
-            # exit; the running ones (one per worker) end first, so that no tile writes
-            # after the call has returned.
+            # exit, and stop the running jobs that run many tiles at their next one; the
+            # running ones (one per worker) end first, so that no tile writes after the
+            # call has returned.
+            interrupted.set()
             for future in futures:
                 future.cancel()
             wait(futures)
             raise
     return [future.result() for future in futures]
+
+
+class _Interrupted(Exception):
+    """Raised in a tile worker whose call was interrupted (never seen by the caller, who
+    gets the KeyboardInterrupt)."""
+
+
+def _job(work, job, pick, interrupted):
+    """``work(job, pick)`` on a tile worker, with the call's ``interrupted`` event at hand
+    for :func:`stop_if_interrupted`."""
+    _local.interrupted = interrupted
+    try:
+        return work(job, pick)
+    finally:
+        _local.interrupted = None
+
+
+def stop_if_interrupted() -> None:
+    """In a tile worker's job that runs many tiles (a weight gradient's slot): end it now
+    if its call was interrupted (Ctrl-C in the calling thread). On the calling thread the
+    signal's KeyboardInterrupt comes by itself between two tiles."""
+    interrupted = getattr(_local, "interrupted", None)
+    if interrupted is not None and interrupted.is_set():
+        raise _Interrupted
 
 
 def workspace(shape: tuple, dtype, slot: str = "packed") -> np.ndarray:

@@ -607,6 +607,7 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
     def slot(first, pick):
         part = job(jobs[first], pick, np.empty(shape, x.dtype))
         for span in jobs[first + slots::slots]:
+            _tiles.stop_if_interrupted()
             # A reused buffer (a fresh array per job costs page faults), then the sum.
             part += job(span, pick, _tiles.workspace(shape, x.dtype, "product"))
         return part
