@@ -1,5 +1,7 @@
 """Work run in child processes by test_reliability (importable by spawn/forkserver children)."""
 
+import time
+
 import numpy as np
 
 import numbaconv as nc
@@ -63,3 +65,59 @@ def send_workload(conn) -> None:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()
+
+
+#: Calls of several seconds on two threads, for the Ctrl-C test: op, algorithm, x shape
+#: (channels-first), w shape, groups, padding, layout. Each runs as many parallel regions:
+#: tiles among the tile workers (the weight gradient's partial sums each run many), or
+#: pieces of the algorithms that launch their kernels from the calling thread.
+LONG_CALLS = {
+    "im2col forward": ("conv", "im2col", (32, 128, 56, 56), (256, 128, 7, 7), 1, 3,
+                       "channels_first"),
+    "im2col weight gradient": ("conv_backward_weight", "im2col", (32, 128, 56, 56),
+                               (256, 128, 7, 7), 1, 3, "channels_first"),
+    "implicit forward": ("conv", "implicit", (32, 256, 56, 56), (256, 256, 3, 3), 1, 1,
+                         "channels_last"),
+    "implicit weight gradient": ("conv_backward_weight", "implicit", (32, 256, 56, 56),
+                                 (256, 256, 3, 3), 1, 1, "channels_last"),
+    "direct forward": ("conv", "direct", (48, 256, 32, 32), (256, 16, 15, 15), 16, 7,
+                       "channels_last"),
+    "direct weight gradient": ("conv_backward_weight", "direct", (48, 256, 32, 32),
+                               (256, 16, 15, 15), 16, 7, "channels_first"),
+}
+
+
+def long_call(name: str, small: bool = False) -> tuple:
+    """(op, problem, operands, algorithm) of LONG_CALLS[name], or with ``small`` the same
+    layer on one 16x16 image (its kernels, compiled for the same types)."""
+    op, algorithm, x_shape, w_shape, groups, padding, layout = LONG_CALLS[name]
+    if small:
+        x_shape = (1, x_shape[1], 16, 16)
+    if layout == "channels_last":
+        x_shape = (x_shape[0],) + x_shape[2:] + (x_shape[1],)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    kw = dict(padding=padding, groups=groups, layout=layout)
+    forward = pb.conv_problem(x, w, None, **kw)
+    if op == "conv":
+        return op, forward, (x, w, None), algorithm
+    dy = rng.standard_normal(forward.y_shape, dtype=np.float32)
+    return op, pb.conv_backward_weight_problem(x, dy, w_shape, **kw), (x, dy), algorithm
+
+
+def interrupted_call(name: str) -> None:
+    """A child's main for the Ctrl-C test: the long call ``name`` after a small one (which
+    loads its kernels); "start" before it, then "interrupted" when Ctrl-C's
+    KeyboardInterrupt ended it, or "done" and its seconds when it finished first."""
+    cpu = dispatch.get_backend("cpu")
+    op, problem, operands, algorithm = long_call(name, small=True)
+    cpu.run(op, problem, operands, None, algorithm)
+    op, problem, operands, algorithm = long_call(name)
+    print("start", flush=True)
+    start = time.monotonic()
+    try:
+        cpu.run(op, problem, operands, None, algorithm)
+        print("done", f"{time.monotonic() - start:.1f}", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
