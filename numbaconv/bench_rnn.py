@@ -13,38 +13,13 @@ import math
 import subprocess
 import sys
 import tracemalloc
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
+from .bench_cases import RNNCase
 from .bench_timing import geometric_mean, time_call
-
-
-@dataclass(frozen=True)
-class RNNCase:
-    """One benchmark shape: a network (mode, sizes, layers, directions) and T, N."""
-
-    name: str
-    mode: str
-    seq_len: int
-    batch: int
-    input_size: int
-    hidden_size: int
-    num_layers: int = 1
-    bidirectional: bool = False
-    proj_size: int = 0
-
-    def config(self):
-        from .problem import RNNConfig
-        return RNNConfig(self.mode, self.input_size, self.hidden_size,
-                         num_layers=self.num_layers, bidirectional=self.bidirectional,
-                         proj_size=self.proj_size)
-
-    def flops(self) -> int:
-        """Matrix-product flops of a training step: 3x the forward's."""
-        from .problem import RNNProblem
-        return 3 * RNNProblem("rnn_forward", self.config(), self.seq_len, self.batch).flops
+from .bench_torch import torch_rnn_module
 
 
 #: The shapes of the RNN speed target (issue: LSTM/GRU/RNN training at PyTorch's speed).
@@ -95,16 +70,7 @@ class TrainingStep:
 def torch_training_step(case: RNNCase, torch, dtype: str = "float32", seed: int = 0):
     """PyTorch's forward plus autograd backward of the same network and gradients."""
     torch.manual_seed(seed)
-    kwargs = dict(num_layers=case.num_layers, bidirectional=case.bidirectional)
-    if case.mode == "lstm":
-        module = torch.nn.LSTM(case.input_size, case.hidden_size, proj_size=case.proj_size,
-                               **kwargs)
-    elif case.mode == "gru":
-        module = torch.nn.GRU(case.input_size, case.hidden_size, **kwargs)
-    else:
-        module = torch.nn.RNN(case.input_size, case.hidden_size,
-                              nonlinearity=case.mode[4:], **kwargs)
-    module = module.to(getattr(torch, dtype)).train()
+    module = torch_rnn_module(case, torch, dtype)
     out_size = case.proj_size or case.hidden_size
     d = 2 if case.bidirectional else 1
     x = torch.randn(case.seq_len, case.batch, case.input_size, dtype=getattr(torch, dtype),

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .bench_cases import Call
+import numpy as np
+
+from .bench_cases import Call, RNNCase
 
 
 def import_torch():
@@ -71,3 +73,57 @@ def torch_callable(call: Call, torch) -> Optional[Callable[[], object]]:
         mask = [False, True, False]
     args = (dy, x, w, None, stride, padding, dilation, False, [0] * nd, p.groups, mask)
     return lambda: torch.ops.aten.convolution_backward(*args)
+
+
+# --- recurrent networks ----------------------------------------------------------------------
+
+def torch_rnn_module(case: RNNCase, torch, dtype: str = "float32"):
+    """``torch.nn.LSTM``/``GRU``/``RNN`` of the network ``case`` describes (PyTorch's own
+    initial weights; :func:`load_rnn_params` replaces them), in ``dtype``, training mode.
+    Time-major (``batch_first=False``), as numbaconv's cases are."""
+    kwargs = dict(num_layers=case.num_layers, bidirectional=case.bidirectional)
+    if case.mode == "lstm":
+        module = torch.nn.LSTM(case.input_size, case.hidden_size, proj_size=case.proj_size,
+                               **kwargs)
+    elif case.mode == "gru":
+        module = torch.nn.GRU(case.input_size, case.hidden_size, **kwargs)
+    else:
+        module = torch.nn.RNN(case.input_size, case.hidden_size,
+                              nonlinearity=case.mode[4:], **kwargs)
+    return module.to(getattr(torch, dtype)).train()
+
+
+def rnn_parameter_names(module, config) -> list:
+    """The names of ``module``'s weights in the order of numbaconv's flat parameter vector
+    (``numbaconv.rnn_param_views``, whose names are PyTorch's); ValueError if the two do not
+    hold the same weights of the same shapes."""
+    from .rnn import rnn_param_views
+    views = rnn_param_views(config, np.zeros(config.num_params, np.float32))
+    ours = {name: tuple(v.shape) for name, v in views.items()}
+    theirs = {name: tuple(getattr(module, name).shape) for name in module._flat_weights_names}
+    if ours != theirs:
+        raise ValueError(f"numbaconv's parameters {ours} are not PyTorch's {theirs}")
+    return list(views)
+
+
+def load_rnn_params(module, config, flat) -> None:
+    """Copy numbaconv's flat parameter vector ``flat`` (a NumPy array) into ``module``'s
+    weights, wherever they live, through ``numbaconv.rnn_param_views``."""
+    import torch
+
+    from .rnn import rnn_param_views
+    rnn_parameter_names(module, config)
+    with torch.no_grad():
+        for name, view in rnn_param_views(config, flat).items():
+            weight = getattr(module, name)
+            weight.copy_(torch.from_numpy(np.ascontiguousarray(view)).to(weight.device))
+    if hasattr(module, "flatten_parameters"):
+        module.flatten_parameters()  # cuDNN's single weight buffer (a no-op on the CPU)
+
+
+def rnn_flat_gradients(module, config):
+    """``module``'s weight gradients concatenated in the order of numbaconv's flat parameter
+    vector: the tensor to compare with ``rnn_backward_weights``'s result."""
+    import torch
+    return torch.cat([getattr(module, name).grad.reshape(-1)
+                      for name in rnn_parameter_names(module, config)])
