@@ -553,7 +553,7 @@ class GpuRow:
 def run_rows(cases: Sequence[GpuCase], *, sim: bool, ops: Sequence[str] = OPS,
              layouts: Sequence[str] = LAYOUTS, tolerance: float = DEFAULT_TOLERANCE,
              timer: Optional[Timer] = None, tf32: bool = True,
-             time_limit: Optional[float] = None,
+             time_limit: Optional[float] = None, started: Optional[float] = None,
              ours: Callable[[str, Operands], object] = numbaconv_call,
              report: Optional[Callable[[GpuRow], None]] = None,
              progress: Optional[Callable[[str], None]] = None) -> list:
@@ -572,7 +572,10 @@ def run_rows(cases: Sequence[GpuCase], *, sim: bool, ops: Sequence[str] = OPS,
     tf32 : bool
         Also time PyTorch with TF32 allowed.
     time_limit : float, optional
-        Seconds after the start past which no row starts: the rest are ``"skipped"``.
+        Seconds after ``started`` past which no row starts: the rest are ``"skipped"``.
+    started : float, optional
+        ``time.perf_counter()`` when the run began (default: now), so that one time limit
+        covers this call and :func:`run_rnn_rows` after it.
     ours : callable, optional
         ``ours(op, operands)`` runs the implementation under test and returns its result, a
         device array of the physical shape; default :func:`numbaconv_call`. Tests hand in a
@@ -591,7 +594,7 @@ def run_rows(cases: Sequence[GpuCase], *, sim: bool, ops: Sequence[str] = OPS,
     import numbaconv
 
     timer = timer if timer is not None else Timer(sim=sim)
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     total = len(cases) * len(layouts) * len(ops)
     rows = []
 
@@ -811,6 +814,7 @@ def product_path() -> str:
 def run_rnn_rows(cases: Sequence[RNNCase], *, sim: bool,
                  tolerance: float = DEFAULT_RNN_TOLERANCE, timer: Optional[Timer] = None,
                  tf32: bool = True, time_limit: Optional[float] = None,
+                 started: Optional[float] = None,
                  ours: Callable[[RNNOperands], dict] = numbaconv_rnn_step,
                  report: Optional[Callable[[GpuRow], None]] = None,
                  progress: Optional[Callable[[str], None]] = None) -> list:
@@ -831,7 +835,7 @@ def run_rnn_rows(cases: Sequence[RNNCase], *, sim: bool,
     import numbaconv
 
     timer = timer if timer is not None else Timer(sim=sim)
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     rows = []
 
     def say(text):
