@@ -1,6 +1,8 @@
 """PyTorch called directly, the comparison column of the benchmark table: the same computation
 as a :class:`numbaconv.bench_cases.Call` through ``torch.nn.functional`` and
-``torch.ops.aten.convolution_backward``. PyTorch is optional."""
+``torch.ops.aten.convolution_backward``; and, for the recurrent benchmarks (CPU and GPU),
+the ``torch.nn`` module of a :class:`numbaconv.bench_cases.RNNCase` with numbaconv's weights
+loaded and its gradients read back in numbaconv's flat order. PyTorch is optional."""
 
 from __future__ import annotations
 

@@ -379,8 +379,8 @@ def _bench_cuda(args) -> int:
                f"{reps} runs within {budget:g} s"
                + (f", {bench_cuda.FLUSH_BYTES >> 20} MiB written between runs (L2 flush)"
                   if flush else ", no L2 flush between runs"))
-    _print(f"checked first against PyTorch in IEEE float32 (TF32 off): relative error (max "
-           f"abs error / max abs reference) <= "
+    _print("checked first against PyTorch in IEEE float32 (TF32 off): relative error (max "
+           "abs error / max abs reference) <= "
            + (f"{tolerance:g}" if not rnn_cases else f"{rnn_tolerance:g}" if not cases
               else f"{tolerance:g} (conv), {rnn_tolerance:g} (rnn)")
            + ", else the row fails and is not timed; 'ieee/ours' and 'tf32/ours' are "

@@ -135,8 +135,8 @@ def test_sim_rnn_rows_check_and_time_a_training_step(tmp_path):
     check runs in the test below; the simulator takes about 5 s per step)."""
     out = tmp_path / "rnn.json"
     proc = subprocess.run([sys.executable, "-m", "numbaconv", "bench", "--device", "cuda",
-                           "--sim", "--suite", "rnn", "--quick", "--json", str(out)], cwd=ROOT, env=SIM_ENV, capture_output=True,
-                          text=True, timeout=300)
+                           "--sim", "--suite", "rnn", "--quick", "--json", str(out)],
+                          cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rnn_training_step: rnn_forward(training=True" in proc.stdout
     assert "recurrent products (numbaconv's cuda backend): the Numba gemm kernel" in \
