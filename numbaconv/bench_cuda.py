@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from .bench_cases import RNNCase
+from .bench_torch import RNN_STEP_RESULTS, RNN_TOLERANCE, worst_error
 from .problem import _physical
 
 #: The ops timed: the forward convolution and its data and weight gradients.
@@ -78,12 +79,8 @@ LAYOUTS = ("channels_first", "channels_last")
 DEFAULT_TOLERANCE = 2e-4
 
 #: Default bound of the recurrent rows' relative error, compared on y, dx and the weight
-#: gradients. Two float32 implementations of the same training step differ by about 1e-6
-#: relative to the largest value on the T=50 cases (measured on the CPU, numbaconv's cpu
-#: backend against PyTorch: at most 2e-6, the weight gradients, which sum T*N = 3200 terms;
-#: PyTorch float32 against float64 alike), so this leaves a margin of 250 for cuDNN's and
-#: cuBLAS's other summation orders, while a wrong gate, step or index is off by 1e-2 to 1.
-DEFAULT_RNN_TOLERANCE = 5e-4
+#: gradients: the CPU suite's (numbaconv.bench_torch.RNN_TOLERANCE, which says why 5e-4).
+DEFAULT_RNN_TOLERANCE = RNN_TOLERANCE
 
 DEFAULT_WARMUP = 3
 DEFAULT_REPS = 25
@@ -416,15 +413,13 @@ def relative_error(ours, reference, *, sim: bool) -> float:
     by PyTorch on a GPU), ``reference`` a tensor of the same physical shape.
     """
     import torch
+
+    from .bench_torch import relative_error as tensor_relative_error
     if sim:
         got = torch.from_numpy(ours.copy_to_host())
     else:
         got = torch.as_tensor(ours, device=reference.device)
-    if tuple(got.shape) != tuple(reference.shape):
-        return math.inf
-    got, reference = got.double(), reference.double()
-    scale = reference.abs().max().item()
-    return (got - reference).abs().max().item() / (scale if scale > 0 else 1.0)
+    return tensor_relative_error(got, reference)
 
 
 # --- timing --------------------------------------------------------------------------------
@@ -768,24 +763,19 @@ def numbaconv_rnn_step(operands: RNNOperands) -> dict:
 
 
 def torch_rnn_step(operands: RNNOperands):
-    """PyTorch's training step on ``operands``: the module's forward (cuDNN keeps its
-    reserve for the backward) and autograd's backward from dy into x's and the weights'
-    gradients, which are dropped first (``set_to_none``: no accumulation kernel). Returns
-    y."""
-    operands.module.zero_grad(set_to_none=True)
-    operands.x.grad = None
-    y = operands.module(operands.x)[0]
-    y.backward(operands.dy)
-    return y
+    """PyTorch's training step on ``operands``
+    (:func:`numbaconv.bench_torch.torch_rnn_training_step`: forward, cuDNN keeping its
+    reserve for the backward, and autograd's backward into fresh gradients). Returns y."""
+    from .bench_torch import torch_rnn_training_step
+    return torch_rnn_training_step(operands.module, operands.x, operands.dy)
 
 
 def torch_rnn_results(operands: RNNOperands) -> dict:
     """PyTorch's ``{"y", "dx", "dparams"}`` (the weight gradients in numbaconv's flat
     order), the reference of the check."""
-    from .bench_torch import rnn_flat_gradients
-    y = torch_rnn_step(operands).detach()
-    return dict(y=y, dx=operands.x.grad,
-                dparams=rnn_flat_gradients(operands.module, operands.config))
+    from . import bench_torch
+    return bench_torch.torch_rnn_results(operands.module, operands.config, operands.x,
+                                         operands.dy)
 
 
 def explain_rnn(operands: RNNOperands) -> str:
@@ -889,9 +879,8 @@ def _check_and_time_rnn(row: GpuRow, operands: RNNOperands, *, sim, timer, tf32,
             torch.cuda.synchronize()
         row.algorithm += f"; products: {product_path()}"
         row.errors = {name: relative_error(got[name], reference[name], sim=sim)
-                      for name in reference}
-        worst = max(row.errors, key=lambda name: (
-            not row.errors[name] <= row.tolerance, row.errors[name]))  # NaN first
+                      for name in RNN_STEP_RESULTS}
+        worst = worst_error(row.errors, row.tolerance)
         row.rel_err = row.errors[worst]
         del got, reference
         if not row.rel_err <= row.tolerance:  # NaN fails too

@@ -41,31 +41,50 @@ def _bench_rnn(args, bench, names) -> int:
     from numbaconv import bench_rnn
 
     threads = args.threads or numba.config.NUMBA_NUM_THREADS
-    torch = not args.no_torch and bench.import_torch() is not None
+    torch_module = None if args.no_torch else bench.import_torch()
+    torch = torch_module is not None
     env = bench.environment()
     _print(f"numbaconv {env['numbaconv']} bench --suite rnn: NumPy {env['numpy']}, Numba "
            f"{env['numba']}, {threads} thread(s) for Numba, BLAS and PyTorch; {args.dtype}")
     _print_blas_and_environment(bench, env, threadpools=False)
     cases = bench_rnn.QUICK_RNN_SHAPES if args.quick else bench_rnn.RNN_SHAPES
     repeat = args.repeat or (3 if args.quick else 7)
+    tolerance = bench_rnn.RNN_TOLERANCE
     _print(f"training step = rnn_forward(training=True, reserve=preallocated) + "
            f"rnn_backward_data + rnn_backward_weights(out=); PyTorch: forward + backward; "
            f"median of {repeat}, each engine in a fresh process")
+    if torch:
+        _print(f"checked first against PyTorch {torch_module.__version__} (same weights, x "
+               f"and dy; {args.dtype}, in a process of its own): relative error (max |ours - "
+               f"torch| / max |torch|) of y, dx and the weight gradients at most "
+               f"{tolerance:g}, else the case fails for that backend and is not timed")
+    else:
+        _print("check against PyTorch: skipped ("
+               + ("--no-torch" if args.no_torch else "PyTorch is not installed")
+               + "): the times below are of unchecked results")
     progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     try:
         rows = bench_rnn.run_rnn_benchmarks(
             cases, backends=names, repeat=repeat, torch=torch, dtype=args.dtype,
-            threads=threads, progress=lambda what: progress.update(0, 0, what))
+            threads=threads, tolerance=tolerance,
+            progress=lambda what: progress.update(0, 0, what))
     finally:
         progress.clear()
     _print(bench_rnn.format_rnn_table(rows, names))
+    failed = bench_rnn.failed_checks(rows, names)
     if args.json:
         record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), suite="rnn",
                       quick=args.quick, repeat=repeat, threads=threads, dtype=args.dtype,
+                      check=dict(against=f"pytorch {torch_module.__version__}",
+                                 tolerance=tolerance, failed=len(failed)) if torch else None,
                       environment=env, rows=rows)
         with open(args.json, "w") as fh:
             json.dump(record, fh, indent=1, default=str)
         _print(f"results written to {args.json}")
+    if failed:
+        _print(f"{len(failed)} check(s) against PyTorch failed: "
+               + "; ".join(f"{case} on {name}" for case, name, _ in failed))
+        return 1
     return 0
 
 
