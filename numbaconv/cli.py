@@ -466,7 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "RNN/LSTM/GRU training step (training forward, backward data, "
                         "backward weights with a preallocated reserve) against PyTorch's "
                         "forward plus autograd backward, each engine in its own process, "
-                        "with the bytes one steady step allocates; honours --quick, --repeat, "
+                        "with the bytes one steady step allocates, each case checked "
+                        "first against PyTorch (y, dx, weight gradients; a FAIL is not "
+                        "timed, exit 1); honours --quick, --repeat, "
                         "--backend, --dtype, --threads, --no-torch, --json. With --device "
                         "cuda, which runs both (the conv rows, then the recurrent rows): only "
                         "that one")
@@ -499,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "--first-call)")
     p.add_argument("--threads", type=_positive_int, metavar="N",
                    help="threads for Numba, BLAS and PyTorch (default NUMBA_NUM_THREADS)")
-    p.add_argument("--no-torch", action="store_true", help="do not time PyTorch")
+    p.add_argument("--no-torch", action="store_true", help="do not time PyTorch (nor, with --suite rnn, check against it)")
     p.add_argument("--settle", type=float, default=_default_settle(), metavar="SECONDS",
                    help="pause between engines so idle thread pools stop spinning "
                         "(default %(default)s)")
