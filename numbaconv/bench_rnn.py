@@ -163,10 +163,11 @@ def check_case(case: RNNCase, backends: Sequence[str] = ("cpu",), *,
     if threads:
         import numba
         numba.set_num_threads(threads)
+    step = TrainingStep(case, dtype=dtype)  # the arrays measure() times; one backend at a time
     ours = {}
     for name in backends:
+        step.backend = name
         try:
-            step = TrainingStep(case, name, dtype)
             ours[name] = {k: np.array(v, copy=True) for k, v in step().items()}
         except Exception as exc:  # report the broken backend, check the others
             ours[name] = f"{type(exc).__name__}: {exc}"
@@ -175,7 +176,6 @@ def check_case(case: RNNCase, backends: Sequence[str] = ("cpu",), *,
         raise RuntimeError("the check against PyTorch needs PyTorch")
     if threads:
         torch.set_num_threads(threads)
-    step = TrainingStep(case, dtype=dtype)  # the same arrays again, not run
     module = torch_rnn_module(case, torch, dtype)
     bench_torch.load_rnn_params(module, step.cfg, step.params)
     reference = bench_torch.torch_rnn_results(

@@ -501,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--first-call)")
     p.add_argument("--threads", type=_positive_int, metavar="N",
                    help="threads for Numba, BLAS and PyTorch (default NUMBA_NUM_THREADS)")
-    p.add_argument("--no-torch", action="store_true", help="do not time PyTorch (nor, with --suite rnn, check against it)")
+    p.add_argument("--no-torch", action="store_true",
+                   help="do not time PyTorch (nor, with --suite rnn, check against it)")
     p.add_argument("--settle", type=float, default=_default_settle(), metavar="SECONDS",
                    help="pause between engines so idle thread pools stop spinning "
                         "(default %(default)s)")
