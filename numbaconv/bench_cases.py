@@ -105,7 +105,37 @@ QUICK_SHAPES = (
               group="conv3d"),
 )
 
-# The RNN training-step shapes live in numbaconv.bench_rnn (RNN_SHAPES, QUICK_RNN_SHAPES).
+
+@dataclass(frozen=True)
+class RNNCase:
+    """One recurrent benchmark shape: a network (mode, sizes, layers, directions) and T, N.
+
+    Shared by the CPU suite (:mod:`numbaconv.bench_rnn`: ``RNN_SHAPES``, ``QUICK_RNN_SHAPES``)
+    and the GPU benchmark (:mod:`numbaconv.bench_cuda`: ``RNN_CASES``, ``SIM_RNN_CASES``).
+    """
+
+    name: str
+    mode: str
+    seq_len: int
+    batch: int
+    input_size: int
+    hidden_size: int
+    num_layers: int = 1
+    bidirectional: bool = False
+    proj_size: int = 0
+
+    def config(self):
+        """The :class:`numbaconv.RNNConfig` of the network."""
+        from .problem import RNNConfig
+        return RNNConfig(self.mode, self.input_size, self.hidden_size,
+                         num_layers=self.num_layers, bidirectional=self.bidirectional,
+                         proj_size=self.proj_size)
+
+    def flops(self) -> int:
+        """Matrix-product flops of a training step: 3x the forward's."""
+        from .problem import RNNProblem
+        return 3 * RNNProblem("rnn_forward", self.config(), self.seq_len, self.batch).flops
+
 
 #: The problem whose public call is timed against the backend's ``run`` to measure what
 #: validation and dispatch add: small enough that the arithmetic is negligible.

@@ -17,10 +17,17 @@ depthwise 3x3, all N=32), each op of :data:`OPS` and each layout:
    everything the op does on the GPU timeline, including gaps while Python launches
    kernels.
 
+Then, for each recurrent network of :data:`RNN_CASES` (an LSTM and a GRU at T=50, N=64,
+I=H=512, a 2-layer bidirectional LSTM), one training step (:data:`RNN_OP`:
+``rnn_forward(training=True)`` into a preallocated reserve, ``rnn_backward_data``,
+``rnn_backward_weights(out=)``) is checked the same way against ``torch.nn.LSTM``/``GRU``
+holding the same weights (y, dx and the weight gradients) and timed the same way against
+PyTorch's forward and autograd backward (cuDNN): :func:`run_rnn_rows`.
+
 Under Numba's CUDA simulator (``sim``), the same path runs on :data:`SIM_CASES` (the same
-kinds of layer, a few channels at 5x5 to 7x7), with PyTorch on the CPU as the oracle and one
-wall-clock call per "timing", which only proves that the path runs: sim timings mean
-nothing.
+kinds of layer, a few channels at 5x5 to 7x7) and :data:`SIM_RNN_CASES` (T=3, N=2, I=4,
+H=5), with PyTorch on the CPU as the oracle and one wall-clock call per "timing", which
+only proves that the path runs: sim timings mean nothing.
 
 This module imports only NumPy, Numba, PyTorch and numbaconv, and those lazily: importing it
 touches no GPU. It uses numbaconv's public API only, never the kernels' internals.
@@ -49,10 +56,20 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from .bench_cases import RNNCase
+from .bench_torch import RNN_STEP_RESULTS, RNN_TOLERANCE, worst_error
 from .problem import _physical
 
 #: The ops timed: the forward convolution and its data and weight gradients.
 OPS = ("conv", "conv_backward_data", "conv_backward_weight")
+
+#: The op of a recurrent row: one training step, rnn_forward(training=True) into a
+#: preallocated reserve, rnn_backward_data, rnn_backward_weights(out=), as the CPU suite
+#: (numbaconv.bench_rnn) times it; PyTorch's forward and autograd backward against it.
+RNN_OP = "rnn_training_step"
+
+#: The layout column of a recurrent row: sequences are (T, N, features).
+RNN_LAYOUT = "time_major"
 
 LAYOUTS = ("channels_first", "channels_last")
 
@@ -60,6 +77,10 @@ LAYOUTS = ("channels_first", "channels_last")
 #: in float32; different summation orders differ by about 1e-6 relative to the largest
 #: output, so a real indexing bug stands out by orders of magnitude.
 DEFAULT_TOLERANCE = 2e-4
+
+#: Default bound of the recurrent rows' relative error, compared on y, dx and the weight
+#: gradients: the CPU suite's (numbaconv.bench_torch.RNN_TOLERANCE, which says why 5e-4).
+DEFAULT_RNN_TOLERANCE = RNN_TOLERANCE
 
 DEFAULT_WARMUP = 3
 DEFAULT_REPS = 25
@@ -168,6 +189,34 @@ SIM_CASES = (
 )
 
 
+#: The recurrent networks timed on a GPU, one training step each (:data:`RNN_OP`): the LSTM
+#: and GRU of the CPU suite's target (numbaconv.bench_rnn.RNN_SHAPES, T=50, N=64,
+#: I=H=512), and a 2-layer bidirectional LSTM at the size of that suite's bidirectional case.
+RNN_CASES = (
+    RNNCase("lstm_T50_N64_512", "lstm", 50, 64, 512, 512),
+    RNNCase("gru_T50_N64_512", "gru", 50, 64, 512, 512),
+    RNNCase("lstm_bi_L2_T50_N32_256", "lstm", 50, 32, 256, 256, num_layers=2,
+            bidirectional=True),
+)
+
+#: Their twins for the simulator: the same networks at T=3, N=2, I=4, H=5 (a training step
+#: of each takes a few seconds there).
+SIM_RNN_CASES = (
+    RNNCase("lstm_T3_N2_4_5", "lstm", 3, 2, 4, 5),
+    RNNCase("gru_T3_N2_4_5", "gru", 3, 2, 4, 5),
+    RNNCase("lstm_bi_L2_T3_N2_4_5", "lstm", 3, 2, 4, 5, num_layers=2, bidirectional=True),
+)
+
+
+def _matching(cases: tuple, patterns: Sequence[str]) -> tuple:
+    """``cases`` whose name contains one of ``patterns`` (each may hold several,
+    comma-separated), or all of them when none is given."""
+    wanted = [p.strip() for text in patterns for p in text.split(",") if p.strip()]
+    if wanted:
+        cases = tuple(c for c in cases if any(p in c.name for p in wanted))
+    return cases
+
+
 def select_cases(*, sim: bool = False, quick: bool = False,
                  patterns: Sequence[str] = ()) -> tuple:
     """The cases to run: :data:`SIM_CASES` or :data:`CASES`, only the quick ones with
@@ -176,10 +225,16 @@ def select_cases(*, sim: bool = False, quick: bool = False,
     cases = SIM_CASES if sim else CASES
     if quick:
         cases = tuple(c for c in cases if c.quick)
-    wanted = [p.strip() for text in patterns for p in text.split(",") if p.strip()]
-    if wanted:
-        cases = tuple(c for c in cases if any(p in c.name for p in wanted))
-    return cases
+    return _matching(cases, patterns)
+
+
+def select_rnn_cases(*, sim: bool = False, quick: bool = False,
+                     patterns: Sequence[str] = ()) -> tuple:
+    """The recurrent cases to run: :data:`SIM_RNN_CASES` or :data:`RNN_CASES`, only the first
+    (the LSTM of the target) with ``quick``, filtered by ``patterns`` as in
+    :func:`select_cases`."""
+    cases = SIM_RNN_CASES if sim else RNN_CASES
+    return _matching(cases[:1] if quick else cases, patterns)
 
 
 # --- the simulator -------------------------------------------------------------------------
@@ -358,15 +413,13 @@ def relative_error(ours, reference, *, sim: bool) -> float:
     by PyTorch on a GPU), ``reference`` a tensor of the same physical shape.
     """
     import torch
+
+    from .bench_torch import relative_error as tensor_relative_error
     if sim:
         got = torch.from_numpy(ours.copy_to_host())
     else:
         got = torch.as_tensor(ours, device=reference.device)
-    if tuple(got.shape) != tuple(reference.shape):
-        return math.inf
-    got, reference = got.double(), reference.double()
-    scale = reference.abs().max().item()
-    return (got - reference).abs().max().item() / (scale if scale > 0 else 1.0)
+    return tensor_relative_error(got, reference)
 
 
 # --- timing --------------------------------------------------------------------------------
@@ -449,6 +502,9 @@ class GpuRow:
     torch_ieee_ms: Optional[float] = None
     torch_tf32_ms: Optional[float] = None
     timings: dict = dataclasses.field(default_factory=dict)
+    #: Recurrent rows: the relative error of each result compared (y, dx, dparams);
+    #: ``rel_err`` is the largest.
+    errors: dict = dataclasses.field(default_factory=dict)
 
     def _tflops(self, ms):
         return None if not ms else self.gflop / ms  # GFLOP per ms = TFLOP/s
@@ -480,15 +536,19 @@ class GpuRow:
         for name in ("ours_tflops", "torch_ieee_tflops", "torch_tf32_tflops",
                      "torch_ieee_over_ours", "torch_tf32_over_ours"):
             record[name] = getattr(self, name)
-        if self.rel_err is not None and not math.isfinite(self.rel_err):
-            record["rel_err"] = str(self.rel_err)  # "inf" (a shape mismatch) or "nan"
+
+        def finite(value):  # inf (a shape mismatch) and nan as text: JSON has neither
+            return value if value is None or math.isfinite(value) else str(value)
+
+        record["rel_err"] = finite(self.rel_err)
+        record["errors"] = {name: finite(value) for name, value in self.errors.items()}
         return record
 
 
 def run_rows(cases: Sequence[GpuCase], *, sim: bool, ops: Sequence[str] = OPS,
              layouts: Sequence[str] = LAYOUTS, tolerance: float = DEFAULT_TOLERANCE,
              timer: Optional[Timer] = None, tf32: bool = True,
-             time_limit: Optional[float] = None,
+             time_limit: Optional[float] = None, started: Optional[float] = None,
              ours: Callable[[str, Operands], object] = numbaconv_call,
              report: Optional[Callable[[GpuRow], None]] = None,
              progress: Optional[Callable[[str], None]] = None) -> list:
@@ -507,7 +567,10 @@ def run_rows(cases: Sequence[GpuCase], *, sim: bool, ops: Sequence[str] = OPS,
     tf32 : bool
         Also time PyTorch with TF32 allowed.
     time_limit : float, optional
-        Seconds after the start past which no row starts: the rest are ``"skipped"``.
+        Seconds after ``started`` past which no row starts: the rest are ``"skipped"``.
+    started : float, optional
+        ``time.perf_counter()`` when the run began (default: now), so that one time limit
+        covers this call and :func:`run_rnn_rows` after it.
     ours : callable, optional
         ``ours(op, operands)`` runs the implementation under test and returns its result, a
         device array of the physical shape; default :func:`numbaconv_call`. Tests hand in a
@@ -526,7 +589,7 @@ def run_rows(cases: Sequence[GpuCase], *, sim: bool, ops: Sequence[str] = OPS,
     import numbaconv
 
     timer = timer if timer is not None else Timer(sim=sim)
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     total = len(cases) * len(layouts) * len(ops)
     rows = []
 
@@ -637,6 +700,212 @@ def _describe(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+# --- recurrent networks --------------------------------------------------------------------
+
+class RNNOperands:
+    """One recurrent case: PyTorch's module and tensors, numbaconv's arrays of the same values.
+
+    The weights are numbaconv's ``rnn_init_params`` (uniform +-1/sqrt(H), as PyTorch
+    initialises them), copied into ``torch.nn.LSTM``/``GRU`` through
+    ``numbaconv.rnn_param_views`` (:func:`numbaconv.bench_torch.load_rnn_params`); x and dy
+    are standard normal, (T, N, features). numbaconv gets Numba device arrays: x and dy
+    sharing PyTorch's memory on a GPU (``__cuda_array_interface__``), copies under the
+    simulator; the flat parameters a copy on the device; the reserve and the weight gradient
+    preallocated (``rnn_reserve_size``, ``out=``), as a training loop holds them. Initial
+    states are zeros on both sides (``hx=None``), and no gradient flows into hy or cy.
+    """
+
+    def __init__(self, case: RNNCase, *, sim: bool, seed: int = 0):
+        import numpy as np
+        import torch
+        from numba import cuda
+
+        import numbaconv
+
+        from .bench_torch import load_rnn_params, torch_rnn_module
+        self.case, self.sim = case, sim
+        self.config = cfg = case.config()
+        device = "cpu" if sim else "cuda"
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        x = torch.randn(case.seq_len, case.batch, case.input_size, generator=gen)
+        dy = torch.randn(case.seq_len, case.batch, cfg.num_directions * cfg.out_size,
+                         generator=gen)
+        params = numbaconv.rnn_init_params(cfg, seed=seed, dtype=np.float32)
+        #: PyTorch's network, with numbaconv's weights; x (a leaf that wants its gradient)
+        #: and dy.
+        self.module = torch_rnn_module(case, torch).to(device)
+        load_rnn_params(self.module, cfg, params)
+        self.x = x.to(device).requires_grad_(True)
+        self.dy = dy.to(device)
+        if sim:
+            self.arrays = dict(x=cuda.to_device(self.x.detach().numpy()),
+                               dy=cuda.to_device(self.dy.numpy()))
+        else:
+            self.arrays = dict(x=cuda.as_cuda_array(self.x.detach()),
+                               dy=cuda.as_cuda_array(self.dy))
+        self.arrays["params"] = cuda.to_device(params)
+        self.reserve = cuda.device_array(
+            numbaconv.rnn_reserve_size(cfg, case.seq_len, case.batch), dtype="float32")
+        self.dparams = cuda.device_array(cfg.num_params, dtype="float32")
+
+
+def numbaconv_rnn_step(operands: RNNOperands) -> dict:
+    """numbaconv's training step on ``operands`` through the public API (the default ``ours``
+    of :func:`run_rnn_rows`): ``{"y", "dx", "dparams"}``, Numba device arrays."""
+    import numbaconv
+    cfg, a = operands.config, operands.arrays
+    y, _, _, reserve = numbaconv.rnn_forward(cfg, a["x"], a["params"], training=True,
+                                             reserve=operands.reserve)
+    dx, _, _ = numbaconv.rnn_backward_data(cfg, y, a["dy"], a["params"], reserve)
+    dparams = numbaconv.rnn_backward_weights(cfg, a["x"], a["params"], reserve,
+                                             out=operands.dparams)
+    return dict(y=y, dx=dx, dparams=dparams)
+
+
+def torch_rnn_step(operands: RNNOperands):
+    """PyTorch's training step on ``operands``
+    (:func:`numbaconv.bench_torch.torch_rnn_training_step`: forward, cuDNN keeping its
+    reserve for the backward, and autograd's backward into fresh gradients). Returns y."""
+    from .bench_torch import torch_rnn_training_step
+    return torch_rnn_training_step(operands.module, operands.x, operands.dy)
+
+
+def torch_rnn_results(operands: RNNOperands) -> dict:
+    """PyTorch's ``{"y", "dx", "dparams"}`` (the weight gradients in numbaconv's flat
+    order), the reference of the check."""
+    from . import bench_torch
+    return bench_torch.torch_rnn_results(operands.module, operands.config, operands.x,
+                                         operands.dy)
+
+
+def explain_rnn(operands: RNNOperands) -> str:
+    """``backend/algorithm`` numbaconv's dispatcher picks for the training forward
+    (informative only)."""
+    import numbaconv
+    a = operands.arrays
+    choice = numbaconv.explain("rnn_forward", operands.config, a["x"], a["params"],
+                               training=True, reserve=operands.reserve)
+    return f"{choice.backend}/{choice.algorithm}"
+
+
+def product_path() -> str:
+    """How the ``cuda`` backend's recurrent ops run their matrix products (cuBLAS through
+    which binding, or the Numba gemm kernel, and why): the line ``numbaconv info`` prints,
+    from the backend's ``product_path()``; once a product ran, the path in use. Never
+    raises."""
+    from . import dispatch
+    try:
+        describe = getattr(dispatch.get_backend("cuda"), "product_path", None)
+        return describe() if describe is not None else "not reported by this cuda backend"
+    except Exception as exc:
+        return f"unknown ({_describe(exc, 80)})"
+
+
+def run_rnn_rows(cases: Sequence[RNNCase], *, sim: bool,
+                 tolerance: float = DEFAULT_RNN_TOLERANCE, timer: Optional[Timer] = None,
+                 tf32: bool = True, time_limit: Optional[float] = None,
+                 started: Optional[float] = None,
+                 ours: Callable[[RNNOperands], dict] = numbaconv_rnn_step,
+                 report: Optional[Callable[[GpuRow], None]] = None,
+                 progress: Optional[Callable[[str], None]] = None) -> list:
+    """Check, then time, a training step of each recurrent case: one :class:`GpuRow` each
+    (layout :data:`RNN_LAYOUT`, op :data:`RNN_OP`), in order.
+
+    The check compares y, dx and the weight gradients with PyTorch's in IEEE float32; the
+    row's ``rel_err`` is the largest of the three (each in ``errors``) and must not exceed
+    ``tolerance``, else the row fails and is not timed. Then numbaconv's step, PyTorch's in
+    IEEE float32 and, with ``tf32``, PyTorch's with TF32 allowed for cuDNN and cuBLAS, as
+    :func:`run_rows` times the convolutions. ``algorithm`` holds the dispatcher's choice and
+    the product path (:func:`product_path`).
+
+    Parameters are those of :func:`run_rows`, except ``ours(operands)``, which runs the
+    training step under test and returns ``{"y", "dx", "dparams"}`` (device arrays); default
+    :func:`numbaconv_rnn_step`. Nothing raises past this function except KeyboardInterrupt.
+    """
+    import numbaconv
+
+    timer = timer if timer is not None else Timer(sim=sim)
+    started = time.perf_counter() if started is None else started
+    rows = []
+
+    def say(text):
+        if progress is not None:
+            progress(f"[rnn {len(rows) + 1}/{len(cases)} {time.perf_counter() - started:.0f} "
+                     f"s] {text}")
+
+    set_torch_fp32("ieee")
+    with numbaconv.use_backend("cuda"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*under-utilization.*")
+        for case in cases:
+            row = GpuRow(case.name, RNN_LAYOUT, RNN_OP, case.flops() / 1e9,
+                         tolerance=tolerance)
+            if time_limit is not None and time.perf_counter() - started > time_limit:
+                row.status, row.detail = "skipped", f"time limit {time_limit:g} s"
+            else:
+                operands = None
+                try:
+                    say(f"{case.name}: preparing operands")
+                    operands = RNNOperands(case, sim=sim)
+                except Exception as exc:
+                    row.status, row.detail = "error", f"operands: {_describe(exc)}"
+                else:
+                    _check_and_time_rnn(row, operands, sim=sim, timer=timer, tf32=tf32,
+                                        ours=ours, say=say)
+                finally:
+                    del operands
+                    set_torch_fp32("ieee")
+                    if not sim:
+                        _release_gpu_memory()
+            rows.append(row)
+            if report is not None:
+                report(row)
+    return rows
+
+
+def _check_and_time_rnn(row: GpuRow, operands: RNNOperands, *, sim, timer, tf32, ours, say):
+    import torch
+    what = f"{row.case} {row.op}"
+    try:
+        row.algorithm = explain_rnn(operands)
+    except Exception as exc:  # informative only; the call below reports real trouble
+        row.algorithm = f"? ({_describe(exc, 60)})"
+    try:
+        say(f"{what}: checking y, dx and the weight gradients against PyTorch (IEEE "
+            f"float32)")
+        set_torch_fp32("ieee")
+        reference = torch_rnn_results(operands)
+        got = ours(operands)
+        if not sim:
+            torch.cuda.synchronize()
+        row.algorithm += f"; products: {product_path()}"
+        row.errors = {name: relative_error(got[name], reference[name], sim=sim)
+                      for name in RNN_STEP_RESULTS}
+        worst = worst_error(row.errors, row.tolerance)
+        row.rel_err = row.errors[worst]
+        del got, reference
+        if not row.rel_err <= row.tolerance:  # NaN fails too
+            row.status = "FAIL"
+            row.detail = (f"relative error {row.rel_err:.2e} ({worst}) above the tolerance "
+                          f"{row.tolerance:g}: not timed")
+            return
+        say(f"{what}: timing numbaconv")
+        timing = timer.measure(lambda: ours(operands))
+        row.timings["ours"], row.ours_ms = timing, timing["median_ms"]
+        say(f"{what}: timing PyTorch (IEEE float32)")
+        timing = timer.measure(lambda: torch_rnn_step(operands))
+        row.timings["torch_ieee"], row.torch_ieee_ms = timing, timing["median_ms"]
+        if tf32:
+            say(f"{what}: timing PyTorch (TF32 allowed)")
+            set_torch_fp32("tf32")
+            timing = timer.measure(lambda: torch_rnn_step(operands))
+            row.timings["torch_tf32"], row.torch_tf32_ms = timing, timing["median_ms"]
+        row.status = "ok"
+    except Exception as exc:
+        row.status, row.detail = "error", _describe(exc)
+    finally:
+        set_torch_fp32("ieee")
+
+
 # --- environment and output ----------------------------------------------------------------
 
 def environment(*, sim: bool) -> dict:
@@ -651,7 +920,8 @@ def environment(*, sim: bool) -> dict:
                 numba_cuda=_distribution_version("numba-cuda"),
                 env={name: os.environ.get(name) for name in (
                     "NUMBACONV_BACKEND", "NUMBACONV_AUTOTUNE", "NUMBACONV_CUDA_THREADS",
-                    "NUMBACONV_CUDA_TILE", "NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM",
+                    "NUMBACONV_CUDA_TILE", "NUMBACONV_CUDA_CUBLAS", "NUMBACONV_CUDA_TF32",
+                    "NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM",
                     "CUDA_VISIBLE_DEVICES")})
     try:
         import torch
@@ -719,8 +989,9 @@ def legacy_stream_problem() -> Optional[str]:
     return None
 
 
-def column_widths(cases: Sequence[GpuCase], layouts: Sequence[str],
-                  ops: Sequence[str]) -> tuple:
+def column_widths(cases: Sequence, layouts: Sequence[str], ops: Sequence[str]) -> tuple:
+    """Widths of the table's columns for these cases (conv and recurrent alike: their
+    names), layouts and ops."""
     return (max([4] + [len(c.name) for c in cases]), max(len(x) for x in layouts),
             max(len(o) for o in ops), 8, 8, 9, 10, 9, 10, 9, 8)
 
@@ -775,13 +1046,23 @@ def summary_lines(rows: Sequence[GpuRow]) -> list:
     return lines
 
 
+def rnn_case_dict(case: RNNCase) -> dict:
+    """A recurrent case for the JSON record: its fields and the GFLOP of a training step."""
+    return dict(dataclasses.asdict(case), gflop=case.flops() / 1e9)
+
+
 def write_json(path: str, *, environment: dict, settings: dict, cases: Sequence[GpuCase],
-               rows: Sequence[GpuRow], finished: bool) -> None:
+               rows: Sequence[GpuRow], finished: bool,
+               rnn_cases: Sequence[RNNCase] = ()) -> None:
     """Every row and the environment, as JSON; ``finished`` False while rows remain (the file
-    is rewritten after each row, so a run cut short leaves what it measured)."""
+    is rewritten after each row, so a run cut short leaves what it measured). The record's
+    ``suite`` stays ``"conv-cuda"`` (what docs/benchmarks/render.py recognises) with
+    recurrent rows among ``rows`` and their cases in ``rnn_cases``."""
     record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), suite="conv-cuda",
                   finished=finished, environment=environment, settings=settings,
-                  cases=[c.as_dict() for c in cases], rows=[r.as_dict() for r in rows])
+                  cases=[c.as_dict() for c in cases],
+                  rnn_cases=[rnn_case_dict(c) for c in rnn_cases],
+                  rows=[r.as_dict() for r in rows])
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, default=_json_default)

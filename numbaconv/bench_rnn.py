@@ -2,6 +2,12 @@
 weights) timed side by side with PyTorch's ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (forward plus
 autograd backward), and the memory a steady training loop allocates per step.
 
+Before a case is timed, each backend's training step is checked against PyTorch's on the
+same weights and data (:func:`check_case`, in a process of its own): y, dx and the weight
+gradients within :data:`numbaconv.bench_torch.RNN_TOLERANCE`, the bound the GPU benchmark
+uses, else the backend's row is a failure and is not timed. Without PyTorch nothing is
+checked (and nothing compared).
+
 Used by ``numbaconv bench --suite rnn`` and the asv suite (``benchmarks/bench_rnn.py``).
 """
 
@@ -13,38 +19,13 @@ import math
 import subprocess
 import sys
 import tracemalloc
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
+from .bench_cases import RNNCase
 from .bench_timing import geometric_mean, time_call
-
-
-@dataclass(frozen=True)
-class RNNCase:
-    """One benchmark shape: a network (mode, sizes, layers, directions) and T, N."""
-
-    name: str
-    mode: str
-    seq_len: int
-    batch: int
-    input_size: int
-    hidden_size: int
-    num_layers: int = 1
-    bidirectional: bool = False
-    proj_size: int = 0
-
-    def config(self):
-        from .problem import RNNConfig
-        return RNNConfig(self.mode, self.input_size, self.hidden_size,
-                         num_layers=self.num_layers, bidirectional=self.bidirectional,
-                         proj_size=self.proj_size)
-
-    def flops(self) -> int:
-        """Matrix-product flops of a training step: 3x the forward's."""
-        from .problem import RNNProblem
-        return 3 * RNNProblem("rnn_forward", self.config(), self.seq_len, self.batch).flops
+from .bench_torch import RNN_TOLERANCE, torch_rnn_module
 
 
 #: The shapes of the RNN speed target (issue: LSTM/GRU/RNN training at PyTorch's speed).
@@ -83,28 +64,21 @@ class TrainingStep:
         self.dparams = np.empty_like(self.params)
         self.reserve = np.empty(nc.rnn_reserve_size(cfg, case.seq_len, case.batch), dtype)
 
-    def __call__(self):
+    def __call__(self) -> dict:
+        """One step; returns ``{"y", "dx", "dparams"}`` (dparams is ``self.dparams``)."""
         nc = self.nc
         with nc.use_backend(self.backend):
             y, _, _, reserve = nc.rnn_forward(self.cfg, self.x, self.params, training=True,
                                               reserve=self.reserve)
-            nc.rnn_backward_data(self.cfg, y, self.dy, self.params, reserve)
+            dx, _, _ = nc.rnn_backward_data(self.cfg, y, self.dy, self.params, reserve)
             nc.rnn_backward_weights(self.cfg, self.x, self.params, reserve, out=self.dparams)
+        return dict(y=y, dx=dx, dparams=self.dparams)
 
 
 def torch_training_step(case: RNNCase, torch, dtype: str = "float32", seed: int = 0):
     """PyTorch's forward plus autograd backward of the same network and gradients."""
     torch.manual_seed(seed)
-    kwargs = dict(num_layers=case.num_layers, bidirectional=case.bidirectional)
-    if case.mode == "lstm":
-        module = torch.nn.LSTM(case.input_size, case.hidden_size, proj_size=case.proj_size,
-                               **kwargs)
-    elif case.mode == "gru":
-        module = torch.nn.GRU(case.input_size, case.hidden_size, **kwargs)
-    else:
-        module = torch.nn.RNN(case.input_size, case.hidden_size,
-                              nonlinearity=case.mode[4:], **kwargs)
-    module = module.to(getattr(torch, dtype)).train()
+    module = torch_rnn_module(case, torch, dtype)
     out_size = case.proj_size or case.hidden_size
     d = 2 if case.bidirectional else 1
     x = torch.randn(case.seq_len, case.batch, case.input_size, dtype=getattr(torch, dtype),
@@ -163,13 +137,83 @@ def measure(case: RNNCase, engine: str, *, repeat: int = 5, dtype: str = "float3
     return result
 
 
+def check_case(case: RNNCase, backends: Sequence[str] = ("cpu",), *,
+               dtype: str = "float32", threads: Optional[int] = None,
+               tolerance: float = RNN_TOLERANCE) -> dict:
+    """Check each backend's training step on ``case`` against PyTorch's, in this process.
+
+    The step is the one :func:`measure` times (:class:`TrainingStep`: the same seed, so the
+    same weights, x and dy), run once; PyTorch's (:func:`numbaconv.bench_torch
+    .torch_rnn_results`: forward plus autograd backward) runs on those weights
+    (``load_rnn_params``) and arrays. Never call it in a process that times afterwards:
+    PyTorch's thread pool would compete with the timed engine.
+
+    Returns
+    -------
+    dict
+        backend -> ``{"status", "errors", "worst", "detail"}``: status ``"ok"`` (every
+        relative error max |ours - torch| / max |torch| of y, dx and dparams within
+        ``tolerance``), ``"FAIL"`` (one above it, or NaN: ``worst`` names it) or
+        ``"error"`` (the step raised: ``detail`` says what); ``errors`` maps y, dx and
+        dparams to their relative errors (None with ``"error"``).
+    """
+    from . import bench_torch
+    from .config import configure_threading
+    configure_threading()  # passive Numba threads, as in measure(): they idle beside torch's
+    if threads:
+        import numba
+        numba.set_num_threads(threads)
+    step = TrainingStep(case, dtype=dtype)  # the arrays measure() times; one backend at a time
+    ours = {}
+    for name in backends:
+        step.backend = name
+        try:
+            ours[name] = {k: np.array(v, copy=True) for k, v in step().items()}
+        except Exception as exc:  # report the broken backend, check the others
+            ours[name] = f"{type(exc).__name__}: {exc}"
+    torch = bench_torch.import_torch()
+    if torch is None:
+        raise RuntimeError("the check against PyTorch needs PyTorch")
+    if threads:
+        torch.set_num_threads(threads)
+    module = torch_rnn_module(case, torch, dtype)
+    bench_torch.load_rnn_params(module, step.cfg, step.params)
+    reference = bench_torch.torch_rnn_results(
+        module, step.cfg, torch.from_numpy(step.x.copy()).requires_grad_(True),
+        torch.from_numpy(step.dy))
+    results = {}
+    for name, got in ours.items():
+        if isinstance(got, str):
+            results[name] = dict(status="error", errors=None, worst=None,
+                                 detail=" ".join(got.split())[:300])
+            continue
+        errors = bench_torch.rnn_step_errors(
+            {k: torch.from_numpy(v) for k, v in got.items()}, reference)
+        worst = bench_torch.worst_error(errors, tolerance)
+        failed = not errors[worst] <= tolerance  # NaN fails too
+        results[name] = dict(
+            status="FAIL" if failed else "ok", errors=errors, worst=worst,
+            detail=(f"relative error {errors[worst]:.2e} ({worst}) above the tolerance "
+                    f"{tolerance:g}: not timed") if failed else "")
+    return results
+
+
 _CHILD = """
 import json, sys
 from numbaconv import bench_rnn
 spec = json.loads(sys.argv[1])
 case = bench_rnn.RNNCase(**spec.pop("case"))
-print(json.dumps(bench_rnn.measure(case, **spec)))
+run = bench_rnn.check_case if spec.pop("check", False) else bench_rnn.measure
+print(json.dumps(run(case, **spec)))
 """
+
+
+def _run_child(spec: dict, what: str, timeout: float):
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)],
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def measure_in_subprocess(case: RNNCase, engine: str, *, timeout: float = 900, **kwargs):
@@ -180,18 +224,31 @@ def measure_in_subprocess(case: RNNCase, engine: str, *, timeout: float = 900, *
     beside it, 0.16 s without), so each engine runs alone, one after the other, in the
     same command."""
     spec = dict(case=dataclasses.asdict(case), engine=engine, **kwargs)
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)],
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{engine} on {case.name} failed: {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _run_child(spec, f"{engine} on {case.name}", timeout)
+
+
+def check_in_subprocess(case: RNNCase, backends: Sequence[str], *, timeout: float = 900,
+                        **kwargs) -> dict:
+    """:func:`check_case` in a fresh interpreter, which exits before anything is timed (see
+    :func:`measure_in_subprocess` for why: PyTorch and Numba both run there)."""
+    spec = dict(case=dataclasses.asdict(case), backends=list(backends), check=True, **kwargs)
+    return _run_child(spec, f"the check of {case.name}", timeout)
 
 
 def run_rnn_benchmarks(cases: Sequence[RNNCase], *, backends: Sequence[str] = ("cpu",),
                        repeat: int = 5, torch: bool = True, dtype: str = "float32",
-                       threads: Optional[int] = None, progress=None) -> list:
-    """Time each case's training step with PyTorch (if ``torch``) and each backend, every
-    engine in its own subprocess; rows of dicts, ratio = PyTorch time / backend time."""
+                       threads: Optional[int] = None, tolerance: float = RNN_TOLERANCE,
+                       progress=None) -> list:
+    """Check, then time, each case's training step with PyTorch (if ``torch``) and each
+    backend, every engine in its own subprocess; rows of dicts, ratio = PyTorch time /
+    backend time.
+
+    With ``torch``, each case is first checked (:func:`check_in_subprocess`): a backend
+    whose y, dx or weight gradients differ from PyTorch's by more than ``tolerance`` gets
+    ``{name}_status = "FAIL"`` (``"error"`` if its step raised) and no time; the check's
+    result is ``{name}_check`` either way, and ``{name}_status`` is ``"ok"`` once timed.
+    PyTorch is timed only if some backend passed. Without ``torch``, nothing is checked:
+    ``{name}_status`` is ``"unchecked"``."""
     rows = []
     for case in cases:
         row = dict(case=case.name, mode=case.mode, T=case.seq_len, N=case.batch,
@@ -199,14 +256,25 @@ def run_rnn_benchmarks(cases: Sequence[RNNCase], *, backends: Sequence[str] = ("
                    layers=case.num_layers, bidirectional=case.bidirectional,
                    proj_size=case.proj_size, gflop=case.flops() / 1e9)
         options = dict(repeat=repeat, dtype=dtype, threads=threads)
+        timed = list(backends)
         if torch:
             if progress:
-                progress(f"{case.name}: pytorch")
-            row["pytorch_s"] = measure_in_subprocess(case, "pytorch", **options)["median_s"]
-        for name in backends:
+                progress(f"{case.name}: checking against pytorch")
+            checks = check_in_subprocess(case, backends, dtype=dtype, threads=threads,
+                                         tolerance=tolerance)
+            for name in backends:
+                row[f"{name}_check"] = checks[name]
+                row[f"{name}_status"] = checks[name]["status"]
+            timed = [name for name in backends if checks[name]["status"] == "ok"]
+            if timed:
+                if progress:
+                    progress(f"{case.name}: pytorch")
+                row["pytorch_s"] = measure_in_subprocess(case, "pytorch", **options)["median_s"]
+        for name in timed:
             if progress:
                 progress(f"{case.name}: {name}")
             result = measure_in_subprocess(case, name, **options)
+            row[f"{name}_status"] = "ok" if torch else "unchecked"
             row[f"{name}_s"] = result["median_s"]
             row[f"{name}_gflops"] = case.flops() / result["median_s"] / 1e9
             row[f"{name}_reserve_bytes"] = result["reserve_bytes"]
@@ -217,31 +285,54 @@ def run_rnn_benchmarks(cases: Sequence[RNNCase], *, backends: Sequence[str] = ("
     return rows
 
 
+def failed_checks(rows: Sequence[dict], backends: Sequence[str] = ("cpu",)) -> list:
+    """``(case, backend, detail)`` of each backend whose check failed (or raised)."""
+    return [(row["case"], name, row[f"{name}_check"]["detail"]) for row in rows
+            for name in backends if row.get(f"{name}_status") in ("FAIL", "error")]
+
+
 def format_rnn_table(rows: Sequence[dict], backends: Sequence[str] = ("cpu",)) -> str:
-    """A plain-text table of the rows and the geometric mean of each ratio."""
+    """A plain-text table of the rows and the geometric mean of each ratio. 'max err' is a
+    backend's largest relative error in the check ('-' unchecked); a backend that failed
+    it shows FAIL (or ERROR) and, after the line, why."""
     lines = []
     head = f"{'case':28s} {'GFLOP':>6s} {'torch ms':>9s}"
     for name in backends:
-        head += f" {name + ' ms':>9s} {'GF/s':>6s} {'ratio':>6s} {'reserve':>8s} {'alloc':>8s}"
+        head += (f" {name + ' ms':>9s} {'GF/s':>6s} {'ratio':>6s} {'max err':>7s}"
+                 f" {'reserve':>8s} {'alloc':>8s}")
     lines.append(head)
     for row in rows:
         torch_ms = row.get("pytorch_s")
         line = f"{row['case']:28s} {row['gflop']:6.2f} " + (
             f"{torch_ms * 1e3:9.2f}" if torch_ms else f"{'-':>9s}")
+        why = []
         for name in backends:
+            check = row.get(f"{name}_check")
+            err = (f"{check['errors'][check['worst']]:7.1e}"
+                   if check and check.get("errors") else f"{'-':>7s}")
+            if f"{name}_s" not in row:  # not timed: the check failed
+                status = row.get(f"{name}_status", "error")
+                line += (f" {'ERROR' if status == 'error' else status:>9s} {'-':>6s} "
+                         f"{'-':>6s} {err} {'-':>8s} {'-':>8s}")
+                why.append(f"{name}: {check['detail'] if check else status}")
+                continue
             ratio = row.get(f"{name}_ratio")
             line += (f" {row[f'{name}_s'] * 1e3:9.2f} {row[f'{name}_gflops']:6.1f} "
-                     + (f"{ratio:6.2f}" if ratio else f"{'-':>6s}")
+                     + (f"{ratio:6.2f}" if ratio else f"{'-':>6s}") + f" {err}"
                      + f" {_mib(row[f'{name}_reserve_bytes']):>8s}"
                      + f" {_mib(row[f'{name}_alloc_bytes']):>8s}")
-        lines.append(line)
+        lines.append(line + "".join(f"  {text}" for text in why))
     for name in backends:
         mean: Optional[float] = geometric_mean(
             r[f"{name}_ratio"] for r in rows if r.get(f"{name}_ratio"))
+        failed = sum(r.get(f"{name}_status") in ("FAIL", "error") for r in rows)
         if mean is not None:
-            lines.append(f"geometric mean of torch/{name}: {mean:.2f} (target >= 1.0)")
-    lines.append("reserve: the preallocated reserve; alloc: peak bytes allocated within one "
-                 "steady training step (y, dx, temporaries)")
+            lines.append(f"geometric mean of torch/{name}: {mean:.2f} (target >= 1.0)"
+                         + (f"; {failed} failed case(s) left out" if failed else ""))
+    lines.append("max err: the largest relative error of y, dx and the weight gradients "
+                 "against PyTorch, checked before timing; reserve: the preallocated reserve; "
+                 "alloc: peak bytes allocated within one steady training step (y, dx, "
+                 "temporaries)")
     return "\n".join(lines)
 
 

@@ -461,23 +461,30 @@ def build_parser() -> argparse.ArgumentParser:
                     "kernel than OpenBLAS would pick. With --first-call, instead: each op's "
                     "first-call latency (JIT compilation) in fresh processes, cold and from "
                     "Numba's disk cache.")
-    p.add_argument("--suite", choices=("conv", "rnn"), default="conv",
-                   help="conv (default): the convolution ops; rnn: an RNN/LSTM/GRU training "
-                        "step (training forward, backward data, backward weights with a "
-                        "preallocated reserve) against PyTorch's forward plus autograd "
-                        "backward, each engine in its own process, with the bytes one steady "
-                        "step allocates; honours --quick, --repeat, --backend, --dtype, "
-                        "--threads, --no-torch, --json")
+    p.add_argument("--suite", choices=("conv", "rnn"),
+                   help="conv (default on the CPU): the convolution ops; rnn: an "
+                        "RNN/LSTM/GRU training step (training forward, backward data, "
+                        "backward weights with a preallocated reserve) against PyTorch's "
+                        "forward plus autograd backward, each engine in its own process, "
+                        "with the bytes one steady step allocates, each case checked "
+                        "first against PyTorch (y, dx, weight gradients; a FAIL is not "
+                        "timed, exit 1); honours --quick, --repeat, "
+                        "--backend, --dtype, --threads, --no-torch, --json. With --device "
+                        "cuda, which runs both (the conv rows, then the recurrent rows): only "
+                        "that one")
     p.add_argument("--quick", action="store_true",
                    help="small shapes and few repeats (seconds; the reference included)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (default): the CPU backends, as described above; cuda: "
                         "numbaconv's cuda backend against PyTorch (cuDNN) on one GPU, "
                         "float32 conv and both gradients on ResNet 3x3 (stride 1 and 2), 1x1 "
-                        "and depthwise layers at N=32, each result checked against PyTorch "
-                        "in IEEE float32 before it is timed with CUDA events, PyTorch timed "
-                        "in IEEE float32 and with TF32 (docs/gpu-benchmark.md); honours "
-                        "--quick, --op, --layout, --repeat, --json, --progress")
+                        "and depthwise layers at N=32, then a training step of an LSTM and a "
+                        "GRU (T=50, N=64, I=H=512) and a 2-layer bidirectional LSTM, each "
+                        "result checked against PyTorch in IEEE float32 before it is timed "
+                        "with CUDA events, PyTorch timed in IEEE float32 and with TF32 "
+                        "(docs/gpu-benchmark.md); honours --suite, --quick, --op and "
+                        "--layout (the conv rows; --op: only those), --repeat, --json, "
+                        "--progress")
     p.add_argument("--repeat", "--reps", type=_positive_int, metavar="N",
                    help="timed samples per measurement (default 7, 3 with --quick; with "
                         "--device cuda: at most N runs within --budget, default "
@@ -494,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--first-call)")
     p.add_argument("--threads", type=_positive_int, metavar="N",
                    help="threads for Numba, BLAS and PyTorch (default NUMBA_NUM_THREADS)")
-    p.add_argument("--no-torch", action="store_true", help="do not time PyTorch")
+    p.add_argument("--no-torch", action="store_true",
+                   help="do not time PyTorch (nor, with --suite rnn, check against it)")
     p.add_argument("--settle", type=float, default=_default_settle(), metavar="SECONDS",
                    help="pause between engines so idle thread pools stop spinning "
                         "(default %(default)s)")
@@ -520,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "comma-separated)")
     cuda.add_argument("--tolerance", type=float, metavar="REL",
                       help="largest relative error (max abs error / max abs PyTorch) "
-                           "that passes (default 2e-4)")
+                           "that passes (default 2e-4 for the conv rows, 5e-4 for the "
+                           "recurrent rows)")
     cuda.add_argument("--warmup", type=_non_negative_int, metavar="N",
                       help="untimed calls before each measurement (default 3)")
     cuda.add_argument("--budget", type=float, metavar="SECONDS",

@@ -41,31 +41,50 @@ def _bench_rnn(args, bench, names) -> int:
     from numbaconv import bench_rnn
 
     threads = args.threads or numba.config.NUMBA_NUM_THREADS
-    torch = not args.no_torch and bench.import_torch() is not None
+    torch_module = None if args.no_torch else bench.import_torch()
+    torch = torch_module is not None
     env = bench.environment()
     _print(f"numbaconv {env['numbaconv']} bench --suite rnn: NumPy {env['numpy']}, Numba "
            f"{env['numba']}, {threads} thread(s) for Numba, BLAS and PyTorch; {args.dtype}")
     _print_blas_and_environment(bench, env, threadpools=False)
     cases = bench_rnn.QUICK_RNN_SHAPES if args.quick else bench_rnn.RNN_SHAPES
     repeat = args.repeat or (3 if args.quick else 7)
+    tolerance = bench_rnn.RNN_TOLERANCE
     _print(f"training step = rnn_forward(training=True, reserve=preallocated) + "
            f"rnn_backward_data + rnn_backward_weights(out=); PyTorch: forward + backward; "
            f"median of {repeat}, each engine in a fresh process")
+    if torch:
+        _print(f"checked first against PyTorch {torch_module.__version__} (same weights, x "
+               f"and dy; {args.dtype}, in a process of its own): relative error (max |ours - "
+               f"torch| / max |torch|) of y, dx and the weight gradients at most "
+               f"{tolerance:g}, else the case fails for that backend and is not timed")
+    else:
+        _print("check against PyTorch: skipped ("
+               + ("--no-torch" if args.no_torch else "PyTorch is not installed")
+               + "): the times below are of unchecked results")
     progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     try:
         rows = bench_rnn.run_rnn_benchmarks(
             cases, backends=names, repeat=repeat, torch=torch, dtype=args.dtype,
-            threads=threads, progress=lambda what: progress.update(0, 0, what))
+            threads=threads, tolerance=tolerance,
+            progress=lambda what: progress.update(0, 0, what))
     finally:
         progress.clear()
     _print(bench_rnn.format_rnn_table(rows, names))
+    failed = bench_rnn.failed_checks(rows, names)
     if args.json:
         record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), suite="rnn",
                       quick=args.quick, repeat=repeat, threads=threads, dtype=args.dtype,
+                      check=dict(against=f"pytorch {torch_module.__version__}",
+                                 tolerance=tolerance, failed=len(failed)) if torch else None,
                       environment=env, rows=rows)
         with open(args.json, "w") as fh:
             json.dump(record, fh, indent=1, default=str)
         _print(f"results written to {args.json}")
+    if failed:
+        _print(f"{len(failed)} check(s) against PyTorch failed: "
+               + "; ".join(f"{case} on {name}" for case, name, _ in failed))
+        return 1
     return 0
 
 
@@ -279,11 +298,17 @@ def _bench_cuda(args) -> int:
     from numbaconv import bench_cuda
 
     given = [name for name in CPU_BENCH_OPTIONS if _given(getattr(args, name))]
-    if args.suite != "conv":
-        given.insert(0, "suite")
     if given:
         _print(f"numbaconv bench: error: --device cuda does not take "
                f"{', '.join(_option(n) for n in given)}", file=sys.stderr)
+        return USAGE_ERROR
+    # The conv rows, then the recurrent rows; --suite picks one, and --op (conv ops) the first.
+    suites = (args.suite,) if args.suite else ("conv",) if args.op else ("conv", "rnn")
+    conv_only = [_option(n) for n in ("op", "layout") if _given(getattr(args, n))]
+    if suites == ("rnn",) and conv_only:
+        _print(f"numbaconv bench: error: {', '.join(conv_only)} "
+               f"{'applies' if len(conv_only) == 1 else 'apply'} to the conv rows, not to "
+               f"--suite rnn", file=sys.stderr)
         return USAGE_ERROR
     ops = tuple(dict.fromkeys(args.op)) if args.op else bench_cuda.OPS
     wrong = [op for op in ops if op not in bench_cuda.OPS]
@@ -299,9 +324,12 @@ def _bench_cuda(args) -> int:
                    f"{value}", file=sys.stderr)
             return USAGE_ERROR
     sim = bool(args.sim) or bench_cuda.simulator_requested()
-    cases = bench_cuda.select_cases(sim=sim, quick=args.quick, patterns=args.case or ())
-    if not cases:
-        names = [c.name for c in bench_cuda.select_cases(sim=sim, quick=args.quick)]
+    selectors = dict(conv=bench_cuda.select_cases, rnn=bench_cuda.select_rnn_cases)
+    cases, rnn_cases = (selectors[suite](sim=sim, quick=args.quick, patterns=args.case or ())
+                        if suite in suites else () for suite in ("conv", "rnn"))
+    if not cases and not rnn_cases:
+        names = [c.name for suite in suites
+                 for c in selectors[suite](sim=sim, quick=args.quick)]
         _print(f"numbaconv bench: error: --case {args.case} matches none of {names}",
                file=sys.stderr)
         return USAGE_ERROR
@@ -336,11 +364,14 @@ def _bench_cuda(args) -> int:
                              else bench_cuda.DEFAULT_BUDGET)
     warmup = bench_cuda.DEFAULT_WARMUP if args.warmup is None else args.warmup
     tolerance = args.tolerance or bench_cuda.DEFAULT_TOLERANCE
+    rnn_tolerance = args.tolerance or bench_cuda.DEFAULT_RNN_TOLERANCE
     flush = not (args.no_flush or sim)
     if sim:  # one wall-clock call per timing
         warmup, reps, budget = 0, 1, None
-    settings = dict(sim=sim, quick=args.quick, ops=list(ops), layouts=list(layouts),
-                    tolerance=tolerance, warmup=warmup, reps=reps, budget_s=budget,
+    settings = dict(sim=sim, quick=args.quick, suites=list(suites),
+                    ops=list(ops) if cases else [], layouts=list(layouts) if cases else [],
+                    tolerance=tolerance,
+                    rnn_tolerance=rnn_tolerance, warmup=warmup, reps=reps, budget_s=budget,
                     flush_bytes=bench_cuda.FLUSH_BYTES if flush else 0,
                     tf32=not args.no_tf32, time_limit_s=args.time_limit,
                     argv=sys.argv[1:])
@@ -367,16 +398,28 @@ def _bench_cuda(args) -> int:
                f"{reps} runs within {budget:g} s"
                + (f", {bench_cuda.FLUSH_BYTES >> 20} MiB written between runs (L2 flush)"
                   if flush else ", no L2 flush between runs"))
-    _print(f"checked first against PyTorch in IEEE float32 (TF32 off): relative error (max "
-           f"abs error / max abs reference) <= {tolerance:g}, else the row fails and is not "
-           f"timed; 'ieee/ours' and 'tf32/ours' are PyTorch's time over numbaconv's (> 1: "
-           f"numbaconv is faster); TFLOP/s counts 2*N*K*(C/groups)*R*S*P*Q per op")
+    _print("checked first against PyTorch in IEEE float32 (TF32 off): relative error (max "
+           "abs error / max abs reference) <= "
+           + (f"{tolerance:g}" if not rnn_cases else f"{rnn_tolerance:g}" if not cases
+              else f"{tolerance:g} (conv), {rnn_tolerance:g} (rnn)")
+           + ", else the row fails and is not timed; 'ieee/ours' and 'tf32/ours' are "
+           "PyTorch's time over numbaconv's (> 1: numbaconv is faster)"
+           + ("; TFLOP/s counts 2*N*K*(C/groups)*R*S*P*Q per op" if cases else ""))
+    if rnn_cases:
+        _print(f"{bench_cuda.RNN_OP}: rnn_forward(training=True, reserve=preallocated) + "
+               f"rnn_backward_data + rnn_backward_weights(out=) on device arrays, checked on "
+               f"y, dx and the weight gradients against torch.nn.LSTM/GRU with the same "
+               f"weights (forward + autograd backward: cuDNN on a GPU), then timed against it;"
+               f" TFLOP/s counts the step's matrix products (3x the forward's)")
     if registered:
         _print(f"note: {registered}")
     if stream_problem:
         _print(f"WARNING: {stream_problem}; the times may be wrong")
     _print()
-    widths = bench_cuda.column_widths(cases, layouts, ops)
+    widths = bench_cuda.column_widths(
+        tuple(cases) + tuple(rnn_cases),
+        (layouts if cases else ()) + ((bench_cuda.RNN_LAYOUT,) if rnn_cases else ()),
+        (ops if cases else ()) + ((bench_cuda.RNN_OP,) if rnn_cases else ()))
     for line in bench_cuda.format_header(widths):
         _print(line)
 
@@ -385,7 +428,7 @@ def _bench_cuda(args) -> int:
     def save(finished):
         if args.json:
             bench_cuda.write_json(args.json, environment=env, settings=settings, cases=cases,
-                                  rows=rows, finished=finished)
+                                  rnn_cases=rnn_cases, rows=rows, finished=finished)
 
     def report(row):
         rows.append(row)
@@ -397,13 +440,18 @@ def _bench_cuda(args) -> int:
 
     timer = bench_cuda.Timer(sim=sim, warmup=warmup, reps=reps,
                              budget=budget or bench_cuda.DEFAULT_BUDGET, flush=flush)
-    bench_cuda.run_rows(cases, sim=sim, ops=ops, layouts=layouts, tolerance=tolerance,
-                        timer=timer, tf32=not args.no_tf32, time_limit=args.time_limit,
-                        report=report,
-                        progress=progress if args.progress is not False else None)
+    common = dict(sim=sim, timer=timer, tf32=not args.no_tf32, time_limit=args.time_limit,
+                  started=time.perf_counter(), report=report,
+                  progress=progress if args.progress is not False else None)
+    if cases:
+        bench_cuda.run_rows(cases, ops=ops, layouts=layouts, tolerance=tolerance, **common)
+    if rnn_cases:
+        bench_cuda.run_rnn_rows(rnn_cases, tolerance=rnn_tolerance, **common)
     _print()
     for line in bench_cuda.summary_lines(rows):
         _print(line)
+    if rnn_cases:
+        _print(f"recurrent products (numbaconv's cuda backend): {bench_cuda.product_path()}")
     if sim:
         _print("(simulator: the times mean nothing)")
     save(True)

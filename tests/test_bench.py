@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import numbaconv
-from numbaconv import bench, cli
+from numbaconv import bench, bench_rnn, cli
 from numbaconv.bench_rnn import QUICK_RNN_SHAPES
 from numbaconv.__main__ import main
 from numbaconv.problem import CONV_OPS
@@ -71,6 +71,94 @@ def test_bench_rnn_suite_quick(tmp_path):
     assert row["cpu_s"] > 0 and row["cpu_reserve_bytes"] > 0 and row["cpu_alloc_bytes"] > 0
     if "pytorch_s" in row:
         assert "geometric mean of torch/cpu" in proc.stdout
+        assert "checked first against PyTorch" in proc.stdout
+        assert record["check"]["failed"] == 0
+        for r in record["rows"]:
+            assert r["cpu_status"] == "ok" and max(r["cpu_check"]["errors"].values()) < 1e-5
+    else:
+        assert "check against PyTorch: skipped" in proc.stdout
+
+
+# --- the recurrent suite's check against PyTorch -------------------------------------------
+
+#: A GRU small enough to check in a second (the check's PyTorch side runs in this process).
+TINY_GRU = bench_rnn.RNNCase("gru_T3_N2_4_5", "gru", 3, 2, 4, 5)
+
+
+@pytest.fixture
+def fake_timing(monkeypatch):
+    """The recurrent suite without subprocesses: the check in this process, each timing
+    recorded and answered at once."""
+    timed = []
+
+    def measure(case, engine, **kwargs):
+        timed.append((case.name, engine))
+        return dict(median_s=1e-3, reserve_bytes=1024, alloc_bytes=2048)
+    monkeypatch.setattr(bench_rnn, "measure_in_subprocess", measure)
+    monkeypatch.setattr(bench_rnn, "check_in_subprocess", bench_rnn.check_case)
+    monkeypatch.setattr(bench_rnn, "QUICK_RNN_SHAPES", (TINY_GRU,))
+    return timed
+
+
+def wrong_weight_gradients(monkeypatch, backend="cpu"):
+    """``backend``'s training step with its weight gradients 1 % too large."""
+    step = bench_rnn.TrainingStep.__call__
+
+    def perturbed(self):
+        got = step(self)
+        if self.backend == backend:
+            got["dparams"] = got["dparams"] * 1.01
+        return got
+    monkeypatch.setattr(bench_rnn.TrainingStep, "__call__", perturbed)
+
+
+def test_rnn_check_passes_a_right_step():
+    pytest.importorskip("torch")
+    [check] = bench_rnn.check_case(TINY_GRU, ["cpu"]).values()
+    assert check["status"] == "ok" and check["detail"] == ""
+    assert set(check["errors"]) == {"y", "dx", "dparams"}
+    assert max(check["errors"].values()) < 1e-5
+
+
+def test_a_wrong_rnn_step_fails_and_is_not_timed(monkeypatch, fake_timing):
+    pytest.importorskip("torch")
+    wrong_weight_gradients(monkeypatch, "cpu")
+    rows = bench_rnn.run_rnn_benchmarks([TINY_GRU], backends=("cpu", "reference"))
+    [row] = rows
+    check = row["cpu_check"]
+    assert row["cpu_status"] == "FAIL" and check["worst"] == "dparams"
+    assert check["errors"]["dparams"] > 5e-3 and check["errors"]["y"] < 1e-5
+    assert "cpu_s" not in row and "cpu_ratio" not in row
+    assert row["reference_status"] == "ok" and row["reference_s"] == 1e-3
+    assert fake_timing == [(TINY_GRU.name, "pytorch"), (TINY_GRU.name, "reference")]
+    table = bench_rnn.format_rnn_table(rows, ("cpu", "reference"))
+    assert "FAIL" in table and "(dparams) above the tolerance 0.0005: not timed" in table
+    assert bench_rnn.failed_checks(rows, ("cpu", "reference")) == [
+        (TINY_GRU.name, "cpu", check["detail"])]
+
+
+def test_bench_rnn_cli_fails_on_a_wrong_step(monkeypatch, capsys, tmp_path, fake_timing):
+    pytest.importorskip("torch")
+    wrong_weight_gradients(monkeypatch, "cpu")
+    out = tmp_path / "rnn.json"
+    status, stdout, _ = run_cli(capsys, "bench", "--suite", "rnn", "--quick", "--backend",
+                                "cpu", "--json", str(out))
+    assert status == 1
+    assert fake_timing == []  # nothing passed: neither numbaconv nor PyTorch is timed
+    assert "1 check(s) against PyTorch failed: gru_T3_N2_4_5 on cpu" in stdout
+    [line] = [text for text in stdout.splitlines() if text.startswith(TINY_GRU.name)]
+    assert "FAIL" in line and "(dparams)" in line
+    record = json.loads(out.read_text())
+    assert record["check"]["failed"] == 1 and record["check"]["tolerance"] == 5e-4
+    assert record["rows"][0]["cpu_check"]["errors"]["dparams"] > 5e-3
+
+
+def test_bench_rnn_without_torch_says_nothing_was_checked(capsys, fake_timing):
+    status, stdout, _ = run_cli(capsys, "bench", "--suite", "rnn", "--quick", "--backend",
+                                "cpu", "--no-torch")
+    assert status == 0
+    assert "check against PyTorch: skipped (--no-torch)" in stdout
+    assert fake_timing == [(TINY_GRU.name, "cpu")]
 
 
 @pytest.mark.parametrize("backend", other_cpu_backends())

@@ -7,6 +7,7 @@ implementation (handed in through ``run_rows(ours=...)``) reported as a failure 
 timed. The case table, the option checks and the table's formatting are tested in-process.
 """
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -127,7 +128,121 @@ def test_a_wrong_result_is_a_failure_and_is_not_timed():
     assert "FAIL" in result["table"][0] and "not timed" in result["table"][0]
 
 
+@needs_simulator
+def test_sim_rnn_rows_check_and_time_a_training_step(tmp_path):
+    """``--suite rnn --quick``: the LSTM twin's training step matches PyTorch on y, dx and
+    the weight gradients and carries the three timings and the product path (the GRU's
+    check runs in the test below; the simulator takes about 5 s per step)."""
+    out = tmp_path / "rnn.json"
+    proc = subprocess.run([sys.executable, "-m", "numbaconv", "bench", "--device", "cuda",
+                           "--sim", "--suite", "rnn", "--quick", "--json", str(out)],
+                          cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rnn_training_step: rnn_forward(training=True" in proc.stdout
+    assert "recurrent products (numbaconv's cuda backend): the Numba gemm kernel" in \
+        proc.stdout
+    record = json.loads(out.read_text())
+    assert record["finished"] is True and record["cases"] == []
+    assert record["settings"]["suites"] == ["rnn"]
+    assert record["settings"]["rnn_tolerance"] == bench_cuda.DEFAULT_RNN_TOLERANCE
+    assert [c["name"] for c in record["rnn_cases"]] == ["lstm_T3_N2_4_5"]
+    rows = record["rows"]
+    assert [(r["case"], r["layout"], r["op"]) for r in rows] == [
+        ("lstm_T3_N2_4_5", bench_cuda.RNN_LAYOUT, bench_cuda.RNN_OP)]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert set(r["errors"]) == {"y", "dx", "dparams"}, r
+        assert r["rel_err"] == max(r["errors"].values()) <= r["tolerance"], r
+        assert r["algorithm"].startswith("cuda/fused; products: the Numba gemm kernel"), r
+        for key in ("ours_ms", "torch_ieee_ms", "torch_tf32_ms", "torch_ieee_over_ours"):
+            assert r[key] is not None and r[key] > 0, (key, r)
+        assert r["gflop"] > 0
+    assert "1 of 1 rows checked and timed" in proc.stdout
+
+
+_WRONG_RNN = """
+import json
+from numba import cuda
+from numbaconv import bench_cuda
+
+calls = []
+
+def ours(operands):
+    # numbaconv's step, with one weight gradient off by 1 %: the check must see it.
+    calls.append(operands.case.name)
+    got = bench_cuda.numbaconv_rnn_step(operands)
+    dparams = got["dparams"].copy_to_host()
+    dparams[len(dparams) // 2] += 0.01 * abs(dparams).max()
+    got["dparams"] = cuda.to_device(dparams)
+    return got
+
+cases = bench_cuda.select_rnn_cases(sim=True, patterns=["gru"])
+rows = bench_cuda.run_rnn_rows(cases, sim=True, ours=ours)
+late = bench_cuda.run_rnn_rows(cases, sim=True, time_limit=1e-9,
+                               ours=lambda operands: calls.append("late"))
+print(json.dumps(dict(rows=[r.as_dict() for r in rows], late=[r.as_dict() for r in late],
+                      calls=calls)))
+"""
+
+
+@needs_simulator
+def test_a_wrong_training_step_is_a_failure_and_is_not_timed():
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WRONG_RNN)], cwd=ROOT,
+                          env=SIM_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    [wrong] = result["rows"]
+    assert wrong["status"] == "FAIL" and "(dparams)" in wrong["detail"], wrong
+    assert wrong["errors"]["dparams"] > wrong["tolerance"] > wrong["errors"]["y"], wrong
+    assert wrong["timings"] == {} and wrong["ours_ms"] is None, wrong
+    assert wrong["errors"]["dx"] <= wrong["tolerance"], wrong  # the GRU's y and dx match
+    assert result["calls"] == ["gru_T3_N2_4_5"]  # the check only, not timed
+    assert [r["status"] for r in result["late"]] == ["skipped"]
+
+
 # --- in-process: cases, options, formatting ------------------------------------------------
+
+def test_rnn_cases_are_the_issues_networks_and_their_tiny_twins():
+    from numbaconv import bench_rnn
+    assert len(bench_cuda.SIM_RNN_CASES) == len(bench_cuda.RNN_CASES)
+    for big, tiny in zip(bench_cuda.RNN_CASES, bench_cuda.SIM_RNN_CASES):
+        assert (big.mode, big.num_layers, big.bidirectional, big.proj_size) == (
+            tiny.mode, tiny.num_layers, tiny.bidirectional, tiny.proj_size)
+        assert big.name.split("_T")[0] == tiny.name.split("_T")[0]
+        assert (tiny.seq_len, tiny.batch, tiny.input_size, tiny.hidden_size) == (3, 2, 4, 5)
+        assert big.seq_len == 50
+    lstm, gru, bi = bench_cuda.RNN_CASES
+    # The issue's target, and the GRU at its size, as the CPU suite times them.
+    cpu = {c.name: c for c in bench_rnn.RNN_SHAPES}
+    assert lstm == cpu["lstm_T50_N64_512"] and gru == cpu["gru_T50_N64_512"]
+    assert (bi.mode, bi.num_layers, bi.bidirectional) == ("lstm", 2, True)
+    assert lstm.flops() == 3 * 50 * 2 * 64 * 4 * 512 * (512 + 512)
+    assert bench_cuda.select_rnn_cases() == bench_cuda.RNN_CASES
+    assert bench_cuda.select_rnn_cases(quick=True) == (lstm,)
+    assert bench_cuda.select_rnn_cases(sim=True, quick=True) == bench_cuda.SIM_RNN_CASES[:1]
+    assert bench_cuda.select_rnn_cases(patterns=["gru,bi_L2"]) == (gru, bi)
+    assert bench_cuda.select_rnn_cases(patterns=["resnet"]) == ()
+
+
+@pytest.mark.parametrize("case", bench_cuda.SIM_RNN_CASES, ids=lambda c: c.name)
+def test_numbaconvs_weights_reach_pytorch_in_their_order(case):
+    """load_rnn_params puts numbaconv's flat vector into the module by PyTorch's names, and
+    rnn_flat_gradients reads the gradients back in numbaconv's order: loading a vector and
+    reading the weights back in that order gives the vector itself."""
+    torch = pytest.importorskip("torch")
+    from numbaconv import bench_torch
+    cfg = case.config()
+    flat = numbaconv.rnn_init_params(cfg, seed=3, dtype="float32")
+    module = bench_torch.torch_rnn_module(case, torch)
+    bench_torch.load_rnn_params(module, cfg, flat)
+    for name in bench_torch.rnn_parameter_names(module, cfg):
+        weight = getattr(module, name)
+        weight.grad = weight.detach().clone()
+    assert torch.equal(bench_torch.rnn_flat_gradients(module, cfg), torch.from_numpy(flat))
+    other = bench_torch.torch_rnn_module(dataclasses.replace(case, hidden_size=6), torch)
+    with pytest.raises(ValueError, match="not PyTorch's"):
+        bench_torch.load_rnn_params(other, cfg, flat)
+
 
 def test_cases_are_the_issues_layers_and_their_tiny_twins():
     names = [c.name for c in bench_cuda.CASES]
@@ -171,7 +286,10 @@ def test_usage_errors(capsys):
     for argv, says in ((("--sim",), "--sim applies to --device cuda only"),
                        (("--device", "cuda", "--op", "conv_transpose"), "not --op"),
                        (("--device", "cuda", "--backend", "cpu"), "does not take --backend"),
-                       (("--device", "cuda", "--suite", "rnn"), "does not take --suite"),
+                       (("--device", "cuda", "--suite", "rnn", "--op", "conv"),
+                        "--op applies to the conv rows, not to --suite rnn"),
+                       (("--device", "cuda", "--suite", "rnn", "--layout", "channels_last"),
+                        "--layout applies to the conv rows"),
                        (("--device", "cuda", "--dtype", "float64"), "float64"),
                        (("--device", "cuda", "--case", "nothing"), "matches none"),
                        (("--device", "cuda", "--tolerance", "0"), "--tolerance")):

@@ -100,6 +100,12 @@ def test_the_rnn_and_gpu_suites_render():
     text = render.render_record("m", rnn, "docs/benchmarks/m.json")
     assert "numbaconv bench --suite rnn --quick" in text
     assert "| lstm_T10_N8_32 | 10 | 8 | 2.00 ms | 1.00 ms | 2.00 | 1.0 MiB | 2.0 MiB |" in text
+    assert "not checked against PyTorch" in text
+    rnn["check"] = dict(against="pytorch 2.13", tolerance=5e-4, failed=1)
+    rnn["rows"].append(dict(case="gru_T3_N2_4_5", mode="gru", T=3, N=2, cpu_status="FAIL"))
+    text = render.render_record("m", rnn, "docs/benchmarks/m.json")
+    assert "checked first against pytorch 2.13: y, dx and the weight gradients" in text
+    assert "| gru_T3_N2_4_5 | 3 | 2 |  | FAIL |" in text
     gpu = dict(created="2026-01-01T00:00:00+0000", suite="conv-cuda", finished=True,
                environment={}, settings=dict(sim=False, quick=True),
                rows=[dict(case="resnet", layout="channels_first", op="conv", gflop=1.0,

@@ -512,9 +512,16 @@ def both_backends(cfg, a, seed):
     return results
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial steps", "parallel steps"])
 @pytest.mark.parametrize("dropout", [0.0, 0.35])
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_cpu_matches_reference_with_every_feature(mode, dropout):
+def test_cpu_matches_reference_with_every_feature(mode, dropout, parallel, monkeypatch):
+    """Also with the step kernels' parallel compilations, which real sizes run (a step of
+    N * gate width >= PARALLEL_MIN_ELEMENTS) and these small ones would not: the GRU's
+    backward step once left its n-gate gradient unwritten there."""
+    if parallel:
+        from numbaconv.cpu import _rnn_cells
+        monkeypatch.setattr(_rnn_cells, "PARALLEL_MIN_ELEMENTS", 0)
     spec = make_spec(mode, "everything")
     spec = type(spec)(spec.name, spec.mode, {**spec.kwargs, "dropout": dropout, "num_layers": 3},
                       spec.lengths, spec.initial_state)

@@ -212,10 +212,16 @@ def rnn_command(record: dict, path: str) -> str:
 def rnn_section(record: dict) -> list:
     rows = record.get("rows") or []
     backends = sorted({k[:-2] for r in rows for k in r
-                       if k.endswith("_s") and k != "pytorch_s"})
+                       if k.endswith("_s") and k != "pytorch_s"}
+                      | {k[:-7] for r in rows for k in r if k.endswith("_status")})
     has_torch = any("pytorch_s" in r for r in rows)
+    check = record.get("check")
     lines = [f"- {record.get('dtype')}; {record.get('threads')} threads; median of "
-             f"{record.get('repeat')}, each engine in its own process"]
+             f"{record.get('repeat')}, each engine in its own process",
+             f"- checked first against {check.get('against')}: y, dx and the weight gradients "
+             f"within a relative error of {check.get('tolerance'):g}, else FAIL and not timed"
+             if check else "- not checked against PyTorch (records before the check, or run "
+             "without PyTorch)"]
     head = ["training step", "T", "N"] + (["PyTorch"] if has_torch else [])
     for b in backends:
         head += [f"`{b}`"] + (["ratio"] if has_torch else []) + ["reserve", "allocated per step"]
@@ -225,7 +231,8 @@ def rnn_section(record: dict) -> list:
         if has_torch:
             row.append(format_seconds(r.get("pytorch_s")))
         for b in backends:
-            row.append(format_seconds(r.get(f"{b}_s")))
+            failed = r.get(f"{b}_status") in ("FAIL", "error")
+            row.append(r[f"{b}_status"] if failed else format_seconds(r.get(f"{b}_s")))
             if has_torch:
                 row.append(format_ratio(r.get(f"{b}_ratio")))
             row += [format_bytes(r.get(f"{b}_reserve_bytes")),

@@ -306,7 +306,11 @@ def gru_backward_step(gates, h_prev, hx, dh, rec, dy, lengths, t, reverse, one, 
             rj = r[j]
             r[j] = dn[j] * hn[j] * rj * (one - rj)
             nn[j] = dn[j] * rj
-        hn[:] = dn
+        # A loop, not ``hn[:] = dn``: inside a prange body Numba makes that slice copy a
+        # parfor of its own, and the parallel compilation then wrote other rows' values
+        # (the GRU's gradients were wrong from PARALLEL_MIN_ELEMENTS on).
+        for j in range(hs):
+            hn[j] = dn[j]
 
 
 def rnn_backward_step(gates, dh, rec, dy, lengths, t, relu, one):
