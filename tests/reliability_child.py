@@ -110,6 +110,10 @@ def interrupted_call(name: str) -> None:
     """A child's main for the Ctrl-C test: the long call ``name`` after a small one (which
     loads its kernels); "start" before it, then "interrupted" when Ctrl-C's
     KeyboardInterrupt ended it, or "done" and its seconds when it finished first."""
+    import signal
+    # A child inherits an ignored SIGINT (Python then installs no KeyboardInterrupt
+    # handler): a test before this one, or the runner, may have left the parent so.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cpu = dispatch.get_backend("cpu")
     op, problem, operands, algorithm = long_call(name, small=True)
     cpu.run(op, problem, operands, None, algorithm)
