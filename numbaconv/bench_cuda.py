@@ -666,22 +666,29 @@ def _check_and_time(row: GpuRow, operands: Operands, *, sim, timer, tf32, ours, 
             row.detail = (f"relative error {row.rel_err:.2e} above the tolerance "
                           f"{row.tolerance:g}: not timed")
             return
-        say(f"{what}: timing numbaconv")
-        timing = timer.measure(lambda: ours(op, operands))
-        row.timings["ours"], row.ours_ms = timing, timing["median_ms"]
-        say(f"{what}: timing PyTorch (IEEE float32)")
-        timing = timer.measure(lambda: torch_call(op, operands))
-        row.timings["torch_ieee"], row.torch_ieee_ms = timing, timing["median_ms"]
-        if tf32:
-            say(f"{what}: timing PyTorch (TF32 allowed)")
-            set_torch_fp32("tf32")
-            timing = timer.measure(lambda: torch_call(op, operands))
-            row.timings["torch_tf32"], row.torch_tf32_ms = timing, timing["median_ms"]
-        row.status = "ok"
+        _time_checked_row(row, timer, what, say, lambda: ours(op, operands),
+                          lambda: torch_call(op, operands), tf32)
     except Exception as exc:
         row.status, row.detail = "error", _describe(exc)
     finally:
         set_torch_fp32("ieee")
+
+
+def _time_checked_row(row, timer, what, say, ours_call, torch_call, tf32):
+    """Time a row that passed its check: numbaconv, PyTorch in IEEE float32, and with
+    ``tf32`` PyTorch with TF32 allowed (left set: the caller restores IEEE); then "ok"."""
+    say(f"{what}: timing numbaconv")
+    timing = timer.measure(ours_call)
+    row.timings["ours"], row.ours_ms = timing, timing["median_ms"]
+    say(f"{what}: timing PyTorch (IEEE float32)")
+    timing = timer.measure(torch_call)
+    row.timings["torch_ieee"], row.torch_ieee_ms = timing, timing["median_ms"]
+    if tf32:
+        say(f"{what}: timing PyTorch (TF32 allowed)")
+        set_torch_fp32("tf32")
+        timing = timer.measure(torch_call)
+        row.timings["torch_tf32"], row.torch_tf32_ms = timing, timing["median_ms"]
+    row.status = "ok"
 
 
 def _release_gpu_memory():
@@ -888,18 +895,8 @@ def _check_and_time_rnn(row: GpuRow, operands: RNNOperands, *, sim, timer, tf32,
             row.detail = (f"relative error {row.rel_err:.2e} ({worst}) above the tolerance "
                           f"{row.tolerance:g}: not timed")
             return
-        say(f"{what}: timing numbaconv")
-        timing = timer.measure(lambda: ours(operands))
-        row.timings["ours"], row.ours_ms = timing, timing["median_ms"]
-        say(f"{what}: timing PyTorch (IEEE float32)")
-        timing = timer.measure(lambda: torch_rnn_step(operands))
-        row.timings["torch_ieee"], row.torch_ieee_ms = timing, timing["median_ms"]
-        if tf32:
-            say(f"{what}: timing PyTorch (TF32 allowed)")
-            set_torch_fp32("tf32")
-            timing = timer.measure(lambda: torch_rnn_step(operands))
-            row.timings["torch_tf32"], row.torch_tf32_ms = timing, timing["median_ms"]
-        row.status = "ok"
+        _time_checked_row(row, timer, what, say, lambda: ours(operands),
+                          lambda: torch_rnn_step(operands), tf32)
     except Exception as exc:
         row.status, row.detail = "error", _describe(exc)
     finally:
