@@ -4,10 +4,8 @@ backend runs a call on fewer threads (see :func:`threads_for_call`).
 A Numba parallel region, like a tile batch, ends at a barrier: when another process keeps a
 core busy, the operating system deschedules one of our threads now and then, and the whole
 region waits for it for a time slice (milliseconds), which on a call of 100 us costs tens
-of times the call. Measured on 2 cores beside one busy-looping process (issue 25): an LSTM
-training step took 36-37 ms on two threads and 23-25 ms on one, a small weight gradient
-once 8 ms against 0.16 ms. So each call reads how busy the process's CPUs were over the last
-fraction of a second (Linux's ``/proc/stat``, less this process's own CPU time) and runs
+of times the call (figures: docs/configuration.md, "Busy machines"). So each call reads how
+busy the process's CPUs were over the last fraction of a second (Linux's ``/proc/stat``, less this process's own CPU time) and runs
 on as many threads as the cores the others leave free.
 
 Elsewhere (no ``/proc/stat``), under a cgroup CPU quota (the quota, not the other
