@@ -135,13 +135,9 @@ def rnn_flat_gradients(module, config):
                       for name in rnn_parameter_names(module, config)])
 
 
-#: Bound of the recurrent benchmarks' relative error (CPU and GPU suites), compared on y, dx
-#: and the weight gradients. Two float32 implementations of the same training step differ by
-#: about 1e-6 relative to the largest value on the T=50 cases (measured on the CPU,
-#: numbaconv's cpu backend against PyTorch: at most 2e-6, the weight gradients, which sum
-#: T*N = 3200 terms; PyTorch float32 against float64 alike), so this leaves a margin of 250
-#: for cuDNN's and cuBLAS's other summation orders, while a wrong gate, step or index is off
-#: by 1e-2 to 1 (docs/gpu-benchmark.md).
+#: Bound of the recurrent benchmarks' relative error (CPU and GPU suites), on y, dx and the
+#: weight gradients: far above two float32 summation orders' differences, far below what a
+#: wrong gate, step or index gives (figures: docs/gpu-benchmark.md).
 RNN_TOLERANCE = 5e-4
 
 #: The results of a training step that the check compares, in the order it reports them.

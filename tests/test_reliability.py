@@ -245,8 +245,8 @@ def test_note_without_add_note():
 # --- Ctrl-C ----------------------------------------------------------------------------------
 
 #: Seconds from SIGINT to KeyboardInterrupt in the caller, and to the child's exit: generous
-#: for 2 busy cores (measured on 2 cores: 0.01-0.14 s; before implicit and direct ran a long
-#: call in pieces, they went on to its end, 3.7-6.4 s after SIGINT).
+#: for 2 busy cores, yet well below a long call's length (figures: docs/configuration.md,
+#: "Ctrl-C").
 INTERRUPTED_WITHIN = 1.5
 EXITED_WITHIN = 3.0
 
