@@ -62,16 +62,14 @@ from .testing import ConvCase, case_arrays
 # bench_latency and bench_plot; this module runs the table and re-exports them all.
 __all__ = ["PYTORCH", "GROUPS", "GROUP_TARGETS", "TARGET_OPS", "BenchCase", "group_of",
            "SHAPES", "QUICK_SHAPES", "TINY", "BIG_SHAPE_NAMES", "DEFAULT_SETTLE", "ENV_VARS",
-           "DEFAULT_BLOCK_TIMEOUT", "Timing", "time_call", "Call", "make_call", "flops", "cpu_backends", "supports",
-           "import_torch", "torch_callable", "torch_version", "Row", "resolve_layouts",
-           "run_benchmarks",
-           "gemm_name", "gemm_peak", "geometric_mean", "summarize", "dispatch_callables",
-           "dispatch_overhead", "FIRST_CALL_CASE", "TRAINING_STEP", "first_call_latency", "threadpools",
-           "blas_limits",
-           "environment", "describe_threadpools", "blas_info", "OPENBLAS_KERNEL_ISA",
-           "ISA_NAMES", "cpu_isa_level", "openblas_natural_kernel",
-           "openblas_coretype_warning", "format_seconds", "MATPLOTLIB_MISSING",
-           "require_matplotlib", "plot_ratios"]
+           "DEFAULT_BLOCK_TIMEOUT", "Timing", "time_call", "Call", "make_call", "flops",
+           "cpu_backends", "supports", "import_torch", "torch_callable", "torch_version", "Row",
+           "resolve_layouts", "run_benchmarks", "gemm_name", "gemm_peak", "geometric_mean",
+           "summarize", "dispatch_callables", "dispatch_overhead", "FIRST_CALL_CASE",
+           "TRAINING_STEP", "first_call_latency", "threadpools", "blas_limits", "environment",
+           "describe_threadpools", "blas_info", "OPENBLAS_KERNEL_ISA", "ISA_NAMES",
+           "cpu_isa_level", "openblas_natural_kernel", "openblas_coretype_warning",
+           "format_seconds", "MATPLOTLIB_MISSING", "require_matplotlib", "plot_ratios"]
 
 #: Seconds an engine's own process may take over one shape and layout (every op, the first
 #: block paying for the JIT compilation of each) before it is killed and its remaining rows
@@ -259,8 +257,8 @@ def _measure_in_processes(blocks, engines, *, ops, repeat, dtype, threads, skip_
         return
     done, total = 0, len(blocks) * len(engines)
     for engine in engines:
-        spec = dict(engine=engine, blocks=[(_case_spec(case), layout) for case, layout in blocks],
-                    ops=list(ops), repeat=repeat, dtype=dtype, threads=threads,
+        spec = dict(engine=engine, ops=list(ops), repeat=repeat, dtype=dtype, threads=threads,
+                    blocks=[(_case_spec(case), layout) for case, layout in blocks],
                     skip_reference_on=sorted(skip_reference_on))
         received = 0
         if progress is not None:

@@ -50,11 +50,11 @@ are on real layers.
 of its own, one after the other: PyTorch's process never loads Numba, and a backend's loads
 PyTorch only if the backend is built on it (the `torch` plugin), so each engine runs with its
 own OpenMP runtime and thread pools only, as in its users' programs; the JSON records what
-each process loaded (`processes`). `numbaconv bench --in-process` times them all in one process instead,
-shape by shape, with a pause between engines (`--settle`): both OpenMP runtimes are loaded
-there, and short calls read differently than a NumPy-only or PyTorch-only program sees them.
-Each section says which way its figures were taken; a file written before the bench had the
-choice was taken in one process.
+each process loaded (`processes`). `numbaconv bench --in-process` times them all in one
+process instead, shape by shape, with a pause between engines (`--settle`): both OpenMP
+runtimes are loaded there, and short calls read differently than a NumPy-only or
+PyTorch-only program sees them. Each section says which way its figures were taken; a file
+written before the bench had the choice was taken in one process.
 
 How to run the bench and read its output: [usage.md](usage.md#benchmarks);
 what the CPU algorithms trade off: [cpu-algorithms.md](cpu-algorithms.md); GPU figures:
