@@ -319,7 +319,7 @@ def _time_engine(spec: dict) -> None:
         torch = import_torch()
         if torch is None:
             raise ImportError("PyTorch does not import in this process")
-    with _limit_threads([engine], spec["threads"], torch):
+    with _limit_threads([engine], spec["threads"], torch, own_process=True):
         for index, (fields, layout) in enumerate(spec["blocks"]):
             case = BenchCase(**{k: _tuples(v) for k, v in fields.items()})
             arrays = case_arrays(case, layout, dtype)
@@ -339,9 +339,10 @@ def _tuples(value):
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
-def _limit_threads(engines, threads: Optional[int], torch):
+def _limit_threads(engines, threads: Optional[int], torch, own_process: bool = False):
     """Set the thread count of each of ``engines`` to ``threads`` (None: leave them); the
-    context returned limits BLAS to it too."""
+    context returned limits BLAS to it too. ``own_process``: this is the engine's own
+    process, whose environment may be changed."""
     if not threads:
         return contextlib.nullcontext()
     if PYTORCH in engines:
@@ -349,7 +350,7 @@ def _limit_threads(engines, threads: Optional[int], torch):
     if any(engine != PYTORCH for engine in engines):
         # Never more than numbaconv would give Numba by itself (a CPU quota may allow fewer
         # CPUs than the default count the caller read from Numba).
-        if "numba" in sys.modules:
+        if not own_process or "numba" in sys.modules:
             import numba
 
             # numbaconv's threading set-up first (OMP_WAIT_POLICY, the pool's size): setting

@@ -183,8 +183,8 @@ def cmd_bench(args) -> int:
                f"each shape with a {args.settle:g} s pause between them (--settle)")
     else:
         _print("engines: each timed in a process of its own, one after another (PyTorch's "
-               "loads no Numba, numbaconv's no PyTorch); --in-process times them all in "
-               "this one")
+               "loads no Numba; a backend's no PyTorch unless built on it); --in-process "
+               "times them all in this one")
     _print(f"backends: {', '.join(names) or 'none'}; {args.dtype}, {', '.join(layouts)}; "
            f"median of {repeat} after a warm-up call"
            + ("; reference skipped on the big shapes (--include-reference)"
