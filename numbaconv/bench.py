@@ -16,6 +16,9 @@ processes, cold and from Numba's on-disk cache. :func:`blas_info` and
 ``OPENBLAS_CORETYPE`` forced an older one; :func:`plot_ratios` draws the ratios (matplotlib,
 the ``plot`` extra).
 
+:func:`run_benchmarks` times each engine (PyTorch, each numbaconv backend) in a fresh
+process of its own (:mod:`numbaconv.bench_process`), so that no other library's OpenMP
+runtime or thread pool runs beside it; ``in_process=True`` times them all in the caller's.
 Times are medians over ``repeat`` samples after one warm-up call (which pays for any lazy
 compilation). A sample of a call faster than a couple of milliseconds loops over the call
 enough times to rise above the clock's resolution and divides, as :mod:`timeit` does.
@@ -31,6 +34,10 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
+import sys
 import time
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -40,12 +47,14 @@ from .bench_cases import (BIG_SHAPE_NAMES, DEFAULT_SETTLE, ENV_VARS, GROUP_TARGE
                           cpu_backends, flops, group_of, make_call, supports)
 from .bench_latency import (FIRST_CALL_CASE, TRAINING_STEP, dispatch_callables,
                             dispatch_overhead, first_call_latency)
-from .bench_machine import (ISA_NAMES, OPENBLAS_KERNEL_ISA, blas_info, cpu_isa_level,
-                            describe_threadpools, environment, gemm_name, gemm_peak,
-                            openblas_coretype_warning, openblas_natural_kernel, threadpools)
+from .bench_machine import (ISA_NAMES, OPENBLAS_KERNEL_ISA, blas_info, blas_limits,
+                            cpu_isa_level, describe_threadpools, environment, gemm_name,
+                            gemm_peak, openblas_coretype_warning, openblas_natural_kernel,
+                            threadpools)
 from .bench_plot import MATPLOTLIB_MISSING, plot_ratios, require_matplotlib
+from .bench_process import ChildFailed, child_messages, print_message
 from .bench_timing import Timing, format_seconds, geometric_mean, time_call
-from .bench_torch import import_torch, torch_callable
+from .bench_torch import import_torch, torch_callable, torch_version
 from .problem import CONV_OPS, LAYOUTS
 from .testing import ConvCase, case_arrays
 
@@ -53,14 +62,20 @@ from .testing import ConvCase, case_arrays
 # bench_latency and bench_plot; this module runs the table and re-exports them all.
 __all__ = ["PYTORCH", "GROUPS", "GROUP_TARGETS", "TARGET_OPS", "BenchCase", "group_of",
            "SHAPES", "QUICK_SHAPES", "TINY", "BIG_SHAPE_NAMES", "DEFAULT_SETTLE", "ENV_VARS",
-           "Timing", "time_call", "Call", "make_call", "flops", "cpu_backends", "supports",
-           "import_torch", "torch_callable", "Row", "resolve_layouts", "run_benchmarks",
-           "gemm_name", "gemm_peak", "geometric_mean", "summarize", "dispatch_callables",
-           "dispatch_overhead", "FIRST_CALL_CASE", "TRAINING_STEP", "first_call_latency", "threadpools",
-           "environment", "describe_threadpools", "blas_info", "OPENBLAS_KERNEL_ISA",
-           "ISA_NAMES", "cpu_isa_level", "openblas_natural_kernel",
-           "openblas_coretype_warning", "format_seconds", "MATPLOTLIB_MISSING",
-           "require_matplotlib", "plot_ratios"]
+           "DEFAULT_BLOCK_TIMEOUT", "Timing", "time_call", "Call", "make_call", "flops",
+           "cpu_backends", "supports", "import_torch", "torch_callable", "torch_version", "Row",
+           "resolve_layouts", "run_benchmarks", "gemm_name", "gemm_peak", "geometric_mean",
+           "summarize", "dispatch_callables", "dispatch_overhead", "FIRST_CALL_CASE",
+           "TRAINING_STEP", "first_call_latency", "threadpools", "blas_limits", "environment",
+           "describe_threadpools", "blas_info", "OPENBLAS_KERNEL_ISA", "ISA_NAMES",
+           "cpu_isa_level", "openblas_natural_kernel", "openblas_coretype_warning",
+           "format_seconds", "MATPLOTLIB_MISSING", "require_matplotlib", "plot_ratios"]
+
+#: Seconds an engine's own process may take over one shape and layout (every op, the first
+#: block paying for the JIT compilation of each) before it is killed and its remaining rows
+#: become errors: long enough for a slow machine's compilation, short enough that a hung
+#: engine does not stall the run for good.
+DEFAULT_BLOCK_TIMEOUT = 900.0
 
 
 # --- the benchmark table -----------------------------------------------------------------
@@ -86,18 +101,29 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
                    torch=None, skip_reference_on: Iterable[str] = (),
                    settle: float = DEFAULT_SETTLE, peak_gflops: Optional[float] = None,
                    report: Optional[Callable[[Row], None]] = None,
-                   progress: Optional[Callable[[int, int, str], None]] = None) -> list:
+                   progress: Optional[Callable[[int, int, str], None]] = None,
+                   in_process: bool = False, threads: Optional[int] = None,
+                   timeout: Optional[float] = DEFAULT_BLOCK_TIMEOUT,
+                   processes: Optional[dict] = None) -> list:
     """Time every op of every shape on each backend, and on PyTorch when ``torch`` is given.
 
     Backends are timed through the public functions inside ``use_backend(name)``: what a
     user's call costs, validation and dispatch included.
 
-    Each shape and layout is measured in blocks, one per engine (PyTorch, then each backend), with a
-    pause of ``settle`` seconds between blocks. Thread pools spin for a while after their
-    last job (see :data:`DEFAULT_SETTLE`); when the next
-    library's pool starts while the previous one still spins, on a machine with few cores
-    the two fight for them and calls can take a thousand times longer. Interleaving ops of
-    different libraries would measure that fight rather than the libraries.
+    By default each engine (PyTorch, then each backend) runs in a fresh interpreter of its
+    own, which times all the shapes, layouts and ops on it and exits before the next one
+    starts. The child of a numbaconv backend never imports PyTorch, and PyTorch's never runs
+    Numba: each engine has the cores, and the OpenMP runtime, that its users' programs would
+    give it. In one process, the other engine's runtime and its idle threads change the
+    times (short calls most).
+
+    With ``in_process``, everything runs in this process instead, each shape and layout
+    measured in blocks, one per engine, with a pause of ``settle`` seconds between blocks.
+    Thread pools spin for a while after their last job (see :data:`DEFAULT_SETTLE`); when
+    the next library's pool starts while the previous one still spins, on a machine with
+    few cores the two fight for them and calls can take a thousand times longer.
+    Interleaving ops of different libraries would measure that fight rather than the
+    libraries.
 
     Parameters
     ----------
@@ -110,74 +136,246 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
     layout : str or sequence of str
         A layout, ``"both"`` (channels-first then channels-last), or a sequence of layouts.
     dtype : str
-    torch : module, optional
-        PyTorch, to time it directly as the baseline of the ``vs_pytorch`` column.
+    torch : module or bool, optional
+        PyTorch (or True), to time it directly as the baseline of the ``vs_pytorch``
+        column. Its own process imports its own; ``in_process`` needs the module (True
+        imports it here).
     skip_reference_on : iterable of str
         Shape names on which the ``reference`` backend is skipped (too slow).
     settle : float
-        Seconds to wait between engines so idle thread pools go to sleep (see above).
+        With ``in_process``: seconds to wait between engines so idle thread pools go to
+        sleep (see above). Processes of their own need no pause: an exited process's
+        threads are gone.
     peak_gflops : float, optional
         The GEMM peak of this run (:func:`gemm_peak`); rows get ``peak_fraction`` from it.
     report : callable, optional
-        Called with each :class:`Row` once its shape is done (progress for long runs).
+        Called with each :class:`Row` once its shape and layout is done on every engine
+        (progress for long runs).
     progress : callable, optional
         Called as ``progress(done, total, what)`` before each block (one engine on one
         shape and layout) with the number of blocks done, their total and a description of
         the block starting: for a progress display.
+    in_process : bool
+        Time every engine in this process (see above).
+    threads : int, optional
+        Threads for each engine: PyTorch's ``set_num_threads``, Numba's (after numbaconv's
+        threading set-up) and BLAS's (threadpoolctl, when installed); None leaves each
+        library's own setting. The processes inherit this one's environment
+        (``OMP_NUM_THREADS``, ``NUMBA_NUM_THREADS``, ...).
+    timeout : float, optional
+        Seconds an engine's process may take over one shape and layout; past it the process
+        is killed and the rest of its rows are errors. None waits for ever.
+    processes : dict, optional
+        Filled with engine -> what its process reported when done: ``modules`` (whether
+        torch, numba and numbaconv were imported there), ``threads`` (PyTorch's and Numba's
+        thread counts, where loaded) and ``threadpools`` (threadpoolctl's view of its BLAS
+        and OpenMP libraries), or ``error``. Left empty ``in_process``.
 
     Returns
     -------
     list of Row
         Ordered by shape, then layout, then op, then PyTorch before the backends in the
-        given order.
+        given order. An engine whose process failed (crashed, or timed out) has ``"error"``
+        rows from there on, saying why.
     """
-    skip_reference_on = frozenset(skip_reference_on)
-    engines = ([PYTORCH] if torch is not None else []) + list(backends)
+    engines = ([PYTORCH] if torch is not None and torch is not False else []) + list(backends)
     blocks = [(case, lay) for case in shapes for lay in resolve_layouts(layout)]
+    options = dict(ops=list(ops), repeat=repeat, dtype=dtype, threads=threads,
+                   skip_reference_on=frozenset(skip_reference_on))
+    if in_process:
+        if torch is True:
+            torch = import_torch()
+            if torch is None:
+                raise ImportError("run_benchmarks(torch=True, in_process=True): PyTorch "
+                                  "does not import")
+        measured = _measure_in_process(blocks, engines, torch=torch, settle=settle,
+                                       progress=progress, **options)
+    else:
+        measured = _measure_in_processes(blocks, engines, timeout=timeout, progress=progress,
+                                         processes=processes, **options)
+    rows: list = []
+    found: dict = {}  # block index -> {(op, engine): row}
+    next_block = 0
+    for index, engine, engine_rows in measured:
+        found.setdefault(index, {}).update(((row.op, engine), row) for row in engine_rows)
+        # Each block is reported once every engine has timed it.
+        while next_block in found and len(found[next_block]) == len(set(ops)) * len(engines):
+            rows += _compare(found.pop(next_block), ops, engines, peak_gflops, report)
+            next_block += 1
+    if progress is not None:
+        progress(len(blocks) * len(engines), len(blocks) * len(engines), "done")
+    return rows
+
+
+def _compare(measured: dict, ops, engines, peak_gflops, report) -> list:
+    """One block's rows in the table's order, with PyTorch's time and the peak fraction."""
     rows = []
+    for op in ops:
+        baseline = measured.get((op, PYTORCH))
+        for engine in engines:
+            row = measured[op, engine]
+            if baseline is not None and baseline.median_s:
+                if engine != PYTORCH:
+                    row.pytorch_s = baseline.median_s
+                if row.median_s:
+                    row.vs_pytorch = baseline.median_s / row.median_s
+            if peak_gflops and row.gflops is not None:
+                row.peak_fraction = row.gflops / peak_gflops
+            rows.append(row)
+            if report is not None:
+                report(row)
+    return rows
+
+
+def _measure_in_process(blocks, engines, *, ops, repeat, dtype, threads, skip_reference_on,
+                        torch, settle, progress):
+    """Yield ``(block index, engine, rows)``, block after block, each engine in turn."""
     busy = False  # whether a block has run since the last pause
     done, total = 0, len(blocks) * len(engines)
-    for case, layout in blocks:
-        arrays = case_arrays(case, layout, dtype)
-        calls = [make_call(op, case, layout, dtype, arrays) for op in ops]
-        measured = {}
-        for engine in engines:
-            if progress is not None:
-                progress(done, total, f"{case.name} {layout} on {engine}")
-            done += 1
-            if busy and settle > 0:
-                time.sleep(settle)
-            busy = False
-            for call in calls:
-                if engine == PYTORCH:
-                    row = _time_pytorch(call, torch, repeat)
-                elif engine == "reference" and case.name in skip_reference_on:
-                    row = _row(call, engine, "skipped",
-                               detail="reference is too slow here (--include-reference)")
-                else:
-                    why = supports(engine, call)
-                    row = (_row(call, engine, "skipped", detail=why) if why is not None
-                           else _time_backend(engine, call, repeat))
-                busy = busy or row.status != "skipped"
-                measured[call.op, engine] = row
-        for op in ops:
-            baseline = measured.get((op, PYTORCH))
+    with _limit_threads(engines, threads, torch):
+        for index, (case, layout) in enumerate(blocks):
+            arrays = case_arrays(case, layout, dtype)
+            calls = [make_call(op, case, layout, dtype, arrays) for op in ops]
             for engine in engines:
-                row = measured[op, engine]
-                if baseline is not None and baseline.median_s:
-                    if engine != PYTORCH:
-                        row.pytorch_s = baseline.median_s
-                    if row.median_s:
-                        row.vs_pytorch = baseline.median_s / row.median_s
-                if peak_gflops and row.gflops is not None:
-                    row.peak_fraction = row.gflops / peak_gflops
-                rows.append(row)
-                if report is not None:
-                    report(row)
-        del calls, arrays
-    if progress is not None:
-        progress(total, total, "done")
-    return rows
+                if progress is not None:
+                    progress(done, total, _block_name(case, layout, engine))
+                done += 1
+                if busy and settle > 0:
+                    time.sleep(settle)
+                rows = [_time_row(engine, call, repeat, torch, skip_reference_on)
+                        for call in calls]
+                busy = any(row.status != "skipped" for row in rows)
+                yield index, engine, rows
+            del calls, arrays
+
+
+def _measure_in_processes(blocks, engines, *, ops, repeat, dtype, threads, skip_reference_on,
+                          timeout, progress, processes):
+    """Yield ``(block index, engine, rows)``, engine after engine, each in a fresh
+    interpreter (:data:`_ENGINE_CHILD`) that times every block and exits."""
+    if not blocks:
+        return
+    done, total = 0, len(blocks) * len(engines)
+    for engine in engines:
+        spec = dict(engine=engine, ops=list(ops), repeat=repeat, dtype=dtype, threads=threads,
+                    blocks=[(_case_spec(case), layout) for case, layout in blocks],
+                    skip_reference_on=sorted(skip_reference_on))
+        received = 0
+        if progress is not None:
+            progress(done, total, _block_name(*blocks[0], engine))
+        try:
+            for message in child_messages(_ENGINE_CHILD, spec, timeout=timeout):
+                if "rows" in message:
+                    received += 1
+                    done += 1
+                    if progress is not None and received < len(blocks):
+                        progress(done, total, _block_name(*blocks[received], engine))
+                    yield message["block"], engine, [Row(**row) for row in message["rows"]]
+                elif processes is not None and "modules" in message:
+                    processes[engine] = message
+            if received < len(blocks):
+                raise ChildFailed("it exited without timing every shape")
+        except ChildFailed as exc:
+            detail = f"{engine}'s process failed: {exc}"
+            if processes is not None:
+                processes.setdefault(engine, {})["error"] = str(exc)
+            for index in range(received, len(blocks)):
+                case, layout = blocks[index]
+                done += 1
+                yield index, engine, [_failed_row(case, layout, op, engine, dtype, detail)
+                                      for op in ops]
+
+
+def _block_name(case: ConvCase, layout: str, engine: str) -> str:
+    return f"{case.name} {layout} on {engine}"
+
+
+def _case_spec(case: ConvCase) -> dict:
+    return dict(dataclasses.asdict(case), group=group_of(case))
+
+
+def _failed_row(case: ConvCase, layout: str, op: str, engine: str, dtype: str,
+                detail: str) -> Row:
+    return Row(case.name, op, engine, layout, dtype, "error", detail=detail,
+               group=group_of(case))
+
+
+#: What an engine's process runs (:func:`_time_engine`); a module attribute so that a test
+#: can make it fail.
+_ENGINE_CHILD = """
+import json, sys
+from numbaconv import bench
+bench._time_engine(json.loads(sys.argv[1]))
+"""
+
+
+def _time_engine(spec: dict) -> None:
+    """In an engine's own process: time each block of ``spec`` on its engine, printing each
+    block's rows as they are done, then which libraries this process loaded."""
+    engine, dtype, ops = spec["engine"], spec["dtype"], spec["ops"]
+    skip_reference_on = frozenset(spec["skip_reference_on"])
+    torch = None
+    if engine == PYTORCH:
+        torch = import_torch()
+        if torch is None:
+            raise ImportError("PyTorch does not import in this process")
+    with _limit_threads([engine], spec["threads"], torch, own_process=True):
+        for index, (fields, layout) in enumerate(spec["blocks"]):
+            case = BenchCase(**{k: _tuples(v) for k, v in fields.items()})
+            arrays = case_arrays(case, layout, dtype)
+            rows = [_time_row(engine, make_call(op, case, layout, dtype, arrays),
+                              spec["repeat"], torch, skip_reference_on) for op in ops]
+            print_message(dict(block=index, rows=[row.as_dict() for row in rows]))
+            del arrays
+    threads = {name: sys.modules[name].get_num_threads() for name in ("torch", "numba")
+               if name in sys.modules}
+    print_message(dict(modules={name: name in sys.modules
+                                for name in ("torch", "numba", "numbaconv")},
+                       threads=threads, threadpools=threadpools()))
+
+
+def _tuples(value):
+    """JSON made the case's tuples lists."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _limit_threads(engines, threads: Optional[int], torch, own_process: bool = False):
+    """Set the thread count of each of ``engines`` to ``threads`` (None: leave them); the
+    context returned limits BLAS to it too. ``own_process``: this is the engine's own
+    process, whose environment may be changed."""
+    if not threads:
+        return contextlib.nullcontext()
+    if PYTORCH in engines:
+        torch.set_num_threads(threads)
+    if any(engine != PYTORCH for engine in engines):
+        # Never more than numbaconv would give Numba by itself (a CPU quota may allow fewer
+        # CPUs than the default count the caller read from Numba).
+        if not own_process or "numba" in sys.modules:
+            import numba
+
+            # numbaconv's threading set-up first (OMP_WAIT_POLICY, the pool's size): setting
+            # the count starts Numba's threads, too late for it afterwards.
+            from .config import configure_threading
+            configure_threading()
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        else:  # an engine's own process: read when (if) the engine imports Numba, or
+            # PyTorch (a plugin backend), or another OpenMP library
+            from .config import available_cpus
+            os.environ["NUMBA_NUM_THREADS"] = str(min(threads, available_cpus()[0]))
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+    return blas_limits(threads)
+
+
+def _time_row(engine: str, call: Call, repeat: int, torch, skip_reference_on) -> Row:
+    if engine == PYTORCH:
+        return _time_pytorch(call, torch, repeat)
+    if engine == "reference" and call.case.name in skip_reference_on:
+        return _row(call, engine, "skipped",
+                    detail="reference is too slow here (--include-reference)")
+    why = supports(engine, call)
+    if why is not None:
+        return _row(call, engine, "skipped", detail=why)
+    return _time_backend(engine, call, repeat)
 
 
 def _row(call: Call, engine: str, status: str, timing: Optional[Timing] = None,

@@ -74,6 +74,16 @@ def threadpools() -> Optional[list]:
     return threadpoolctl.threadpool_info()
 
 
+def blas_limits(threads: int):
+    """A context limiting BLAS to ``threads`` (a no-op without threadpoolctl)."""
+    import contextlib
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
 def environment() -> dict:
     """Versions, threading and BLAS configuration: what a benchmark result depends on.
 

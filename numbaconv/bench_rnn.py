@@ -14,16 +14,14 @@ Used by ``numbaconv bench --suite rnn`` and the asv suite (``benchmarks/bench_rn
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import subprocess
-import sys
 import tracemalloc
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .bench_cases import RNNCase
+from .bench_process import ChildFailed, child_messages
 from .bench_timing import geometric_mean, time_call
 from .bench_torch import RNN_TOLERANCE, torch_rnn_module
 
@@ -200,20 +198,22 @@ def check_case(case: RNNCase, backends: Sequence[str] = ("cpu",), *,
 
 _CHILD = """
 import json, sys
-from numbaconv import bench_rnn
+from numbaconv import bench_process, bench_rnn
 spec = json.loads(sys.argv[1])
 case = bench_rnn.RNNCase(**spec.pop("case"))
 run = bench_rnn.check_case if spec.pop("check", False) else bench_rnn.measure
-print(json.dumps(run(case, **spec)))
+bench_process.print_message(run(case, **spec))
 """
 
 
-def _run_child(spec: dict, what: str, timeout: float):
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)],
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _run_child(spec: dict, what: str, timeout: float) -> dict:
+    try:
+        messages = list(child_messages(_CHILD, spec, timeout=timeout))
+    except ChildFailed as exc:
+        raise RuntimeError(f"{what} failed: {exc}") from None
+    if not messages:
+        raise RuntimeError(f"{what} failed: it printed no result")
+    return messages[-1]
 
 
 def measure_in_subprocess(case: RNNCase, engine: str, *, timeout: float = 900, **kwargs):

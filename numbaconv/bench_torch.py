@@ -26,6 +26,18 @@ def import_torch():
     return torch
 
 
+def torch_version() -> Optional[str]:
+    """PyTorch's installed version, found without importing it; None when not installed."""
+    import importlib.metadata
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # importable, but not as a distribution
+        return "(version unknown)"
+
+
 def torch_callable(call: Call, torch) -> Optional[Callable[[], object]]:
     """The same computation as ``call`` in PyTorch, or None where PyTorch has no equivalent.
 

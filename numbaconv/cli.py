@@ -450,7 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "conv_backward_bias and conv_transpose on standard CNN layer shapes "
                     "(ResNet 3x3, 1x1, depthwise 3x3, 7x7 stride-2 stem, 1D and 3D) for "
                     "each available CPU backend, and PyTorch directly when it is installed, "
-                    "in both layouts, "
+                    "in both layouts, each engine (PyTorch, each backend) timed in a fresh "
+                    "process of its own, as its users' programs run it (--in-process: all "
+                    "in one), "
                     "printing median time, GFLOP/s, the fraction of the machine's GEMM peak "
                     "(np.matmul, measured in the same run) and PyTorch's time over the "
                     "backend's. Then the dispatch overhead of a tiny call, and a summary per "
@@ -503,9 +505,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads for Numba, BLAS and PyTorch (default NUMBA_NUM_THREADS)")
     p.add_argument("--no-torch", action="store_true",
                    help="do not time PyTorch (nor, with --suite rnn, check against it)")
+    p.add_argument("--in-process", action="store_true",
+                   help="time every engine in this one process, block by block, instead of "
+                        "each in a process of its own: PyTorch's and Numba's OpenMP "
+                        "runtimes then share it (and the cores), which changes the times of "
+                        "short calls")
     p.add_argument("--settle", type=float, default=_default_settle(), metavar="SECONDS",
-                   help="pause between engines so idle thread pools stop spinning "
-                        "(default %(default)s)")
+                   help="pause between engines so idle thread pools stop spinning: with "
+                        "--in-process, and after the GEMM peak (default %(default)s)")
     p.add_argument("--first-call", action="store_true",
                    help="measure each op's first call (JIT compilation) on a small problem in "
                         "fresh processes, cold and with Numba's on-disk cache, for the cpu "

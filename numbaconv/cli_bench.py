@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 
@@ -94,7 +95,7 @@ CUDA_BENCH_OPTIONS = ("sim", "case", "tolerance", "budget", "warmup", "no_flush"
 
 #: ``bench`` options that ``--device cuda`` does not read.
 CPU_BENCH_OPTIONS = ("backend", "include_reference", "threads", "no_torch", "first_call",
-                     "plot")
+                     "plot", "in_process")
 
 
 def cmd_bench(args) -> int:
@@ -146,30 +147,44 @@ def cmd_bench(args) -> int:
         _print(f"numbaconv bench: error: --threads {threads} exceeds NUMBA_NUM_THREADS = "
                f"{numba.config.NUMBA_NUM_THREADS}", file=sys.stderr)
         return USAGE_ERROR
-    torch = None if args.no_torch else bench.import_torch()
-    if torch is not None:
-        torch.set_num_threads(threads)  # the same number of threads on both sides
-    if args.threads:
-        # numbaconv's threading set-up first (OMP_WAIT_POLICY, the pool's size): setting
-        # the count starts Numba's threads, too late for it afterwards.
-        from numbaconv.config import configure_threading
-        configure_threading()
-        numba.set_num_threads(threads)
-    limiter = _blas_limits(threads)
+    if args.in_process:
+        torch = None if args.no_torch else bench.import_torch()
+        torch_version = None if torch is None else torch.__version__
+        if torch is not None:
+            torch.set_num_threads(threads)  # the same number of threads on both sides
+        if args.threads:
+            # numbaconv's threading set-up first (OMP_WAIT_POLICY, the pool's size): setting
+            # the count starts Numba's threads, too late for it afterwards.
+            from numbaconv.config import configure_threading
+            configure_threading()
+            numba.set_num_threads(threads)
+    else:
+        # Each engine's own process imports PyTorch, or sets Numba's threads; this one
+        # neither, so that its environment (OMP_WAIT_POLICY) reaches PyTorch's unchanged.
+        torch_version = None if args.no_torch else bench.torch_version()
+        torch = True if torch_version is not None else None
+    limiter = bench.blas_limits(threads)
 
     env = bench.environment()  # after importing PyTorch, so its OpenMP runtime is listed
     _print(f"numbaconv {env['numbaconv']} bench: NumPy {env['numpy']}, Numba {env['numba']} "
            f"(threading layer {env['numba_threading_layer']}), Python {env['python']}")
     _print(f"CPU: {env['processor']}, {env['usable_cpus']} usable CPUs; threads: {threads} for "
-           f"Numba, BLAS{' and PyTorch' if torch is not None else ''}")
+           f"Numba, BLAS{' and PyTorch' if torch_version is not None else ''}")
     blas = env["blas"]
     warnings = _print_blas_and_environment(bench, env, threadpools=True)
-    if torch is not None:
-        _print(f"PyTorch {torch.__version__}: timed directly as the baseline of 'vs pytorch' "
+    if torch_version is not None:
+        _print(f"PyTorch {torch_version}: timed directly as the baseline of 'vs pytorch' "
                f"(> 1: the backend is faster)")
     else:
         _print("PyTorch: " + ("not used (--no-torch)" if args.no_torch
                               else "not installed, no comparison"))
+    if args.in_process:
+        _print(f"engines: all timed in this process (--in-process), one after another on "
+               f"each shape with a {args.settle:g} s pause between them (--settle)")
+    else:
+        _print("engines: each timed in a process of its own, one after another (PyTorch's "
+               "loads no Numba; a backend's no PyTorch unless built on it); --in-process "
+               "times them all in this one")
     _print(f"backends: {', '.join(names) or 'none'}; {args.dtype}, {', '.join(layouts)}; "
            f"median of {repeat} after a warm-up call"
            + ("; reference skipped on the big shapes (--include-reference)"
@@ -214,6 +229,7 @@ def cmd_bench(args) -> int:
             _print(fmt((row.shape, row.layout, row.op, row.backend, row.status, "", "", "",
                         "")) + f"  {_one_line(row.detail, 100)}")
 
+    processes: dict = {}  # engine -> what its own process loaded
     with limiter:
         if args.settle > 0:
             time.sleep(args.settle)  # BLAS's threads, busy with the peak, go idle first
@@ -222,7 +238,9 @@ def cmd_bench(args) -> int:
                                         layout=layouts, dtype=args.dtype, torch=torch,
                                         skip_reference_on=skip_reference,
                                         settle=args.settle, peak_gflops=peak["gflops"],
-                                        report=report, progress=progress.update)
+                                        report=report, progress=progress.update,
+                                        in_process=args.in_process, threads=threads,
+                                        processes=processes)
             progress.update(0, 0, "dispatch overhead")
             overhead = bench.dispatch_overhead(dtype=args.dtype, layout=layouts[0],
                                                repeat=max(11, 2 * repeat + 1),
@@ -244,9 +262,15 @@ def cmd_bench(args) -> int:
     _print(f"dispatch overhead: {conv_overhead['overhead_us']:.1f} us for conv, at most "
            f"{worst['overhead_us']:.1f} us ({worst['op']}); {verdict} the 20 us target")
 
+    if processes:
+        _print()
+        _print("each engine's process loaded:")
+        for engine, info in processes.items():
+            _print(f"  {engine}: {_process_line(info)}")
+
     summary = bench.summarize(rows)
     _print()
-    _print_summary(summary, peak, torch is not None)
+    _print_summary(summary, peak, torch_version is not None)
 
     status = 0
     plotted = None
@@ -268,7 +292,9 @@ def cmd_bench(args) -> int:
         record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), quick=args.quick,
                       repeat=repeat, threads=threads, dtype=args.dtype,
                       layout=layout, layouts=list(layouts),
-                      torch=None if torch is None else torch.__version__, environment=env,
+                      torch=torch_version, environment=env,
+                      engines="in-process" if args.in_process else "processes",
+                      processes=processes or None,
                       blas=blas, warnings=warnings, plot=args.plot if plotted else None,
                       gemm_peak=peak, shapes=[_case_dict(c) for c in shapes],
                       results=[r.as_dict() for r in rows], dispatch_overhead=overhead,
@@ -460,6 +486,23 @@ def _bench_cuda(args) -> int:
     return 1 if any(r.status in ("FAIL", "error") for r in rows) else 0
 
 
+def _process_line(info: dict) -> str:
+    """What an engine's process reported (:func:`numbaconv.bench.run_benchmarks`'s
+    ``processes``): the libraries it imported, their threads, its BLAS and OpenMP."""
+    if "modules" not in info:
+        return f"unknown, the process failed: {_one_line(info.get('error', ''), 100)}"
+    threads = info.get("threads") or {}
+    parts = [f"{name} ({threads[name]} threads)" if name in threads else name
+             for name, loaded in info["modules"].items() if loaded]
+    parts += [f"no {name}" for name, loaded in info["modules"].items() if not loaded]
+    pools = info.get("threadpools")
+    if pools is not None:
+        parts.append("thread pools: " + (", ".join(
+            f"{p.get('internal_api')} ({os.path.basename(p.get('filepath', ''))})"
+            for p in pools) or "none"))
+    return "; ".join(parts)
+
+
 def _percent(fraction) -> str:
     if fraction is None:
         return "-"
@@ -585,16 +628,6 @@ def _first_call(args, bench, backends) -> int:
         _print(f"{len(errors)} first-call measurement(s) failed")
         return 1
     return 0
-
-
-def _blas_limits(threads: int):
-    """A context limiting BLAS to ``threads`` (a no-op without threadpoolctl)."""
-    import contextlib
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=threads, user_api="blas")
 
 
 def _case_dict(c) -> dict:

@@ -192,6 +192,75 @@ def test_run_benchmarks_reports_progress_and_pytorch_time():
         assert theirs.pytorch_s is None  # the baseline's own row has no baseline column
 
 
+# --- run_benchmarks: each engine in its own process -----------------------------------------
+
+#: Two shapes, two ops: each engine's process times them in about a second.
+PROCESS_SHAPES = bench.QUICK_SHAPES[:2]
+PROCESS_OPS = ["conv", "conv_backward_bias"]
+
+
+def without_times(rows):
+    """What a row says apart from the times, which vary from run to run."""
+    return [(r.shape, r.op, r.backend, r.layout, r.dtype, r.status, r.detail, r.group,
+             r.median_s is None, r.gflops is None, r.vs_pytorch is None,
+             r.peak_fraction is None) for r in rows]
+
+
+def test_processes_give_the_rows_of_one_process():
+    common = dict(ops=PROCESS_OPS, repeat=1, settle=0, peak_gflops=100.0,
+                  skip_reference_on=[PROCESS_SHAPES[1].name])
+    processes, reported = {}, []
+    rows = bench.run_benchmarks(PROCESS_SHAPES, ["reference"], processes=processes,
+                                report=reported.append, **common)
+    assert without_times(rows) == without_times(
+        bench.run_benchmarks(PROCESS_SHAPES, ["reference"], in_process=True, **common))
+    assert [r.status for r in rows] == ["ok", "ok", "skipped", "skipped"]
+    assert all(isinstance(r, bench.Row) and r.peak_fraction > 0 for r in rows[:2])
+    assert reported == rows
+    # The numbaconv engine's process loaded neither PyTorch nor, for the NumPy-only
+    # reference, Numba.
+    assert processes["reference"]["modules"] == dict(torch=False, numba=False, numbaconv=True)
+
+
+def test_pytorchs_process_loads_no_numba_and_sets_its_threads():
+    pytest.importorskip("torch")
+    processes = {}
+    rows = bench.run_benchmarks(PROCESS_SHAPES[:1], ["reference"], ops=["conv"], repeat=1,
+                                torch=True, threads=1, processes=processes)
+    assert [(r.backend, r.status) for r in rows] == [(bench.PYTORCH, "ok"), ("reference", "ok")]
+    assert rows[1].vs_pytorch == pytest.approx(rows[0].median_s / rows[1].median_s)
+    assert processes[bench.PYTORCH]["modules"]["torch"]
+    assert not processes[bench.PYTORCH]["modules"]["numba"]
+    assert processes[bench.PYTORCH]["threads"] == {"torch": 1}
+    assert not processes["reference"]["modules"]["torch"]
+
+
+@pytest.mark.parametrize("child, timeout, why", [
+    ("import os; os._exit(3)", None, "exit status 3"),
+    ("import time; time.sleep(60)", 1, "no answer within 1 s"),
+], ids=["crash", "timeout"])
+def test_a_failed_process_gives_error_rows(monkeypatch, child, timeout, why):
+    monkeypatch.setattr(bench, "_ENGINE_CHILD", child)
+    processes = {}
+    rows = bench.run_benchmarks(PROCESS_SHAPES, ["reference"], ops=PROCESS_OPS, repeat=1,
+                                timeout=timeout, processes=processes)
+    assert [(r.shape, r.op) for r in rows] == [(c.name, op) for c in PROCESS_SHAPES
+                                               for op in PROCESS_OPS]
+    assert {r.status for r in rows} == {"error"}
+    assert all(r.detail.startswith("reference's process failed: " + why) for r in rows)
+    assert processes["reference"]["error"].startswith(why)
+
+
+def test_a_process_that_stops_early_gives_error_rows_for_the_rest(monkeypatch):
+    """The blocks timed before the crash keep their rows; the others are errors."""
+    monkeypatch.setattr(bench, "_ENGINE_CHILD", bench._ENGINE_CHILD.replace(
+        "bench._time_engine(", "bench.print_message = lambda m, p=bench.print_message: "
+        "p(m) if m.get('block') == 0 else sys.exit('stopped here'); bench._time_engine("))
+    rows = bench.run_benchmarks(PROCESS_SHAPES, ["reference"], ops=PROCESS_OPS, repeat=1)
+    assert [r.status for r in rows] == ["ok", "ok", "error", "error"]
+    assert rows[2].detail.endswith("stopped here")
+
+
 def test_progress_line_draws_only_when_enabled():
     stream = io.StringIO()
     progress = cli._Progress(True, stream)

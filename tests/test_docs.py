@@ -90,6 +90,19 @@ def test_the_conv_section_has_command_date_versions_and_a_row_per_measurement():
         assert f"| {shape} | {layout} | {op} |" in text
 
 
+def test_the_conv_section_says_how_the_engines_ran():
+    render = render_module()
+    [path] = sorted((ROOT / "docs" / "benchmarks").glob("*.json"))[:1]
+    record = json.loads(path.read_text(encoding="utf-8"))
+    for engines, line in [("processes", "each timed in a process of its own"),
+                          ("in-process", "all timed in one process (`--in-process`)")]:
+        ran = dict(record, engines=engines)
+        command = render.conv_command(ran, "m.json")
+        assert command.endswith(" --json m.json")
+        assert ("--in-process" in command) == (engines == "in-process")
+        assert f"- engines: {line}" in render.render_record("m", ran, "docs/benchmarks/m.json")
+
+
 def test_the_rnn_and_gpu_suites_render():
     render = render_module()
     rnn = dict(created="2026-01-01T00:00:00+0000", suite="rnn", quick=True, repeat=3,

@@ -44,7 +44,19 @@ and versions. The page is written by `python docs/benchmarks/render.py` from the
 [`docs/benchmarks/`](benchmarks/); a test checks that it matches them. Ratios are PyTorch's
 time over the backend's: above 1, the backend is faster. `--quick` runs time small shapes, on
 which fixed per-call costs dominate: they show that everything runs, not how fast the kernels
-are on real layers. How to run the bench and read its output: [usage.md](usage.md#benchmarks);
+are on real layers.
+
+`numbaconv bench` times each engine (PyTorch, then each numbaconv backend) in a fresh process
+of its own, one after the other: PyTorch's process never loads Numba, and a backend's loads
+PyTorch only if the backend is built on it (the `torch` plugin), so each engine runs with its
+own OpenMP runtime and thread pools only, as in its users' programs; the JSON records what
+each process loaded (`processes`). `numbaconv bench --in-process` times them all in one
+process instead, shape by shape, with a pause between engines (`--settle`): both OpenMP
+runtimes are loaded there, and short calls read differently than a NumPy-only or
+PyTorch-only program sees them. Each section says which way its figures were taken; a file
+written before the bench had the choice was taken in one process.
+
+How to run the bench and read its output: [usage.md](usage.md#benchmarks);
 what the CPU algorithms trade off: [cpu-algorithms.md](cpu-algorithms.md); GPU figures:
 [gpu-benchmark.md](gpu-benchmark.md); figures recorded by hand before this page existed:
 [benchmark-records.md](benchmark-records.md).
@@ -130,6 +142,8 @@ def conv_command(record: dict, path: str) -> str:
         args += ["--repeat", str(record["repeat"])]
     if record.get("torch") is None:
         args.append("--no-torch")
+    if record.get("engines") == "in-process":
+        args.append("--in-process")
     args += ["--json", path]
     return command_prefix(record.get("environment") or {}) + " ".join(args)
 
@@ -159,6 +173,11 @@ def conv_section(record: dict) -> list:
     lines.append(f"- {record.get('dtype')}, {', '.join(record.get('layouts') or [])}; "
                  f"{record.get('threads')} threads for Numba, BLAS and PyTorch; median of "
                  f"{record.get('repeat')} after a warm-up call")
+    lines.append("- engines: " + {
+        "processes": "each timed in a process of its own",
+        "in-process": "all timed in one process (`--in-process`)",
+        None: "all timed in one process (the bench's only way when this was recorded)",
+    }.get(record.get("engines"), str(record.get("engines"))))
     overhead = record.get("dispatch_overhead") or []
     if overhead:
         worst = max(overhead, key=lambda o: o["overhead_us"])
