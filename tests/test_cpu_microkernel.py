@@ -1,6 +1,7 @@
 """numbaconv.cpu._microkernel: ``gemm`` (packed; not yet used by an algorithm), ``gram`` (in
-place; the channels-last weight gradient's product) and ``rows_gemm`` (in place; the
-channels-last 1x1 forward and data gradient's) against NumPy's: edge tiles in every
+place; the channels-last weight gradient's product), ``rows_gemm`` (in place; the
+channels-last 1x1 forward and data gradient's) and ``RowPanels`` (weights packed once; the
+recurrent networks' per-step products) against NumPy's: edge tiles in every
 direction, more than one block of the shared dimension and of the columns, strided operands,
 an empty shared dimension, adding, bitwise repeatability, and nothing written outside
 ``out``."""
@@ -147,8 +148,54 @@ def test_rows_gemm_rejects_bad_operands():
         mk.rows_gemm(a, np.ones((3, 2)), np.empty((4, 2), np.float32))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_row_panels_match_numpy_whatever_the_panels_shared_out(dtype):
+    """Weights packed once, multiplied by several right operands (loaded transposed, as the
+    recurrences load each step's states); the product of a run of panels has the same bits
+    as the whole product's rows."""
+    rng = np.random.default_rng(5)
+    mr, nv = mk.tile_shape(dtype)
+    for m, k, width in _shapes(dtype):
+        a = rng.standard_normal((m, k)).astype(dtype)
+        panels = mk.RowPanels(a)
+        assert panels.count == -(-m // mr) and panels.rows == m and panels.depth == k
+        b = panels.columns(width)
+        out = panels.output(width)
+        for step in range(2):
+            states = rng.standard_normal((width, k + 3)).astype(dtype)[:, :k]  # row stride
+            assert panels.load(states, b) is b
+            np.testing.assert_array_equal(b[:, :width], states.T)
+            assert not b[:, width:].any()
+            assert panels.multiply(b, out) is out
+            _assert_product(out[:m, :width], a, states.T, dtype, (m, k, width, step))
+            whole = out.copy()
+            out[...] = np.nan
+            for start in range(panels.count):          # one panel at a time
+                panels.multiply(b, out, start, start + 1)
+            np.testing.assert_array_equal(out, whole)
+
+
+def test_row_panels_reject_what_does_not_fit():
+    panels = mk.RowPanels(np.ones((7, 5), np.float32))
+    b, out = panels.columns(3), panels.output(3)
+    with pytest.raises(ValueError, match="do not match"):
+        panels.multiply(b[:4], out)
+    with pytest.raises(ValueError, match="do not match"):
+        panels.multiply(b, out[:-1])
+    with pytest.raises(ValueError, match="do not match"):
+        panels.multiply(b, out, 0, panels.count + 1)
+    with pytest.raises(ValueError, match="does not fit"):
+        panels.load(np.ones((3, 4), np.float32), b)
+    with pytest.raises(ValueError, match="does not fit"):
+        panels.load(np.ones((b.shape[1] + 1, 5), np.float32), b)
+    with pytest.raises(ValueError, match="does not fit"):
+        panels.load(np.ones((3, 10), np.float32)[:, ::2], b)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        mk.RowPanels(np.ones((3, 3), np.int32))
+
+
 def test_gemm_built_for_narrower_vectors():
-    """``gemm``, ``gram`` and ``rows_gemm`` as a CPU with 256- or 128-bit vectors gets them
+    """``gemm``, ``gram``, ``rows_gemm`` and ``RowPanels`` as a CPU with 256- or 128-bit vectors gets them
     (other tile shapes), in a fresh process with the host's vector width overridden before
     the first compilation."""
     script = (
@@ -169,7 +216,11 @@ def test_gemm_built_for_narrower_vectors():
         "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gram', dtype, m, k, n)\n"
         "        out = np.full((m, n), np.nan, dtype)\n"
         "        mk.rows_gemm(a, b, out)\n"
-        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('rows', dtype, m, k, n)\n")
+        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('rows', dtype, m, k, n)\n"
+        "        panels = mk.RowPanels(a)\n"
+        "        columns, out = panels.columns(n), panels.output(n)\n"
+        "        panels.multiply(panels.load(b.T.copy(), columns), out)\n"
+        "        assert np.allclose(out[:m, :n], a @ b, rtol=1e-4, atol=1e-4), ('panels', dtype, m, k, n)\n")
     for bits in (256, 128):
         done = subprocess.run([sys.executable, "-c", f"BITS = {bits}\n" + script],
                               capture_output=True, text=True, timeout=600,

@@ -3,8 +3,9 @@ driven by BLIS-style packing and cache blocking in Numba.
 
 :func:`gram` (``a.T @ b`` reading both operands in place) is the channels-last im2col weight
 gradient's product where dw is small (see ``conv_backward_weight``); :mod:`._implicit`
-calls the micro-kernel on windows in the input itself; :func:`gemm` (packed) is groundwork
-that no algorithm calls yet. The GEMM-bound speed targets (1x1 convolutions,
+calls the micro-kernel on windows in the input itself; :class:`RowPanels` multiplies the
+recurrent networks' weights, packed once per call, by each step's states; :func:`gemm`
+(packed) is groundwork that no algorithm calls yet. The GEMM-bound speed targets (1x1 convolutions,
 the stem's weight gradient) need products faster than NumPy's OpenBLAS on skinny shapes,
 and a product of our own can take its operands where the convolution's packing leaves them
 (or pack windows straight into its panels), saving the copy BLAS makes of every operand.
@@ -32,6 +33,7 @@ the matrix edges, and edge tiles go through a scratch tile, so nothing outside C
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import numpy as np
 from llvmlite import ir
@@ -549,3 +551,106 @@ def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) -> np
             else:
                 np.matmul(lhs.T, rhs, out=part)
     return out
+
+
+class RowPanels:
+    """A matrix packed once into panels of MR rows, for :meth:`multiply` to use many times:
+    the recurrent networks' ``W_hh`` (and its transpose), multiplied by a new thin matrix
+    (one step's states) at every step.
+
+    ``panels[p, k, i]`` is row ``p * MR + i`` of the matrix at column ``k``, zero past its
+    last row: the layout the micro-kernel reads A in. BLAS packs both operands on every
+    call; with the weights packed once per call, only the thin operand is copied (into
+    :meth:`columns`, transposed and zero-padded to whole NR-column tiles).
+
+    Every value of the product is one micro-kernel sum in KC-deep chunks, added in order,
+    however the panels are shared out (:meth:`multiply`'s ``start``, ``stop``): the bits do
+    not depend on the thread count.
+    """
+
+    def __init__(self, a: np.ndarray):
+        if a.ndim != 2 or a.dtype not in (np.float32, np.float64):
+            raise TypeError(f"RowPanels: expected a 2D float32 or float64 matrix, got "
+                            f"{a.dtype} {a.shape}")
+        self.dtype = a.dtype
+        self.rows, self.depth = a.shape
+        self.mr, nv = tile_shape(a.dtype)
+        self.nr = nv * vector_lanes(a.dtype)
+        count = -(-self.rows // self.mr)
+        padded = np.zeros((count * self.mr, self.depth), a.dtype)
+        padded[:self.rows] = a
+        self.panels = np.ascontiguousarray(
+            padded.reshape(count, self.mr, self.depth).transpose(0, 2, 1))
+
+    @property
+    def count(self) -> int:
+        """Panels (MR rows each)."""
+        return self.panels.shape[0]
+
+    def columns(self, width: int) -> np.ndarray:
+        """A zeroed (depth, width rounded up to NR) right operand for :meth:`multiply`:
+        fill its first ``width`` columns."""
+        return np.zeros((self.depth, -(-width // self.nr) * self.nr), self.dtype)
+
+    def load(self, src: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``b[:, :width] = src.T`` for ``src`` (width, depth) with unit stride along its
+        rows, ``b`` from :meth:`columns`: vector-lane blocks transposed in registers."""
+        if src.ndim != 2 or src.shape[1] != self.depth or src.shape[0] > b.shape[1] \
+                or src.dtype != self.dtype or not _unit_rows(src):
+            raise ValueError(f"RowPanels.load: {src.dtype} {src.shape} does not fit "
+                             f"{self.depth} rows of {b.shape[1]} columns")
+        _transpose_into(src, b, vector_lanes(self.dtype))
+        return b
+
+    def output(self, width: int) -> np.ndarray:
+        """An (MR * count, width rounded up to NR) product buffer; the product proper is
+        ``[:rows, :width]``."""
+        return np.empty((self.count * self.mr, -(-width // self.nr) * self.nr), self.dtype)
+
+    def multiply(self, b: np.ndarray, out: np.ndarray, start: int = 0,
+                 stop: Optional[int] = None) -> np.ndarray:
+        """``out[start*MR:stop*MR] = (the matrix's rows in panels start..stop) @ b`` on the
+        calling thread; ``b`` from :meth:`columns`, ``out`` from :meth:`output`."""
+        stop = self.count if stop is None else stop
+        if not 0 <= start <= stop <= self.count or b.shape != (self.depth, out.shape[1]) or out.shape[0] != self.count * self.mr \
+                or out.shape[1] % self.nr or not (b.flags.c_contiguous
+                                                   and out.flags.c_contiguous):
+            raise ValueError(f"RowPanels.multiply: b {b.shape} and out {out.shape} do not "
+                             f"match panels of {self.rows} x {self.depth}")
+        _panels_product(self.panels, b, out, start, stop, self.mr, self.nr, KC)
+        return out
+
+
+@serial_jit
+def _panels_product(panels, b, c, start, stop, mr, nr, kc_block):
+    depth = panels.shape[1]
+    n = b.shape[1]
+    if depth == 0:
+        c[start * mr:stop * mr, :] = 0
+        return
+    for ip in range(start, stop):
+        for p0 in range(0, depth, kc_block):
+            kc = min(kc_block, depth - p0)
+            add = 1 if p0 > 0 else 0
+            for j in range(0, n, nr):
+                _micro_tile(_at(panels, (ip * depth + p0) * mr), _at(b, p0 * n + j),
+                            _at(c, ip * mr * n + j), kc, n, add, mr, n)
+
+
+@serial_jit
+def _transpose_into(src, dst, lanes):
+    """dst[j, i] = src[i, j]: whole lanes x lanes blocks in registers (_transpose_tile),
+    the edges value by value."""
+    rows, columns = src.shape
+    lds = src.strides[0] // src.itemsize
+    ldd = dst.strides[0] // dst.itemsize
+    whole_rows, whole_columns = rows - rows % lanes, columns - columns % lanes
+    for i0 in range(0, whole_rows, lanes):
+        for j0 in range(0, whole_columns, lanes):
+            _transpose_tile(_at(src, i0 * lds + j0), lds, _at(dst, j0 * ldd + i0), ldd)
+        for i in range(i0, i0 + lanes):
+            for j in range(whole_columns, columns):
+                dst[j, i] = src[i, j]
+    for i in range(whole_rows, rows):
+        for j in range(columns):
+            dst[j, i] = src[i, j]
