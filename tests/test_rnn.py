@@ -512,15 +512,22 @@ def both_backends(cfg, a, seed):
     return results
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["serial steps", "parallel steps"])
+@pytest.mark.parametrize("steps", ["chains", "batch chains", "parallel steps"])
 @pytest.mark.parametrize("dropout", [0.0, 0.35])
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_cpu_matches_reference_with_every_feature(mode, dropout, parallel, monkeypatch):
-    """Also with the step kernels' parallel compilations, which real sizes run (a step of
-    N * gate width >= PARALLEL_MIN_ELEMENTS) and these small ones would not: the GRU's
-    backward step once left its n-gate gradient unwritten there."""
-    if parallel:
-        from numbaconv.cpu import _rnn_cells
+def test_cpu_matches_reference_with_every_feature(mode, dropout, steps, monkeypatch):
+    """The bidirectional problem runs each direction as a chain of steps on a tile worker;
+    "batch chains" also cuts the batch into chains (as from 32 rows); "parallel steps"
+    runs the chains one after another with the step kernels' parallel compilations, which
+    a single chain of real size runs (N * gate width >= PARALLEL_MIN_ELEMENTS) and these
+    small ones would not: the GRU's backward step once left its n-gate gradient unwritten
+    there."""
+    from numbaconv.cpu import _rnn_cells, rnn_forward
+    if steps == "batch chains":
+        monkeypatch.setattr(rnn_forward, "CHAIN_ROWS", 2)
+        assert len(rnn_forward.batch_chains(3)) == 2
+    if steps == "parallel steps":
+        monkeypatch.setattr(rnn_forward, "share_chains", lambda chains: False)
         monkeypatch.setattr(_rnn_cells, "PARALLEL_MIN_ELEMENTS", 0)
     check_cpu_against_reference(mode, dropout)
 

@@ -12,10 +12,9 @@ Gate order is PyTorch's: LSTM (i, f, g, o), GRU (r, z, n) plus the GRU's hidden-
 ``hn = W_hn h + b_hn`` stored as a fourth block.
 
 The recurrent products arrive transposed: ``hg = W_hh @ h.T`` (G*H, N) in the forward and
-``rec = W_hh.T @ dgates.T`` (P, N) in the backward. With the batch N as the short side of
-the product, OpenBLAS runs it 1.5 to 2 times faster than ``h @ W_hh.T`` (measured, 2 threads:
-N=20, H=650: 249 against 512 us; N=64, H=512: 315 against 454 us); the kernels read the
-transposed operand with a stride, which costs less than the difference.
+``rec`` (P, N), the transpose of ``dgates @ W_hh``, in the backward: whichever way round
+BLAS runs the product faster (docs/cpu-algorithms.md, "Recurrent networks"); the kernels
+read the transposed operand with a stride, which costs less than the difference.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ import numpy as np
 
 from ..problem import layer_params
 from . import _tiles
-from . import _rnn_cells as cells_k
-from .rnn_forward import lengths_or_full, steps
+from ._microkernel import RowPanels
+from .rnn_forward import batch_chains, lengths_or_full, run_recurrences, steps
 
 
 def product(a, b):
@@ -34,53 +34,76 @@ def run(problem, operands, out, algorithm):
     layout = problem.reserve_layout
     dhx = np.empty_like(hx)
     dcx = np.empty_like(cx) if mode == "lstm" else None
-    rec = np.empty((p, n), dtype)  # W_hh.T @ dgates.T: see _rnn_cells on why transposed
-    dm = np.empty((n, hs), dtype) if cfg.proj_size else np.empty((1, 1), dtype)
     dout = dy
     one = dtype.type(1)  # keeps float32 kernels in float32
-    k = cells_k.kernels_for(n, gw)
-    work = np.empty((n, 3 * hs), dtype)
+    chains = [(d, part) for d in range(d_num) for part in batch_chains(n)]
     for layer in reversed(range(cfg.num_layers)):
         din = np.empty((t_len, n, cfg.layer_input_size(layer)), dtype)
         outputs = layout.outputs(reserve, layer)
-        for d in range(d_num):
-            w_ih, w_hh, _, _, w_hr = layer_params(cfg, params, layer, d)
+
+        # W_hh.T (the GRU's hidden-path rows of it) packed once: see _microkernel.RowPanels.
+        panels = [RowPanels(layer_params(cfg, params, layer, d)[1].T) for d in range(d_num)]
+
+        def recurrence(d, part, k, products, layer=layer, outputs=outputs, dout=dout,
+                       panels=panels):
+            w_hr = layer_params(cfg, params, layer, d)[4]
             ld = layer * d_num + d
-            gates = layout.gates(reserve, layer, d)
-            dy_d = dout[:, :, d * p:(d + 1) * p]
-            dh = dhy[ld].copy()
-            rec[...] = 0
+            sl = slice(*part)
+            m_rows = part[1] - part[0]
+            gates = layout.gates(reserve, layer, d)[:, sl]
+            dy_d = dout[:, sl, d * p:(d + 1) * p]
+            lens_c = lens[sl]
+            dh = dhy[ld, sl].copy()
+            # rec = W_hh.T @ dgates.T (see _rnn_cells on why transposed)
+            weights = panels[d]
+            g_t = weights.columns(m_rows)
+            rec_all = weights.output(m_rows)
+            rec_all[...] = 0
+            rec = rec_all[:p, :m_rows]
+            hidden = weights.depth  # the gate columns of the recurrent product
+            work = np.empty((m_rows, 3 * hs), dtype)
             backwards = reversed(steps(t_len, d))
             if mode == "lstm":
-                cells = layout.cells(reserve, layer, d)
-                dc = dcy[ld].copy()
-                dproj = layout.dproj(reserve, layer, d) if cfg.proj_size else None
+                cells = layout.cells(reserve, layer, d)[:, sl]
+                c0 = cx[ld, sl]
+                dc = dcy[ld, sl].copy()
+                proj = bool(cfg.proj_size)
+                dproj = layout.dproj(reserve, layer, d)[:, sl] if proj else None
+                dm = np.empty((m_rows, hs) if proj else (1, 1), dtype)
                 for t in backwards:
                     tp = t - 1 if d == 0 else t + 1
-                    c_prev = cx[ld] if tp < 0 or tp >= t_len else cells[tp]
-                    if cfg.proj_size:
-                        k.gradient_of_output(dh, rec, dy_d[t], dproj[t], lens, t)
-                        np.matmul(dproj[t], w_hr, out=dm)
+                    c_prev = c0 if tp < 0 or tp >= t_len else cells[tp]
+                    if proj:
+                        k.gradient_of_output(dh, rec, dy_d[t], dproj[t], lens_c, t)
+                        products.dense(dproj[t], w_hr, dm)
                     k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t], dm,
-                                         dc, lens, t, bool(cfg.proj_size), one, work)
-                    np.matmul(w_hh.T, gates[t].T, out=rec)
-                dcx[ld] = dc
+                                         dc, lens_c, t, proj, one, work)
+                    weights.load(gates[t], g_t)
+                    products.recurrent(weights, g_t, rec_all)
+                dcx[ld, sl] = dc
             elif mode == "gru":
-                hid = slice(d * p, (d + 1) * p)
+                h0 = hx[ld, sl]
+                hid = outputs[:, sl, d * p:(d + 1) * p]
                 for t in backwards:
                     tp = t - 1 if d == 0 else t + 1
-                    h_prev = hx[ld] if tp < 0 or tp >= t_len else outputs[tp, :, hid]
-                    k.gru_backward_step(gates[t], h_prev, hx[ld], dh, rec, dy_d[t], lens,
-                                        t, d == 1, one, work)
-                    np.matmul(w_hh.T, gates[t][:, :3 * hs].T, out=rec)
+                    h_prev = h0 if tp < 0 or tp >= t_len else hid[tp]
+                    k.gru_backward_step(gates[t], h_prev, h0, dh, rec, dy_d[t], lens_c, t,
+                                        d == 1, one, work)
+                    weights.load(gates[t][:, :hidden], g_t)
+                    products.recurrent(weights, g_t, rec_all)
             else:
                 relu = mode == "rnn_relu"
                 for t in backwards:
-                    k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens, t, relu, one)
-                    np.matmul(w_hh.T, gates[t].T, out=rec)
-            dhx[ld] = dh + rec.T
+                    k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens_c, t, relu, one)
+                    weights.load(gates[t], g_t)
+                    products.recurrent(weights, g_t, rec_all)
+            dhx[ld, sl] = dh + rec.T
+
+        run_recurrences(chains, recurrence, n, gw)
+        for d in range(d_num):
+            w_ih = layer_params(cfg, params, layer, d)[0]
             # The input gradient of every step at once: dgates (T*N, G*H) @ W_ih.
-            g2 = gates.reshape(rows, gw)
+            g2 = layout.gates(reserve, layer, d).reshape(rows, gw)
             d2 = din.reshape(rows, -1)
             if mode == "gru":  # input-path gradients are dr, dz and dn (columns 0:2H, 3H:4H)
                 part = product(g2[:, :2 * hs], w_ih[:2 * hs])

@@ -9,6 +9,7 @@ import numpy as np
 from ..problem import layer_params
 from . import _tiles
 from . import _rnn_cells as cells_k
+from ._microkernel import RowPanels
 
 
 def lengths_or_full(lengths, seq_len, batch):
@@ -24,6 +25,83 @@ def combined_bias(b_ih, b_hh, size, dtype):
     if b_ih is None:
         return np.zeros(size, dtype)
     return b_ih + b_hh
+
+
+#: Rows of the batch per chain (see :func:`batch_chains`): a chain's per-step product has
+#: this many columns, and thinner products run BLAS slower; fewer rows mean more chains to
+#: share out among the cores.
+CHAIN_ROWS = 32
+#: At most this many chains per direction (the most cores a recurrence can keep busy).
+CHAIN_PARTS = 8
+
+
+def batch_chains(batch: int) -> list:
+    """[(start, stop), ...]: the batch rows cut into chains, fixed by the batch size alone.
+
+    The rows of a recurrence are independent of one another (each row's state depends on
+    its own past only), so each chain runs every step of its rows on one core, with no
+    barrier between the cores: its own recurrent product (one BLAS thread) and its own gate
+    kernel (one thread). Chains of CHAIN_ROWS rows, at least two where the batch has 32
+    rows or more; the cut depends on the shape only, so the bits do not depend on the
+    thread count."""
+    parts = min(CHAIN_PARTS, max(batch // CHAIN_ROWS, min(2, batch // (CHAIN_ROWS // 2))))
+    return _tiles.fixed_ranges(batch, max(parts, 1))
+
+
+def share_chains(chains) -> bool:
+    """Whether the chains are shared out among the tile workers (else they run one after
+    another, each step's work parallel in itself): whenever there are several."""
+    return len(chains) > 1
+
+
+def run_recurrences(chains, recurrence, batch, gate_width):
+    """``recurrence(direction, rows, kernels, products)`` for each chain (direction, rows).
+
+    Shared chains (:func:`share_chains`) run on the tile workers, each on one thread
+    (serial kernels, products on the calling thread: :class:`OneThread`). Otherwise each
+    chain runs here, with the step kernels parallel where a step is large enough and each
+    step's products shared out (:class:`Shared`). Which of the two runs depends on the
+    shape alone, and so do the bits."""
+    if share_chains(chains):
+        serial = cells_k.kernels(False)
+        _tiles.run_tiles(lambda chain, pick: recurrence(*chain, serial, OneThread), chains)
+    else:
+        for chain in chains:
+            recurrence(*chain, cells_k.kernels_for(batch, gate_width), Shared)
+
+
+class OneThread:
+    """A chain's products on a tile worker: on the calling thread, BLAS on one thread."""
+
+    @staticmethod
+    def dense(a, b, out):
+        """out = a @ b (NumPy)."""
+        np.matmul(a, b, out=out)
+
+    @staticmethod
+    def recurrent(panels, b, out):
+        """out = the packed weights @ b (see :class:`_microkernel.RowPanels`)."""
+        panels.multiply(b, out)
+
+
+class Shared:
+    """A single chain's products shared out among the tile workers: BLAS in slices fixed by
+    the shape (:func:`_tiles.matmul`); the packed weights' panels in any runs (a panel's
+    values do not depend on the others)."""
+
+    @staticmethod
+    def dense(a, b, out):
+        _tiles.matmul(a, b, out, fixed=True)
+
+    @staticmethod
+    def recurrent(panels, b, out):
+        share = panels.count * panels.mr * panels.depth * b.shape[1] > \
+            _tiles.SHARED_PRODUCT_ABOVE
+        spans = _tiles.worker_ranges(panels.count, share)
+        if len(spans) == 1:
+            panels.multiply(b, out)
+        else:
+            _tiles.run_tiles(lambda span, pick: panels.multiply(b, out, *span), spans)
 
 
 # One BLAS thread, products over all steps cut into slices fixed by the shape: the parameter
@@ -42,14 +120,10 @@ def run(problem, operands, out, algorithm):
     layout = problem.reserve_layout if training else None
     hy = np.empty_like(hx)
     cy = np.empty_like(cx) if mode == "lstm" else None
-    scratch_gates = None if training else np.empty((t_len, n, gw), dtype)
-    hg = np.empty((gh, n), dtype)  # W_hh @ h.T: see _rnn_cells on why transposed
-    m = np.empty((n, hs), dtype) if cfg.proj_size else None
-    hp = np.empty((n, p), dtype) if cfg.proj_size else None
+    scratch = None if training else np.empty((d_num, t_len, n, gw), dtype)
     zeros = np.zeros(gh, dtype)
     one = dtype.type(1)  # keeps float32 kernels in float32
-    work = np.empty((n, (5 if mode == "lstm" else 4) * hs), dtype)
-    k = cells_k.kernels_for(n, gw)
+    chains = [(d, rows) for d in range(d_num) for rows in batch_chains(n)]
     inp = x
     for layer in range(cfg.num_layers):
         if training:
@@ -57,43 +131,67 @@ def run(problem, operands, out, algorithm):
             out_l = layout.outputs(reserve, layer)
         else:
             out_l = np.empty((t_len, n, d_num * p), dtype)
+        gates_of = [layout.gates(reserve, layer, d) if training else scratch[d]
+                    for d in range(d_num)]
+        panels = []
         for d in range(d_num):
-            w_ih, w_hh, b_ih, b_hh, w_hr = layer_params(cfg, params, layer, d)
-            ld = layer * d_num + d
-            gates = layout.gates(reserve, layer, d) if training else scratch_gates
+            w_ih, w_hh = layer_params(cfg, params, layer, d)[:2]
             _tiles.matmul(inp.reshape(t_len * n, -1), w_ih.T,
-                          gates.reshape(t_len * n, gw)[:, :gh], fixed=True)
-            y_d = out_l[:, :, d * p:(d + 1) * p]
-            h = hx[ld].copy()
+                          gates_of[d].reshape(t_len * n, gw)[:, :gh], fixed=True)
+            panels.append(RowPanels(w_hh))
+
+        def recurrence(d, rows, k, products, layer=layer, out_l=out_l, gates_of=gates_of,
+                       panels=panels):
+            _, w_hh, b_ih, b_hh, w_hr = layer_params(cfg, params, layer, d)
+            ld = layer * d_num + d
+            sl = slice(*rows)
+            m_rows = rows[1] - rows[0]
+            gates = gates_of[d][:, sl]
+            y_d = out_l[:, sl, d * p:(d + 1) * p]
+            lens_c = lens[sl]
+            h = hx[ld, sl].copy()
+            # W_hh @ h.T (see _rnn_cells on why transposed), the weights packed once
+            weights = panels[d]
+            h_t = weights.columns(m_rows)
+            hg_all = weights.output(m_rows)
+            hg = hg_all[:gh, :m_rows]
+            work = np.empty((m_rows, (5 if mode == "lstm" else 4) * hs), dtype)
             if mode == "lstm":
-                c = cx[ld].copy()
+                c = cx[ld, sl].copy()
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
-                cells = layout.cells(reserve, layer, d) if training else None
+                cells = layout.cells(reserve, layer, d)[:, sl] if training else None
+                m = np.empty((m_rows, hs), dtype) if cfg.proj_size else None
+                hp = np.empty((m_rows, p), dtype) if cfg.proj_size else None
                 hout = m if cfg.proj_size else h
                 for t in steps(t_len, d):
-                    np.matmul(w_hh, h.T, out=hg)
+                    weights.load(h, h_t)
+                    products.recurrent(weights, h_t, hg_all)
                     k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
-                                        cells[t] if training else c, lens, t, training,
+                                        cells[t] if training else c, lens_c, t, training,
                                         not cfg.proj_size, work)
                     if cfg.proj_size:
-                        np.matmul(m, w_hr.T, out=hp)
-                        k.commit_projection(hp, h, y_d[t], lens, t)
-                cy[ld] = c
+                        products.dense(m, w_hr.T, hp)
+                        k.commit_projection(hp, h, y_d[t], lens_c, t)
+                cy[ld, sl] = c
             elif mode == "gru":
                 bi = zeros if b_ih is None else b_ih
                 bh = zeros if b_hh is None else b_hh
                 for t in steps(t_len, d):
-                    np.matmul(w_hh, h.T, out=hg)
-                    k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens, t, training,
+                    weights.load(h, h_t)
+                    products.recurrent(weights, h_t, hg_all)
+                    k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens_c, t, training,
                                        one, work)
             else:
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 relu = mode == "rnn_relu"
                 for t in steps(t_len, d):
-                    np.matmul(w_hh, h.T, out=hg)
-                    k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens, t, training,
+                    weights.load(h, h_t)
+                    products.recurrent(weights, h_t, hg_all)
+                    k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens_c, t, training,
                                        relu)
-            hy[ld] = h
+            hy[ld, sl] = h
+
+        run_recurrences(chains, recurrence, n, gw)
         inp = out_l
     # In training the last layer's output lives in the reserve; the caller gets its own copy.
     y = inp.copy() if training else inp
