@@ -84,12 +84,17 @@ LONG_CALLS = {
                        "channels_last"),
     "direct weight gradient": ("conv_backward_weight", "direct", (48, 256, 32, 32),
                                (256, 16, 15, 15), 16, 7, "channels_first"),
+    # (T, N, input size, hidden size): batch chains (four with AVX2's tiles, two with
+    # AVX-512's), each stepping through time on a tile worker.
+    "lstm training forward": ("rnn_forward", "fused", (300, 64, 16), 2048),
 }
 
 
 def long_call(name: str, small: bool = False) -> tuple:
     """(op, problem, operands, algorithm) of LONG_CALLS[name], or with ``small`` the same
     layer on one 16x16 image (its kernels, compiled for the same types)."""
+    if LONG_CALLS[name][0] == "rnn_forward":
+        return long_rnn_call(name, small)
     op, algorithm, x_shape, w_shape, groups, padding, layout = LONG_CALLS[name]
     if small:
         x_shape = (1, x_shape[1], 16, 16)
@@ -106,13 +111,31 @@ def long_call(name: str, small: bool = False) -> tuple:
     return op, pb.conv_backward_weight_problem(x, dy, w_shape, **kw), (x, dy), algorithm
 
 
+def long_rnn_call(name: str, small: bool = False) -> tuple:
+    """:func:`long_call` for a recurrent op (``small``: two steps), its reserve written once
+    already (so that the call spends its time stepping, not touching fresh pages)."""
+    op, algorithm, (t_len, n, features), hidden = LONG_CALLS[name]
+    t_len = 2 if small else t_len
+    cfg = RNNConfig("lstm", features, hidden)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((t_len, n, features), dtype=np.float32)
+    params = nc.rnn_init_params(cfg, seed=0)
+    zeros = np.zeros((1, n, hidden), np.float32)
+    reserve = np.empty(nc.rnn_reserve_size(cfg, t_len, n), np.float32)
+    reserve.fill(0)
+    problem, lengths = pb.rnn_forward_problem(cfg, x, params, zeros, zeros, training=True,
+                                              reserve=reserve)
+    return op, problem, (x, params, zeros, zeros, lengths, reserve), algorithm
+
+
 def interrupted_call(name: str) -> None:
     """A child's main for the Ctrl-C test: the long call ``name`` after a small one (which
     loads its kernels); "start" before it, then "interrupted" when Ctrl-C's
     KeyboardInterrupt ended it, or "done" and its seconds when it finished first."""
     import signal
     # A child inherits an ignored SIGINT (Python then installs no KeyboardInterrupt
-    # handler): a test before this one, or the runner, may have left the parent so.
+    # handler), and a suite started in the background by a shell without job control
+    # (``pytest &`` in a script, as CI may do) runs with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     cpu = dispatch.get_backend("cpu")
     op, problem, operands, algorithm = long_call(name, small=True)

@@ -259,7 +259,8 @@ def test_ctrl_c_interrupts_a_long_call_within_a_second(name):
     KeyboardInterrupt within about a second, and the process then exits at once: im2col's
     running tiles end, its queued ones are dropped and its weight gradient's partial sums
     stop at their next tile; implicit and direct run a long call as many parallel regions,
-    and Python sees the signal between two of them."""
+    and Python sees the signal between two of them; a recurrence's chains stop between two
+    steps."""
     env = dict(os.environ, NUMBA_NUM_THREADS="2")
     here = os.path.dirname(__file__)
     env["PYTHONPATH"] = os.pathsep.join(

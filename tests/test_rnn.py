@@ -517,15 +517,15 @@ def both_backends(cfg, a, seed):
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_cpu_matches_reference_with_every_feature(mode, dropout, steps, monkeypatch):
     """The bidirectional problem runs each direction as a chain of steps on a tile worker;
-    "batch chains" also cuts the batch into chains (as from 32 rows); "parallel steps"
-    runs the chains one after another with the step kernels' parallel compilations, which
-    a single chain of real size runs (N * gate width >= PARALLEL_MIN_ELEMENTS) and these
-    small ones would not: the GRU's backward step once left its n-gate gradient unwritten
-    there."""
+    "batch chains" also cuts the batch into chains (as a batch of more than 16 rows does in
+    float32 with AVX2); "parallel steps" runs the chains one after another with the step
+    kernels' parallel compilations, which a single chain of real size runs (N * gate width
+    >= PARALLEL_MIN_ELEMENTS) and these small ones would not: the GRU's backward step once
+    left its n-gate gradient unwritten there."""
     from numbaconv.cpu import _rnn_cells, rnn_forward
     if steps == "batch chains":
-        monkeypatch.setattr(rnn_forward, "CHAIN_ROWS", 2)
-        assert len(rnn_forward.batch_chains(3)) == 2
+        monkeypatch.setattr(rnn_forward, "chain_rows", lambda dtype: 2)
+        assert len(rnn_forward.batch_chains(3, np.float64)) == 2
     if steps == "parallel steps":
         monkeypatch.setattr(rnn_forward, "share_chains", lambda chains: False)
         monkeypatch.setattr(_rnn_cells, "PARALLEL_MIN_ELEMENTS", 0)

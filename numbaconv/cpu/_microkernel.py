@@ -574,13 +574,18 @@ class RowPanels:
                             f"{a.dtype} {a.shape}")
         self.dtype = a.dtype
         self.rows, self.depth = a.shape
-        self.mr, nv = tile_shape(a.dtype)
-        self.nr = nv * vector_lanes(a.dtype)
+        self.mr = tile_shape(a.dtype)[0]
+        self.nr = self.tile_columns(a.dtype)
         count = -(-self.rows // self.mr)
         padded = np.zeros((count * self.mr, self.depth), a.dtype)
         padded[:self.rows] = a
         self.panels = np.ascontiguousarray(
             padded.reshape(count, self.mr, self.depth).transpose(0, 2, 1))
+
+    @staticmethod
+    def tile_columns(dtype) -> int:
+        """NR, the columns of a micro-kernel tile: :meth:`columns` pads to a multiple."""
+        return tile_shape(dtype)[1] * vector_lanes(dtype)
 
     @property
     def count(self) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 from ..problem import layer_params
 from . import _tiles
 from ._microkernel import RowPanels
-from .rnn_forward import batch_chains, lengths_or_full, run_recurrences, steps
+from .rnn_forward import batch_chains, each_step, lengths_or_full, run_recurrences, steps
 
 
 def product(a, b):
@@ -36,7 +36,7 @@ def run(problem, operands, out, algorithm):
     dcx = np.empty_like(cx) if mode == "lstm" else None
     dout = dy
     one = dtype.type(1)  # keeps float32 kernels in float32
-    chains = [(d, part) for d in range(d_num) for part in batch_chains(n)]
+    chains = [(d, part) for d in range(d_num) for part in batch_chains(n, dtype)]
     for layer in reversed(range(cfg.num_layers)):
         din = np.empty((t_len, n, cfg.layer_input_size(layer)), dtype)
         outputs = layout.outputs(reserve, layer)
@@ -62,7 +62,7 @@ def run(problem, operands, out, algorithm):
             rec = rec_all[:p, :m_rows]
             hidden = weights.depth  # the gate columns of the recurrent product
             work = np.empty((m_rows, 3 * hs), dtype)
-            backwards = reversed(steps(t_len, d))
+            backwards = each_step(reversed(steps(t_len, d)))
             if mode == "lstm":
                 cells = layout.cells(reserve, layer, d)[:, sl]
                 c0 = cx[ld, sl]

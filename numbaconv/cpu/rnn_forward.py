@@ -21,31 +21,39 @@ def steps(seq_len, direction):
     return range(seq_len) if direction == 0 else range(seq_len - 1, -1, -1)
 
 
+def each_step(order):
+    """The time steps of ``order``; a chain on a tile worker stops between two of them once
+    its call is interrupted (Ctrl-C: see _tiles.stop_if_interrupted)."""
+    for t in order:
+        _tiles.stop_if_interrupted()
+        yield t
+
+
 def combined_bias(b_ih, b_hh, size, dtype):
     if b_ih is None:
         return np.zeros(size, dtype)
     return b_ih + b_hh
 
 
-#: Rows of the batch per chain (see :func:`batch_chains`): a chain's per-step product has
-#: this many columns, and thinner products run BLAS slower; fewer rows mean more chains to
-#: share out among the cores.
-CHAIN_ROWS = 32
 #: At most this many chains per direction (the most cores a recurrence can keep busy).
 CHAIN_PARTS = 8
 
 
-def batch_chains(batch: int) -> list:
-    """[(start, stop), ...]: the batch rows cut into chains, fixed by the batch size alone.
+def chain_rows(dtype) -> int:
+    """Batch rows per chain: the columns of one micro-kernel tile (NR), so that a chain's
+    product wastes no column of its tiles (:class:`RowPanels` pads to whole tiles)."""
+    return RowPanels.tile_columns(dtype)
+
+
+def batch_chains(batch: int, dtype) -> list:
+    """[(start, stop), ...]: the batch rows cut into chains, fixed by the shape.
 
     The rows of a recurrence are independent of one another (each row's state depends on
     its own past only), so each chain runs every step of its rows on one core, with no
-    barrier between the cores: its own recurrent product (one BLAS thread) and its own gate
-    kernel (one thread). Chains of CHAIN_ROWS rows, at least two where the batch has 32
-    rows or more; the cut depends on the shape only, so the bits do not depend on the
-    thread count."""
-    parts = min(CHAIN_PARTS, max(batch // CHAIN_ROWS, min(2, batch // (CHAIN_ROWS // 2))))
-    return _tiles.fixed_ranges(batch, max(parts, 1))
+    barrier between the cores: its own recurrent product and its own gate kernel. A chain
+    per :func:`chain_rows` rows, at most CHAIN_PARTS; the cut does not depend on the thread
+    count, nor then do the bits."""
+    return _tiles.fixed_ranges(batch, min(CHAIN_PARTS, -(-batch // chain_rows(dtype))))
 
 
 def share_chains(chains) -> bool:
@@ -123,7 +131,7 @@ def run(problem, operands, out, algorithm):
     scratch = None if training else np.empty((d_num, t_len, n, gw), dtype)
     zeros = np.zeros(gh, dtype)
     one = dtype.type(1)  # keeps float32 kernels in float32
-    chains = [(d, rows) for d in range(d_num) for rows in batch_chains(n)]
+    chains = [(d, rows) for d in range(d_num) for rows in batch_chains(n, dtype)]
     inp = x
     for layer in range(cfg.num_layers):
         if training:
@@ -163,7 +171,7 @@ def run(problem, operands, out, algorithm):
                 m = np.empty((m_rows, hs), dtype) if cfg.proj_size else None
                 hp = np.empty((m_rows, p), dtype) if cfg.proj_size else None
                 hout = m if cfg.proj_size else h
-                for t in steps(t_len, d):
+                for t in each_step(steps(t_len, d)):
                     weights.load(h, h_t)
                     products.recurrent(weights, h_t, hg_all)
                     k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
@@ -176,7 +184,7 @@ def run(problem, operands, out, algorithm):
             elif mode == "gru":
                 bi = zeros if b_ih is None else b_ih
                 bh = zeros if b_hh is None else b_hh
-                for t in steps(t_len, d):
+                for t in each_step(steps(t_len, d)):
                     weights.load(h, h_t)
                     products.recurrent(weights, h_t, hg_all)
                     k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens_c, t, training,
@@ -184,7 +192,7 @@ def run(problem, operands, out, algorithm):
             else:
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 relu = mode == "rnn_relu"
-                for t in steps(t_len, d):
+                for t in each_step(steps(t_len, d)):
                     weights.load(h, h_t)
                     products.recurrent(weights, h_t, hg_all)
                     k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens_c, t, training,
