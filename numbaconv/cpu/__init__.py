@@ -97,7 +97,9 @@ class CpuBackend(Backend):
     def choose(self, op, problem):
         if op in RNN_OPS:
             return "fused", ("input projections and weight gradients as BLAS products over "
-                             "all steps; per step a BLAS recurrent product and fused Numba gates")
+                             "all steps; per step, in chains of batch rows on the tile "
+                             "workers, a recurrent product on weights packed once and "
+                             "fused Numba gates")
         if op == "conv_backward_bias":
             return "reduce", "the only algorithm (parallel, fixed-order sums)"
         why = gemm_reason(problem)

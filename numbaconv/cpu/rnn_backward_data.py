@@ -1,7 +1,8 @@
-"""cpu ``rnn_backward_data``: per step (in reverse processing order) one fused Numba kernel
-for the gate derivatives, written over the reserve's activations, and the recurrent product
-``dgates @ W_hh`` (BLAS); after the loop, the input gradient of all steps as one BLAS product
-per layer and direction."""
+"""cpu ``rnn_backward_data``: per step (in reverse processing order), in the forward's chains
+of batch rows, one fused Numba kernel for the gate derivatives, written over the reserve's
+activations, and the recurrent product ``W_hh.T @ dgates.T`` on weights packed once per call;
+after the loop, the input gradient of all steps as one BLAS product per layer and
+direction."""
 
 from __future__ import annotations
 

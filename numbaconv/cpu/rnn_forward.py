@@ -1,6 +1,9 @@
 """cpu ``rnn_forward``: the input projections of all steps as one BLAS product per layer and
-direction (written straight into the reserve's gate region), then per step the recurrent
-product (BLAS) and one fused Numba kernel for the gates and the state update."""
+direction (written straight into the reserve's gate region), then the recurrence in chains
+of batch rows (:func:`batch_chains`), each stepping on one core: per step the recurrent
+product on weights packed once per call (:class:`._microkernel.RowPanels`) and one fused
+Numba kernel for the gates and the state update (docs/cpu-algorithms.md, "Recurrent
+networks")."""
 
 from __future__ import annotations
 
