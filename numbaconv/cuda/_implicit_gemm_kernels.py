@@ -17,8 +17,9 @@ from ._templates import compile_source, indent, scalar_types
 KU = 2
 
 
-#: The same for the weight gradient, whose (image, position) counter leaves fewer registers.
-WEIGHT_KU = 1
+#: The same for the weight gradient (its columns' tap offsets kept in shared memory leave
+#: the registers for 2; 4 issues more, docs/cuda.md).
+WEIGHT_KU = 2
 
 
 #: Channels-last gathers: each thread reads its columns' channels at this many places a
@@ -315,7 +316,7 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
                 R1, R2, st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2):
     As = cuda.shared.array((2, BK, BMP), acc)
     Bs = cuda.shared.array((2, BK, BNP), acc)
-    taps_out = cuda.shared.array((2, BN), I)
+    columns = cuda.shared.array((BN, 4), I)
     tid = I(cuda.threadIdx.x)
     tx = I(U(tid) % U(NTX))
     ty = I(U(tid) // U(NTX))
@@ -333,13 +334,14 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     kk = I(U(tid) % U(BK))
     jj = I(j_start + kk)
     jc = min(jj, total - 1)
+    left = I(j_stop - j_start)
     n = I(U(jc) // U(PP))
     r = I(jc - n * PP)
     o0 = I(U(r) // U(P12))
     rr = I(r - o0 * P12)
     o1 = I(U(rr) // U(P2))
     o2 = I(rr - o1 * P2)
-    end2 = I(P2)
+    end2 = I(P2 * st2 - bf2)
     lim2 = U(S2)
     ib2 = I(o2 * st2 - bf2)
     ib2_step = I(BK * st2)
@@ -347,7 +349,7 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     ya_step = I(BK * y2)
     xb_step = I(I(BK * st2) * x2)
 #if use1
-    end1 = I(P1)
+    end1 = I(P1 * st1 - bf1)
     lim1 = U(S1)
     ib1 = I(o1 * st1 - bf1)
     ib1_next = I(st1)
@@ -359,7 +361,7 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     xb_wrap2 = I(xN - I(P2 * st2) * x2)
 #end
 #if use0
-    end0 = I(P0)
+    end0 = I(P0 * st0 - bf0)
     lim0 = U(S0)
     ib0 = I(o0 * st0 - bf0)
     ib0_next = I(st0)
@@ -403,15 +405,14 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
 #end
     e2_{e} = I(I(tr_{e} - t1_{e} * R2) * dl2)
     boff_{e} = I(I(g * Cg + c_{e}) * xC + e0_{e} * x0 + e1_{e} * x1 + e2_{e} * x2)
-#if use1
     if kk == 0:
-        taps_out[0, tid // BK + {e * QSTEP}] = e1_{e}
-#if use0
-        taps_out[1, tid // BK + {e * QSTEP}] = e0_{e}
-#end
-#end
+        columns[tid // BK + {e * QSTEP}, 0] = boff_{e}
+        columns[tid // BK + {e * QSTEP}, 1] = e2_{e}
+        columns[tid // BK + {e * QSTEP}, 2] = e1_{e}
+        columns[tid // BK + {e * QSTEP}, 3] = e0_{e}
 #end
 ROW_OK_4
+    cuda.syncthreads()
 #unroll i TM
 #unroll j TN
     c_{i}_{j} = acc(0)
@@ -426,41 +427,36 @@ LOAD_8
         Bs[0, kk, tid // BK + {e * QSTEP}] = vb_{e}
 #end
         cuda.syncthreads()
-    for step in range(steps):
+    step = I(0)
+    while step < steps:
         buf = step & 1
         more = step + 1 < steps
         if more:
-            jj = I(jj + BK)
-            o2 = I(o2 + BK)
+            left = I(left - BK)
             ib2 = I(ib2 + ib2_step)
             ya = I(ya + ya_step)
             xb = I(xb + xb_step)
-            while o2 >= end2:
-                o2 = I(o2 - end2)
+            while ib2 >= end2:
                 ib2 = I(ib2 - ib2_wrap)
                 ya = I(ya + ya_wrap2)
                 xb = I(xb + xb_wrap2)
 #if use1
-                o1 = I(o1 + 1)
                 ib1 = I(ib1 + ib1_next)
-                if o1 >= end1:
-                    o1 = I(0)
+                if ib1 >= end1:
                     ib1 = I(ib1 - ib1_wrap)
                     ya = I(ya + ya_wrap1)
                     xb = I(xb + xb_wrap1)
 #if use0
-                    o0 = I(o0 + 1)
                     ib0 = I(ib0 + ib0_next)
-                    if o0 >= end0:
-                        o0 = I(0)
+                    if ib0 >= end0:
                         ib0 = I(ib0 - ib0_wrap)
                         ya = I(ya + ya_wrap0)
                         xb = I(xb + xb_wrap0)
 #end
 #unroll e LB
-                f1_{e} = taps_out[0, tid // BK + {e * QSTEP}]
+                f1_{e} = columns[tid // BK + {e * QSTEP}, 2]
 #if use0
-                f0_{e} = taps_out[1, tid // BK + {e * QSTEP}]
+                f0_{e} = columns[tid // BK + {e * QSTEP}, 3]
 #end
 #end
 ROW_OK_16
@@ -476,6 +472,7 @@ MULTIPLY
             Bs[nxt, kk, tid // BK + {e * QSTEP}] = vb_{e}
 #end
         cuda.syncthreads()
+        step = I(step + 1)
     pbase = I(I(I(chunk * G + g) * Kg) * NC)
 #unroll i TM
     m_{i} = m0 + I(ty * HM + {i if i < HM else BM // 2 + i - HM})
@@ -503,7 +500,7 @@ _ROW_OK = """
 
 
 _LOAD = """
-    jok = jj < j_stop
+    jok = kk < left
 #unroll e LA
     va_{e} = acc(0)
     if jok:
@@ -511,12 +508,13 @@ _LOAD = """
 #end
 #unroll e LB
     vb_{e} = acc(0)
+    g2_{e} = columns[tid // BK + {e * QSTEP}, 1]
 #if use1
-    if jok & row_ok_{e} & (U(ib2 + e2_{e}) < lim2):
+    if jok & row_ok_{e} & (U(ib2 + g2_{e}) < lim2):
 #else
-    if jok & (U(ib2 + e2_{e}) < lim2):
+    if jok & (U(ib2 + g2_{e}) < lim2):
 #end
-        vb_{e} = acc(x[U(xb + boff_{e})])
+        vb_{e} = acc(x[U(xb + columns[tid // BK + {e * QSTEP}, 0])])
 #end
 """
 
@@ -532,8 +530,9 @@ def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
     operands. The loop keeps that position as 32-bit offsets into dy and x and its input
     coordinates, advanced by the step and, where the step crosses a row (or an image), by
     the wrap's precomputed deltas; the bound checks of a column's outer dimensions are
-    redone only on such a crossing (the column's outer tap offsets kept in shared memory,
-    not in registers), the innermost one each step.
+    redone only on such a crossing, the innermost one each step. A column's offset into x
+    and its tap offsets are read from a shared table each step (``columns``), which leaves
+    the registers for two reduction rows per multiply loop iteration.
     """
     acc, I, U = scalar_types(dtype, wide)
     bm, bn, bk, tm, tn = tile
