@@ -101,15 +101,16 @@ WEIGHT_CASES = SIM_CASES + (
 )
 
 
-@pytest.mark.parametrize("chunks", ["by_shape", "one"])
+@pytest.mark.parametrize("chunks", ["by_shape", 1, 2])
 @pytest.mark.parametrize("c", WEIGHT_CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 def test_conv_backward_weight_implicit_gemm(c, layout, chunks, monkeypatch):
-    """weight_gemm on its own, with the split the shape gives (tiny cases: one step a chunk)
-    and as one chunk (every step of the reduction in one block: the carries run)."""
+    """weight_gemm on its own, with the split the shape gives (tiny cases: one step a chunk),
+    as one chunk (every step of the reduction in one block: the wraps run) and as two (a
+    chunk starting inside a row)."""
     from numbaconv.cuda import _implicit_gemm
-    if chunks == "one":
-        monkeypatch.setattr(_implicit_gemm, "WEIGHT_TARGET_BLOCKS", 1)
+    if chunks != "by_shape":
+        monkeypatch.setattr(_implicit_gemm, "weight_chunks", lambda *shape: chunks)
     op = "conv_backward_weight"
     for dtype in ("float64", "float32", "float16"):
         a = case_arrays(c, layout, dtype)
