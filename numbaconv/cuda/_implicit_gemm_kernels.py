@@ -382,6 +382,7 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     xb = I(n * xN + ib2 * x2)
 #end
     ygoff = I(g * Kg * yC)
+    # Rows past Kg read row Kg - 1: in bounds, and their sums are never stored.
 #unroll e LA
     aoff_{e} = I(ygoff + I(min(m0 + I(tid // BK + {e * QSTEP}), Kg - 1)) * yC)
 #end
@@ -405,6 +406,7 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
 #end
     e2_{e} = I(I(tr_{e} - t1_{e} * R2) * dl2)
     boff_{e} = I(I(g * Cg + c_{e}) * xC + e0_{e} * x0 + e1_{e} * x1 + e2_{e} * x2)
+    # The loop reads its columns' offsets back from shared memory: registers are short.
     if kk == 0:
         columns[tid // BK + {e * QSTEP}, 0] = boff_{e}
         columns[tid // BK + {e * QSTEP}, 1] = e2_{e}
@@ -436,6 +438,8 @@ LOAD_8
             ib2 = I(ib2 + ib2_step)
             ya = I(ya + ya_step)
             xb = I(xb + xb_step)
+            # The step crossed a row (several where rows are shorter than BK), maybe an
+            # image: the wrap deltas, and the outer bound checks redone.
             while ib2 >= end2:
                 ib2 = I(ib2 - ib2_wrap)
                 ya = I(ya + ya_wrap2)
