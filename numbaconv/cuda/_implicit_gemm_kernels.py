@@ -546,10 +546,12 @@ def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
                  NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=WEIGHT_KU, QSTEP=qstep, LA=bm // qstep,
                  LB=bn // qstep, use0=nd >= 3, use1=nd >= 2,
                  KEY=f"{dtype} nd={nd} wide={wide} tile={tuple(tile)}")
+    # In the loop the checks read the tap offsets loaded back from the table (f0_, f1_).
+    row_ok_in_loop = _ROW_OK.replace("e0_", "f0_").replace("e1_", "f1_")
     template = (WEIGHT_GEMM.replace("LOAD_8", indent(_LOAD, 8))
                 .replace("LOAD_12", indent(_LOAD, 12))
                 .replace("ROW_OK_4", indent(_ROW_OK, 4))
-                .replace("ROW_OK_16", indent(_ROW_OK.replace("e0_", "f0_").replace("e1_", "f1_"), 16))
+                .replace("ROW_OK_16", indent(row_ok_in_loop, 16))
                 .replace("MULTIPLY", indent(_MULTIPLY, 8)))
     return compile_source("weight_gemm", template, names, dict(acc=acc, I=I, U=U))
 
