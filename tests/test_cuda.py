@@ -93,3 +93,20 @@ def test_kernels_under_the_simulator(simulator_runs):
 def test_rnn_kernels_under_the_simulator(simulator_runs):
     """The recurrent ops (tests/test_cuda_rnn_sim.py), see SIMULATOR_RUNS."""
     _passed(simulator_runs, "rnn")
+
+
+@needs_numba_cuda
+def test_the_weight_gradient_split_avoids_a_last_wave_of_few_blocks():
+    """The split of docs/cuda.md's model ("Weight gradient split-K") on the layers it was
+    worked out for: a count of chunks whose blocks fill whole waves of 132 SMs."""
+    from numbaconv.cuda._implicit_gemm import weight_chunks
+    # 256c 14x14, N=32: 36 tiles of 128x128 (256 threads), 784 steps, 256 x 2304 partials.
+    assert weight_chunks(36, 784, 256 * 2304, 256) == 7           # 252 blocks, one wave
+    # 64c 56x56: 9 tiles of 64x64 (64 threads, eight blocks an SM), 12544 steps.
+    assert weight_chunks(9, 12544, 64 * 576, 64) == 117           # 1053 of 1056 slots
+    # 128c 56x56 stride 2: 9 tiles of 128x128, 3136 steps.
+    assert weight_chunks(9, 3136, 128 * 1152, 256) == 29          # 261 of 264 slots
+    # Partials are bounded, chunks never exceed the steps, and a tiny case is one step a chunk.
+    assert weight_chunks(1, 10 ** 6, 1 << 24, 256) == 1
+    assert weight_chunks(1, 3, 40, 32) == 3
+    assert weight_chunks(2, 0, 40, 32) == 1

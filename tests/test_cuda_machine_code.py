@@ -28,8 +28,10 @@ if machine_code.ptxas() is None or machine_code.nvdisasm() is None:
                 allow_module_level=True)
 
 CC = (9, 0)
-#: The issue's floor for the FFMA share of the issued instructions per reduction step.
-MIN_FFMA_SHARE = 0.40
+#: The floor for the FFMA share of the issued instructions per reduction step. The issue
+#: asked for 40 %; every GEMM has issued 65 % or more since the weight gradient's rework
+#: (docs/cuda.md), so below 60 % is a regression.
+MIN_FFMA_SHARE = 0.60
 REGISTERS_PER_SM = 65536
 
 
@@ -147,3 +149,9 @@ def test_64_bit_and_other_ranks_compile(tmp_path):
                                       launch_bounds=(tile.threads, 2))
             report = machine_code.assemble(ptx, CC, tmp_path, "kernel")
             assert report["registers"] <= REGISTERS_PER_SM // (2 * tile.threads), label
+            if label.startswith("weight_gemm") and not wide:
+                # The weight gradient's 1D and 3D loops are as lean as its 2D one.
+                assert report["spill_stores"] == report["spill_loads"] == 0, (nd, report)
+                sass = machine_code.disassemble(report["cubin"])
+                loop = machine_code.main_loop(sass, tile.bk // function.__numbaconv_unroll__)
+                assert loop["fma_share"] >= MIN_FFMA_SHARE, (nd, loop)

@@ -90,6 +90,40 @@ def test_out_and_accumulate(op):
     assert relative_error(out.copy_to_host(), start + want) < 1e-11
 
 
+#: The weight gradient's reduction runs over (image, output position) with carries between
+#: rows and images inside a step: rows shorter than the step (several carries a step), every
+#: dimension wrapping, a step crossing an image.
+WEIGHT_CASES = SIM_CASES + (
+    ConvCase("2d_rows_shorter_than_a_step", (3, 3, 4, 5), (5, 3, 2, 3), stride=(1, 2),
+             padding=1, dilation=(2, 1)),
+    ConvCase("3d_every_carry", (2, 3, 3, 4, 5), (2, 3, 2, 2, 3), stride=(1, 1, 2),
+             padding=(1, 0, 1)),
+)
+
+
+@pytest.mark.parametrize("chunks", ["by_shape", 1, 2])
+@pytest.mark.parametrize("c", WEIGHT_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_conv_backward_weight_implicit_gemm(c, layout, chunks, monkeypatch):
+    """weight_gemm on its own, with the split the shape gives (tiny cases: one step a chunk),
+    as one chunk (every step of the reduction in one block: the wraps run) and as two (a
+    chunk starting inside a row)."""
+    from numbaconv.cuda import _implicit_gemm
+    if chunks != "by_shape":
+        monkeypatch.setattr(_implicit_gemm, "weight_chunks", lambda *shape: chunks)
+    op = "conv_backward_weight"
+    for dtype in ("float64", "float32", "float16"):
+        a = case_arrays(c, layout, dtype)
+        d = device(a)
+        want = expected(op, c, layout, {k: v.astype(np.float64) for k, v in a.items()})
+        problem = choice_problem(op, c, layout, d)
+        got = dispatch.get_backend("cuda").run(op, problem, _operands(op, d), None,
+                                                 "implicit_gemm").copy_to_host()
+        assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+        err = relative_error(got, want)
+        assert err < TOLERANCE[dtype], (dtype, err)
+
+
 def test_float16_accumulates_in_float32():
     c, layout = case("1d_basic"), "channels_first"
     a = case_arrays(c, layout, "float16")

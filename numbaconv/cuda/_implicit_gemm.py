@@ -59,9 +59,18 @@ from ._layout import activation5, as_device, device_array, geom, simulated, view
 INDEX32_LIMIT = 2 ** 31 - 2 ** 24
 #: Blocks that fill a 132-SM GPU at two blocks per SM: tiles giving fewer score lower.
 FULL_GRID = 264
-#: Thread blocks to aim for when splitting the weight gradient's reduction: enough to fill
-#: two waves of a 132-SM GPU; fixed, so the split (and the bits of dw) never depend on it.
-WEIGHT_TARGET_BLOCKS = 528
+#: The GPU the weight gradient's split is sized for (H100 SXM / H200: 132 SMs, each holding
+#: 512 threads of the GEMMs' 128 registers); fixed, so the split (and the bits of dw) never
+#: depend on the device that runs it.
+SPLIT_SMS = 132
+SPLIT_THREADS_PER_SM = 512
+#: What writing and reading back one partial element costs, in reduction steps of a full
+#: wave of blocks (8 bytes at about 3 TB/s against a wave-step of 69 MFLOP at about 30
+#: TFLOP/s): trades partial traffic against wave quantization (docs/cuda.md, "Weight
+#: gradient split-K").
+PARTIAL_ELEMENT_COST = 1.2e-6
+#: Waves of blocks the split considers at most (beyond, a wave's quantization is small).
+SPLIT_MAX_WAVES = 64
 #: Largest weight-gradient partial buffer, in accumulator elements (64 MiB of float32).
 MAX_PARTIAL_ELEMENTS = 1 << 24
 
@@ -284,8 +293,7 @@ def weight_gradient(problem, x, dy, out):
     row_tiles = _ceil(g.kg, tile.bm)
     base = _ceil(cols, tile.bn) * row_tiles * g.groups
     steps = _ceil(reduce_total, tile.bk)
-    chunks = max(1, min(steps, _ceil(WEIGHT_TARGET_BLOCKS, base), 65535,
-                        MAX_PARTIAL_ELEMENTS // (g.k * cols)))
+    chunks = weight_chunks(base, steps, g.k * cols, tile.threads)
     chunk_len = _ceil(steps, chunks) * tile.bk
     chunks = max(1, _ceil(reduce_total, chunk_len))
     count = g.k * cols
@@ -301,6 +309,39 @@ def weight_gradient(problem, x, dy, out):
         bool(problem.accumulate), *wo.strides)
     _written(target, result, g, None)
     return result
+
+
+@functools.lru_cache(maxsize=1024)
+def weight_chunks(tiles: int, steps: int, partial_elements: int, threads: int) -> int:
+    """How many chunks the weight gradient cuts its reduction of ``steps`` steps into, for
+    ``tiles`` output tiles of ``threads`` threads and ``partial_elements`` elements of dw
+    (one partial each a chunk): the count the model puts fastest.
+
+    Model (docs/cuda.md, "Weight gradient split-K"): the GPU holds ``slots`` blocks at once
+    (132 SMs of 512 threads); a block's step takes the same time in every full or partial
+    wave, so ``chunks`` chunks cost ``ceil(tiles * chunks / slots) * ceil(steps / chunks)``
+    wave-steps, plus the partials' traffic, ``chunks * partial_elements *
+    PARTIAL_ELEMENT_COST``. For each wave count the most chunks that fit that many waves are
+    tried (then as few chunks as give the same chunk length); the cheapest wins, ties to
+    fewer waves. Depends on the shape only.
+    """
+    slots = SPLIT_SMS * max(1, SPLIT_THREADS_PER_SM // threads)
+    steps = max(1, steps)
+    most = max(1, min(steps, 65535, MAX_PARTIAL_ELEMENTS // max(1, partial_elements)))
+    best = None
+    for waves in range(_ceil(tiles, slots), _ceil(tiles, slots) + SPLIT_MAX_WAVES):
+        chunks = min(most, waves * slots // tiles)
+        if chunks < 1:
+            continue
+        length = _ceil(steps, chunks)
+        chunks = _ceil(steps, length)
+        cost = (_ceil(tiles * chunks, slots) * length
+                + chunks * partial_elements * PARTIAL_ELEMENT_COST)
+        if best is None or cost < best[0]:
+            best = (cost, chunks)
+        if chunks >= most:
+            break
+    return best[1] if best is not None else 1
 
 
 @functools.lru_cache(maxsize=1024)

@@ -17,8 +17,9 @@ from ._templates import compile_source, indent, scalar_types
 KU = 2
 
 
-#: The same for the weight gradient, whose (image, position) counter leaves fewer registers.
-WEIGHT_KU = 1
+#: The same for the weight gradient (its columns' tap offsets kept in shared memory leave
+#: the registers for 2; 4 issues more, docs/cuda.md).
+WEIGHT_KU = 2
 
 
 #: Channels-last gathers: each thread reads its columns' channels at this many places a
@@ -315,6 +316,7 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
                 R1, R2, st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2):
     As = cuda.shared.array((2, BK, BMP), acc)
     Bs = cuda.shared.array((2, BK, BNP), acc)
+    columns = cuda.shared.array((BN, 4), I)
     tid = I(cuda.threadIdx.x)
     tx = I(U(tid) % U(NTX))
     ty = I(U(tid) // U(NTX))
@@ -332,23 +334,61 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     kk = I(U(tid) % U(BK))
     jj = I(j_start + kk)
     jc = min(jj, total - 1)
+    left = I(j_stop - j_start)
     n = I(U(jc) // U(PP))
     r = I(jc - n * PP)
     o0 = I(U(r) // U(P12))
     rr = I(r - o0 * P12)
     o1 = I(U(rr) // U(P2))
     o2 = I(rr - o1 * P2)
+    end2 = I(P2 * st2 - bf2)
+    lim2 = U(S2)
+    ib2 = I(o2 * st2 - bf2)
+    ib2_step = I(BK * st2)
+    ib2_wrap = I(P2 * st2)
+    ya_step = I(BK * y2)
+    xb_step = I(I(BK * st2) * x2)
+#if use1
+    end1 = I(P1 * st1 - bf1)
+    lim1 = U(S1)
+    ib1 = I(o1 * st1 - bf1)
+    ib1_next = I(st1)
+    ib1_wrap = I(P1 * st1)
+    ya_wrap2 = I(y1 - P2 * y2)
+    xb_wrap2 = I(st1 * x1 - I(P2 * st2) * x2)
+#else
+    ya_wrap2 = I(yN - P2 * y2)
+    xb_wrap2 = I(xN - I(P2 * st2) * x2)
+#end
+#if use0
+    end0 = I(P0 * st0 - bf0)
+    lim0 = U(S0)
+    ib0 = I(o0 * st0 - bf0)
+    ib0_next = I(st0)
+    ib0_wrap = I(P0 * st0)
+    ya_wrap1 = I(y0 - P1 * y1)
+    xb_wrap1 = I(st0 * x0 - I(P1 * st1) * x1)
+    ya_wrap0 = I(yN - P0 * y0)
+    xb_wrap0 = I(xN - I(P0 * st0) * x0)
+    ya = I(n * yN + o0 * y0 + o1 * y1 + o2 * y2)
+    xb = I(n * xN + ib0 * x0 + ib1 * x1 + ib2 * x2)
+#elif use1
+    ya_wrap1 = I(yN - P1 * y1)
+    xb_wrap1 = I(xN - I(P1 * st1) * x1)
+    ya = I(n * yN + o1 * y1 + o2 * y2)
+    xb = I(n * xN + ib1 * x1 + ib2 * x2)
+#else
+    ya = I(n * yN + o2 * y2)
+    xb = I(n * xN + ib2 * x2)
+#end
     ygoff = I(g * Kg * yC)
+    # Rows past Kg read row Kg - 1: in bounds, and their sums are never stored.
 #unroll e LA
-    am_{e} = I(m0 + tid // BK + {e * QSTEP})
-    aok_{e} = am_{e} < Kg
-    aoff_{e} = I(ygoff + am_{e} * yC)
+    aoff_{e} = I(ygoff + I(min(m0 + I(tid // BK + {e * QSTEP}), Kg - 1)) * yC)
 #end
     R12 = I(R1 * R2)
 #unroll e LB
-    bc_{e} = I(col0 + tid // BK + {e * QSTEP})
-    bok_{e} = bc_{e} < NC
-    bcc_{e} = min(bc_{e}, NC - 1)
+    bcc_{e} = I(min(col0 + I(tid // BK + {e * QSTEP}), NC - 1))
     t_{e} = I(U(bcc_{e}) // U(Cg))
     c_{e} = I(bcc_{e} - t_{e} * Cg)
     t0_{e} = I(U(t_{e}) // U(R12))
@@ -366,14 +406,22 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
 #end
     e2_{e} = I(I(tr_{e} - t1_{e} * R2) * dl2)
     boff_{e} = I(I(g * Cg + c_{e}) * xC + e0_{e} * x0 + e1_{e} * x1 + e2_{e} * x2)
+    # The loop reads its columns' offsets back from shared memory: registers are short.
+    if kk == 0:
+        columns[tid // BK + {e * QSTEP}, 0] = boff_{e}
+        columns[tid // BK + {e * QSTEP}, 1] = e2_{e}
+        columns[tid // BK + {e * QSTEP}, 2] = e1_{e}
+        columns[tid // BK + {e * QSTEP}, 3] = e0_{e}
 #end
+ROW_OK_4
+    cuda.syncthreads()
 #unroll i TM
 #unroll j TN
     c_{i}_{j} = acc(0)
 #end
 #end
     if steps > 0:
-LOAD_4
+LOAD_8
 #unroll e LA
         As[0, kk, tid // BK + {e * QSTEP}] = va_{e}
 #end
@@ -381,21 +429,42 @@ LOAD_4
         Bs[0, kk, tid // BK + {e * QSTEP}] = vb_{e}
 #end
         cuda.syncthreads()
-    for step in range(steps):
+    step = I(0)
+    while step < steps:
         buf = step & 1
         more = step + 1 < steps
         if more:
-            jj = I(jj + BK)
-            o2 = I(o2 + BK)
-            while o2 >= P2:
-                o2 = I(o2 - P2)
-                o1 = I(o1 + 1)
-                if o1 >= P1:
-                    o1 = I(0)
-                    o0 = I(o0 + 1)
-                    if o0 >= P0:
-                        o0 = I(0)
-                        n = I(n + 1)
+            left = I(left - BK)
+            ib2 = I(ib2 + ib2_step)
+            ya = I(ya + ya_step)
+            xb = I(xb + xb_step)
+            # The step crossed a row (several where rows are shorter than BK), maybe an
+            # image: the wrap deltas, and the outer bound checks redone.
+            while ib2 >= end2:
+                ib2 = I(ib2 - ib2_wrap)
+                ya = I(ya + ya_wrap2)
+                xb = I(xb + xb_wrap2)
+#if use1
+                ib1 = I(ib1 + ib1_next)
+                if ib1 >= end1:
+                    ib1 = I(ib1 - ib1_wrap)
+                    ya = I(ya + ya_wrap1)
+                    xb = I(xb + xb_wrap1)
+#if use0
+                    ib0 = I(ib0 + ib0_next)
+                    if ib0 >= end0:
+                        ib0 = I(ib0 - ib0_wrap)
+                        ya = I(ya + ya_wrap0)
+                        xb = I(xb + xb_wrap0)
+#end
+#unroll e LB
+                f1_{e} = columns[tid // BK + {e * QSTEP}, 2]
+#if use0
+                f0_{e} = columns[tid // BK + {e * QSTEP}, 3]
+#end
+#end
+ROW_OK_16
+#end
 LOAD_12
 MULTIPLY
         if more:
@@ -407,6 +476,7 @@ MULTIPLY
             Bs[nxt, kk, tid // BK + {e * QSTEP}] = vb_{e}
 #end
         cuda.syncthreads()
+        step = I(step + 1)
     pbase = I(I(I(chunk * G + g) * Kg) * NC)
 #unroll i TM
     m_{i} = m0 + I(ty * HM + {i if i < HM else BM // 2 + i - HM})
@@ -422,37 +492,33 @@ MULTIPLY
 """
 
 
-_LOAD = """
-    jok = jj < j_stop
-    ib2 = I(o2 * st2 - bf2)
+_ROW_OK = """
+#unroll e LB
 #if use0
-    ib0 = I(o0 * st0 - bf0)
-    ib1 = I(o1 * st1 - bf1)
-    ya = I(n * yN + o0 * y0 + o1 * y1 + o2 * y2)
-    xb = I(n * xN + ib0 * x0 + ib1 * x1 + ib2 * x2)
+    row_ok_{e} = (U(ib1 + e1_{e}) < lim1) & (U(ib0 + e0_{e}) < lim0)
 #elif use1
-    ib1 = I(o1 * st1 - bf1)
-    ya = I(n * yN + o1 * y1 + o2 * y2)
-    xb = I(n * xN + ib1 * x1 + ib2 * x2)
-#else
-    ya = I(n * yN + o2 * y2)
-    xb = I(n * xN + ib2 * x2)
+    row_ok_{e} = U(ib1 + e1_{e}) < lim1
 #end
+#end
+"""
+
+
+_LOAD = """
+    jok = kk < left
 #unroll e LA
     va_{e} = acc(0)
-    if jok & aok_{e}:
+    if jok:
         va_{e} = acc(dy[U(ya + aoff_{e})])
 #end
 #unroll e LB
     vb_{e} = acc(0)
-#if use0
-    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)) & (U(ib1 + e1_{e}) < U(S1)) & (U(ib0 + e0_{e}) < U(S0)):
-#elif use1
-    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)) & (U(ib1 + e1_{e}) < U(S1)):
+    g2_{e} = columns[tid // BK + {e * QSTEP}, 1]
+#if use1
+    if jok & row_ok_{e} & (U(ib2 + g2_{e}) < lim2):
 #else
-    if jok & bok_{e} & (U(ib2 + e2_{e}) < U(S2)):
+    if jok & (U(ib2 + g2_{e}) < lim2):
 #end
-        vb_{e} = acc(x[U(xb + boff_{e})])
+        vb_{e} = acc(x[U(xb + columns[tid // BK + {e * QSTEP}, 0])])
 #end
 """
 
@@ -464,8 +530,13 @@ def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
     Columns are ``(tap, input channel)`` pairs (``NC = taps * Cg``), rows output channels,
     the reduction runs over ``j = (image, output position)`` in ``[chunk * chunk_len, ...)``.
     Writes ``partial[chunk, g, m, col]`` (flat). Every thread loads the same reduction row
-    ``j`` for all its elements, so one ``(image, position)`` counter per thread, advanced by
-    the step without division, serves both operands.
+    ``j`` for all its elements, so one ``(image, position)`` counter per thread serves both
+    operands. The loop keeps that position as 32-bit offsets into dy and x and its input
+    coordinates, advanced by the step and, where the step crosses a row (or an image), by
+    the wrap's precomputed deltas; the bound checks of a column's outer dimensions are
+    redone only on such a crossing, the innermost one each step. A column's offset into x
+    and its tap offsets are read from a shared table each step (``columns``), which leaves
+    the registers for two reduction rows per multiply loop iteration.
     """
     acc, I, U = scalar_types(dtype, wide)
     bm, bn, bk, tm, tn = tile
@@ -475,8 +546,12 @@ def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
                  NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=WEIGHT_KU, QSTEP=qstep, LA=bm // qstep,
                  LB=bn // qstep, use0=nd >= 3, use1=nd >= 2,
                  KEY=f"{dtype} nd={nd} wide={wide} tile={tuple(tile)}")
-    template = (WEIGHT_GEMM.replace("LOAD_4", indent(_LOAD, 8))
+    # In the loop the checks read the tap offsets loaded back from the table (f0_, f1_).
+    row_ok_in_loop = _ROW_OK.replace("e0_", "f0_").replace("e1_", "f1_")
+    template = (WEIGHT_GEMM.replace("LOAD_8", indent(_LOAD, 8))
                 .replace("LOAD_12", indent(_LOAD, 12))
+                .replace("ROW_OK_4", indent(_ROW_OK, 4))
+                .replace("ROW_OK_16", indent(row_ok_in_loop, 16))
                 .replace("MULTIPLY", indent(_MULTIPLY, 8)))
     return compile_source("weight_gemm", template, names, dict(acc=acc, I=I, U=U))
 
