@@ -159,6 +159,9 @@ def test_row_panels_match_numpy_whatever_the_panels_shared_out(dtype):
         a = rng.standard_normal((m, k)).astype(dtype)
         panels = mk.RowPanels(a)
         assert panels.count == -(-m // mr) and panels.rows == m and panels.depth == k
+        # packed from a transposed view (the backward's W_hh.T): the same panels
+        np.testing.assert_array_equal(mk.RowPanels(np.ascontiguousarray(a.T).T).panels,
+                                      panels.panels)
         b = panels.columns(width)
         out = panels.output(width)
         for step in range(2):

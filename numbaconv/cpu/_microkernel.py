@@ -577,10 +577,15 @@ class RowPanels:
         self.mr = tile_shape(a.dtype)[0]
         self.nr = self.tile_columns(a.dtype)
         count = -(-self.rows // self.mr)
-        padded = np.zeros((count * self.mr, self.depth), a.dtype)
-        padded[:self.rows] = a
-        self.panels = np.ascontiguousarray(
-            padded.reshape(count, self.mr, self.depth).transpose(0, 2, 1))
+        whole = self.rows // self.mr
+        self.panels = np.empty((count, self.depth, self.mr), a.dtype)
+        s0, s1 = a.strides  # a's whole panels as a view (a reshape of W_hh.T would copy)
+        self.panels[:whole] = np.lib.stride_tricks.as_strided(
+            a, (whole, self.mr, self.depth), (self.mr * s0, s0, s1),
+            writeable=False).transpose(0, 2, 1)
+        if whole < count:  # the last panel's rows past the matrix are zero
+            self.panels[whole] = 0
+            self.panels[whole, :, :self.rows - whole * self.mr] = a[whole * self.mr:].T
 
     @staticmethod
     def tile_columns(dtype) -> int:
