@@ -178,6 +178,46 @@ def test_row_panels_match_numpy_whatever_the_panels_shared_out(dtype):
             np.testing.assert_array_equal(out, whole)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_panels_product_matches_numpy_whatever_the_panels_shared_out(dtype):
+    """States packed in MR-row panels (refilled each step) times weights packed once in
+    NR-row panels; a run of the weights' panels gives the same bits as the whole."""
+    rng = np.random.default_rng(6)
+    nr = mk.RowPanels.tile_columns(dtype)
+    for width, k, m in _shapes(dtype):
+        w = rng.standard_normal((m, k)).astype(dtype)
+        weights = mk.RowPanels(w, height=nr)
+        states = mk.RowPanels(np.zeros((width, k), dtype))
+        out = np.full((states.count * states.mr, weights.count * nr), np.nan, dtype)
+        for step in range(2):
+            h = rng.standard_normal((width, k + 3)).astype(dtype)[:, :k]  # a row stride
+            states.refill(h)
+            assert mk.panels_product(states, weights, out) is out
+            _assert_product(out[:width, :m], h, w.T, dtype, (width, k, m, step))
+            assert not out[width:].any() and not out[:, m:].any()
+            whole = out.copy()
+            out[...] = np.nan
+            for start in range(weights.count):
+                mk.panels_product(states, weights, out, start, start + 1)
+            np.testing.assert_array_equal(out, whole)
+
+
+def test_panels_product_rejects_what_does_not_fit():
+    nr = mk.RowPanels.tile_columns(np.float32)
+    states = mk.RowPanels(np.ones((3, 5), np.float32))
+    weights = mk.RowPanels(np.ones((7, 5), np.float32), height=nr)
+    out = np.empty((states.count * states.mr, weights.count * nr), np.float32)
+    for args in ((weights, weights, out), (states, states, out), (states, weights, out[:, 1:]),
+                 (states, mk.RowPanels(np.ones((7, 4), np.float32), height=nr), out),
+                 (states, weights, out, 0, weights.count + 1)):
+        with pytest.raises(ValueError, match="do not match"):
+            mk.panels_product(*args)
+    with pytest.raises(ValueError, match="is not the"):
+        states.refill(np.ones((4, 5), np.float32))
+    with pytest.raises(ValueError, match="do not match"):
+        weights.multiply(weights.columns(3), weights.output(3))   # NR panels: not for A
+
+
 def test_row_panels_reject_what_does_not_fit():
     panels = mk.RowPanels(np.ones((7, 5), np.float32))
     b, out = panels.columns(3), panels.output(3)

@@ -512,21 +512,26 @@ def both_backends(cfg, a, seed):
     return results
 
 
-@pytest.mark.parametrize("steps", ["chains", "batch chains", "parallel steps"])
+@pytest.mark.parametrize("steps", ["chains", "chains, weights as MR side", "batch chains",
+                                   "parallel steps", "parallel steps, weights as MR side"])
 @pytest.mark.parametrize("dropout", [0.0, 0.35])
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_cpu_matches_reference_with_every_feature(mode, dropout, steps, monkeypatch):
-    """The bidirectional problem runs each direction as a chain of steps on a tile worker;
-    "batch chains" also cuts the batch into chains (as a batch of more than 16 rows does in
-    float32 with AVX2); "parallel steps" runs the chains one after another with the step
-    kernels' parallel compilations, which a single chain of real size runs (N * gate width
-    >= PARALLEL_MIN_ELEMENTS) and these small ones would not: the GRU's backward step once
-    left its n-gate gradient unwritten there."""
+    """The bidirectional problem runs each direction as a chain of steps on a tile worker,
+    its products with the weights packed as the micro-kernel's NR side (chains of a few
+    rows, as these are), or as its MR side (chains of NR rows); "batch chains" also cuts the
+    batch into chains (as a batch of more than 16 rows does in float32 with AVX2); "parallel
+    steps" runs the chains one after another with the step kernels' parallel compilations,
+    which a single chain of real size runs (N * gate width >= PARALLEL_MIN_ELEMENTS) and
+    these small ones would not: the GRU's backward step once left its n-gate gradient
+    unwritten there."""
     from numbaconv.cpu import _rnn_cells, rnn_forward
+    if steps.endswith("weights as MR side"):
+        monkeypatch.setattr(rnn_forward, "weights_as_columns", lambda rows, dtype: False)
     if steps == "batch chains":
         monkeypatch.setattr(rnn_forward, "chain_rows", lambda dtype: 2)
         assert len(rnn_forward.batch_chains(3, np.float64)) == 2
-    if steps == "parallel steps":
+    if steps.startswith("parallel steps"):
         monkeypatch.setattr(rnn_forward, "share_chains", lambda chains: False)
         monkeypatch.setattr(_rnn_cells, "PARALLEL_MIN_ELEMENTS", 0)
     check_cpu_against_reference(mode, dropout)

@@ -568,7 +568,7 @@ class RowPanels:
     not depend on the thread count.
     """
 
-    def __init__(self, a: np.ndarray):
+    def __init__(self, a: np.ndarray, height: Optional[int] = None):
         if a.ndim != 2 or a.dtype not in (np.float32, np.float64):
             raise TypeError(f"RowPanels: expected a 2D float32 or float64 matrix, got "
                             f"{a.dtype} {a.shape}")
@@ -576,16 +576,25 @@ class RowPanels:
         self.rows, self.depth = a.shape
         self.mr = tile_shape(a.dtype)[0]
         self.nr = self.tile_columns(a.dtype)
-        count = -(-self.rows // self.mr)
-        whole = self.rows // self.mr
-        self.panels = np.empty((count, self.depth, self.mr), a.dtype)
+        #: Rows a panel: MR (the left operand of :meth:`multiply` and :func:`panels_product`),
+        #: or NR (the right operand of :func:`panels_product`).
+        self.height = self.mr if height is None else height
+        count = -(-self.rows // self.height)
+        self.panels = np.zeros((count, self.depth, self.height), a.dtype)
+        self.refill(a)
+
+    def refill(self, a: np.ndarray) -> None:
+        """Pack ``a``, of the shape and dtype the panels were made for, in their place."""
+        if a.shape != (self.rows, self.depth) or a.dtype != self.dtype:
+            raise ValueError(f"RowPanels.refill: {a.dtype} {a.shape} is not the "
+                             f"{self.dtype} {(self.rows, self.depth)} the panels hold")
+        h = self.height
+        whole = self.rows // h
         s0, s1 = a.strides  # a's whole panels as a view (a reshape of W_hh.T would copy)
         self.panels[:whole] = np.lib.stride_tricks.as_strided(
-            a, (whole, self.mr, self.depth), (self.mr * s0, s0, s1),
-            writeable=False).transpose(0, 2, 1)
-        if whole < count:  # the last panel's rows past the matrix are zero
-            self.panels[whole] = 0
-            self.panels[whole, :, :self.rows - whole * self.mr] = a[whole * self.mr:].T
+            a, (whole, h, self.depth), (h * s0, s0, s1), writeable=False).transpose(0, 2, 1)
+        if whole < self.count:  # the last panel's rows past the matrix stay zero
+            self.panels[whole, :, :self.rows - whole * h] = a[whole * h:].T
 
     @staticmethod
     def tile_columns(dtype) -> int:
@@ -622,13 +631,50 @@ class RowPanels:
         """``out[start*MR:stop*MR] = (the matrix's rows in panels start..stop) @ b`` on the
         calling thread; ``b`` from :meth:`columns`, ``out`` from :meth:`output`."""
         stop = self.count if stop is None else stop
-        if not 0 <= start <= stop <= self.count or b.shape != (self.depth, out.shape[1]) or out.shape[0] != self.count * self.mr \
-                or out.shape[1] % self.nr or not (b.flags.c_contiguous
-                                                   and out.flags.c_contiguous):
+        if self.height != self.mr or not 0 <= start <= stop <= self.count \
+                or b.shape != (self.depth, out.shape[1]) \
+                or out.shape[0] != self.count * self.mr or out.shape[1] % self.nr \
+                or not (b.flags.c_contiguous and out.flags.c_contiguous):
             raise ValueError(f"RowPanels.multiply: b {b.shape} and out {out.shape} do not "
                              f"match panels of {self.rows} x {self.depth}")
         _panels_product(self.panels, b, out, start, stop, self.mr, self.nr, KC)
         return out
+
+
+def panels_product(a: RowPanels, b: RowPanels, out: np.ndarray, start: int = 0,
+                   stop: Optional[int] = None) -> np.ndarray:
+    """``out[:, start*NR:stop*NR] = A @ B.T`` on the calling thread, for A packed in panels
+    of MR rows and B in panels of NR rows (``RowPanels(b, height=NR)``), one depth: out is
+    (A's panels x MR, B's panels x NR), C-contiguous, the product proper ``[:A rows, :B
+    rows]``. The recurrences' product the other way round from :meth:`RowPanels.multiply`
+    (the states as A, refilled each step; the weights as B, packed once), which pads the
+    states to MR rows where that one pads them to NR columns. A value's bits do not depend
+    on ``start``, ``stop``."""
+    stop = b.count if stop is None else stop
+    if a.height != a.mr or b.height != a.nr or a.depth != b.depth or a.dtype != b.dtype \
+            or not 0 <= start <= stop <= b.count \
+            or out.shape != (a.count * a.mr, b.count * b.height) \
+            or out.dtype != a.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"panels_product: panels of {a.rows} x {a.depth} and {b.rows} x "
+                         f"{b.depth} do not match out {out.shape}")
+    _panels_by_panels(a.panels, b.panels, out, start, stop, a.mr, a.nr, KC)
+    return out
+
+
+@serial_jit
+def _panels_by_panels(ap, bp, c, start, stop, mr, nr, kc_block):
+    depth = ap.shape[1]
+    ldc = c.shape[1]
+    if depth == 0:
+        c[:, start * nr:stop * nr] = 0
+        return
+    for jp in range(start, stop):
+        for p0 in range(0, depth, kc_block):
+            kc = min(kc_block, depth - p0)
+            add = 1 if p0 > 0 else 0
+            for ip in range(ap.shape[0]):
+                _micro_tile(_at(ap, (ip * depth + p0) * mr), _at(bp, (jp * depth + p0) * nr),
+                            _at(c, ip * mr * ldc + jp * nr), kc, ldc, add, mr, nr)
 
 
 @serial_jit

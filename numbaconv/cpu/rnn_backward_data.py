@@ -10,8 +10,7 @@ import numpy as np
 
 from ..problem import layer_params
 from . import _tiles
-from ._microkernel import RowPanels
-from .rnn_forward import batch_chains, each_step, lengths_or_full, run_recurrences, steps
+from .rnn_forward import StepWeights, batch_chains, each_step, lengths_or_full, run_recurrences, steps
 
 
 def product(a, b):
@@ -42,8 +41,10 @@ def run(problem, operands, out, algorithm):
         din = np.empty((t_len, n, cfg.layer_input_size(layer)), dtype)
         outputs = layout.outputs(reserve, layer)
 
-        # W_hh.T (the GRU's hidden-path rows of it) packed once: see _microkernel.RowPanels.
-        panels = [RowPanels(layer_params(cfg, params, layer, d)[1].T) for d in range(d_num)]
+        # W_hh.T (the GRU's hidden-path columns of it) packed once: see StepWeights.
+        widest = max(b - a for a, b in batch_chains(n, dtype))
+        panels = [StepWeights(layer_params(cfg, params, layer, d)[1].T, widest)
+                  for d in range(d_num)]
 
         def recurrence(d, part, k, products, layer=layer, outputs=outputs, dout=dout,
                        panels=panels):
@@ -55,13 +56,9 @@ def run(problem, operands, out, algorithm):
             dy_d = dout[:, sl, d * p:(d + 1) * p]
             lens_c = lens[sl]
             dh = dhy[ld, sl].copy()
-            # rec = W_hh.T @ dgates.T (see _rnn_cells on why transposed)
-            weights = panels[d]
-            g_t = weights.columns(m_rows)
-            rec_all = weights.output(m_rows)
-            rec_all[...] = 0
-            rec = rec_all[:p, :m_rows]
-            hidden = weights.depth  # the gate columns of the recurrent product
+            step = panels[d].chain(m_rows)  # rec = W_hh.T @ dgates.T: see _rnn_cells
+            rec = step.result                # zero before the first step
+            hidden = step.packed.depth       # the gate columns of the recurrent product
             work = np.empty((m_rows, 3 * hs), dtype)
             backwards = each_step(reversed(steps(t_len, d)))
             if mode == "lstm":
@@ -79,8 +76,8 @@ def run(problem, operands, out, algorithm):
                         products.dense(dproj[t], w_hr, dm)
                     k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t], dm,
                                          dc, lens_c, t, proj, one, work)
-                    weights.load(gates[t], g_t)
-                    products.recurrent(weights, g_t, rec_all)
+                    step.load(gates[t])
+                    step.multiply(products)
                 dcx[ld, sl] = dc
             elif mode == "gru":
                 h0 = hx[ld, sl]
@@ -90,14 +87,14 @@ def run(problem, operands, out, algorithm):
                     h_prev = h0 if tp < 0 or tp >= t_len else hid[tp]
                     k.gru_backward_step(gates[t], h_prev, h0, dh, rec, dy_d[t], lens_c, t,
                                         d == 1, one, work)
-                    weights.load(gates[t][:, :hidden], g_t)
-                    products.recurrent(weights, g_t, rec_all)
+                    step.load(gates[t][:, :hidden])
+                    step.multiply(products)
             else:
                 relu = mode == "rnn_relu"
                 for t in backwards:
                     k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens_c, t, relu, one)
-                    weights.load(gates[t], g_t)
-                    products.recurrent(weights, g_t, rec_all)
+                    step.load(gates[t])
+                    step.multiply(products)
             dhx[ld, sl] = dh + rec.T
 
         run_recurrences(chains, recurrence, n, gw)

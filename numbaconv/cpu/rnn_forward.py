@@ -12,7 +12,7 @@ import numpy as np
 from ..problem import layer_params
 from . import _tiles
 from . import _rnn_cells as cells_k
-from ._microkernel import RowPanels
+from ._microkernel import RowPanels, panels_product, tile_shape
 
 
 def lengths_or_full(lengths, seq_len, batch):
@@ -81,6 +81,63 @@ def run_recurrences(chains, recurrence, batch, gate_width):
             recurrence(*chain, cells_k.kernels_for(batch, gate_width), Shared)
 
 
+def weights_as_columns(chain_rows: int, dtype) -> bool:
+    """Whether :class:`StepWeights` packs the weights as the micro-kernel's NR side: where
+    that pads a chain of ``chain_rows`` rows to fewer rows (MR) than the MR side would (NR)."""
+    mr, nr = tile_shape(dtype)[0], RowPanels.tile_columns(dtype)
+    return -(-chain_rows // mr) * mr < -(-chain_rows // nr) * nr
+
+
+class StepWeights:
+    """A layer and direction's recurrent weights W (G x K), packed once per call for the
+    chains' per-step products ``W @ states.T`` (:meth:`chain`).
+
+    The micro-kernel computes MR x NR tiles: with the weights as its MR side
+    (:meth:`RowPanels.multiply`) a chain's states are padded to whole NR columns, with the
+    weights as its NR side (:func:`panels_product`) to whole MR rows. Packed the way that
+    pads the chains' rows less (the shape decides: a chain of 16 rows on AVX2's 6 x 16
+    tiles, the weights as MR side; of 10, as NR side)."""
+
+    def __init__(self, w, chain_rows: int):
+        self.by_columns = weights_as_columns(chain_rows, w.dtype)
+        self.packed = RowPanels(w, height=RowPanels.tile_columns(w.dtype)
+                                if self.by_columns else None)
+
+    def chain(self, rows: int) -> "ChainProduct":
+        return ChainProduct(self, rows)
+
+
+class ChainProduct:
+    """One chain's product ``result = W @ states.T`` (G, rows), a view into its buffer:
+    :meth:`load` the step's states (rows, K), then :meth:`multiply`."""
+
+    def __init__(self, weights: StepWeights, rows: int):
+        packed = self.packed = weights.packed
+        self.by_columns = weights.by_columns
+        if self.by_columns:
+            self.states = RowPanels(np.zeros((rows, packed.depth), packed.dtype))
+            self.out = np.zeros((self.states.count * packed.mr, packed.count * packed.height),
+                                packed.dtype)
+            self.result = self.out[:rows, :packed.rows].T
+        else:
+            self.states = packed.columns(rows)
+            self.out = np.zeros((packed.count * packed.mr, self.states.shape[1]),
+                                packed.dtype)
+            self.result = self.out[:packed.rows, :rows]
+
+    def load(self, states):
+        if self.by_columns:
+            self.states.refill(states)
+        else:
+            self.packed.load(states, self.states)
+
+    def multiply(self, products):
+        if self.by_columns:
+            products.by_columns(self.states, self.packed, self.out)
+        else:
+            products.recurrent(self.packed, self.states, self.out)
+
+
 class OneThread:
     """A chain's products on a tile worker: on the calling thread, BLAS on one thread."""
 
@@ -93,6 +150,11 @@ class OneThread:
     def recurrent(panels, b, out):
         """out = the packed weights @ b (see :class:`_microkernel.RowPanels`)."""
         panels.multiply(b, out)
+
+    @staticmethod
+    def by_columns(states, weights, out):
+        """out = states @ weights.T, both packed (see :func:`_microkernel.panels_product`)."""
+        panels_product(states, weights, out)
 
 
 class Shared:
@@ -113,6 +175,16 @@ class Shared:
             panels.multiply(b, out)
         else:
             _tiles.run_tiles(lambda span, pick: panels.multiply(b, out, *span), spans)
+
+    @staticmethod
+    def by_columns(states, weights, out):
+        share = out.size * weights.depth > _tiles.SHARED_PRODUCT_ABOVE
+        spans = _tiles.worker_ranges(weights.count, share)
+        if len(spans) == 1:
+            panels_product(states, weights, out)
+        else:
+            _tiles.run_tiles(lambda span, pick: panels_product(states, weights, out, *span),
+                             spans)
 
 
 # One BLAS thread, products over all steps cut into slices fixed by the shape: the parameter
@@ -149,7 +221,7 @@ def run(problem, operands, out, algorithm):
             w_ih, w_hh = layer_params(cfg, params, layer, d)[:2]
             _tiles.matmul(inp.reshape(t_len * n, -1), w_ih.T,
                           gates_of[d].reshape(t_len * n, gw)[:, :gh], fixed=True)
-            panels.append(RowPanels(w_hh))
+            panels.append(StepWeights(w_hh, max(b - a for a, b in batch_chains(n, dtype))))
 
         def recurrence(d, rows, k, products, layer=layer, out_l=out_l, gates_of=gates_of,
                        panels=panels):
@@ -161,11 +233,8 @@ def run(problem, operands, out, algorithm):
             y_d = out_l[:, sl, d * p:(d + 1) * p]
             lens_c = lens[sl]
             h = hx[ld, sl].copy()
-            # W_hh @ h.T (see _rnn_cells on why transposed), the weights packed once
-            weights = panels[d]
-            h_t = weights.columns(m_rows)
-            hg_all = weights.output(m_rows)
-            hg = hg_all[:gh, :m_rows]
+            step = panels[d].chain(m_rows)  # W_hh @ h.T: see _rnn_cells on why transposed
+            hg = step.result
             work = np.empty((m_rows, (5 if mode == "lstm" else 4) * hs), dtype)
             if mode == "lstm":
                 c = cx[ld, sl].copy()
@@ -175,8 +244,8 @@ def run(problem, operands, out, algorithm):
                 hp = np.empty((m_rows, p), dtype) if cfg.proj_size else None
                 hout = m if cfg.proj_size else h
                 for t in each_step(steps(t_len, d)):
-                    weights.load(h, h_t)
-                    products.recurrent(weights, h_t, hg_all)
+                    step.load(h)
+                    step.multiply(products)
                     k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
                                         cells[t] if training else c, lens_c, t, training,
                                         not cfg.proj_size, work)
@@ -188,16 +257,16 @@ def run(problem, operands, out, algorithm):
                 bi = zeros if b_ih is None else b_ih
                 bh = zeros if b_hh is None else b_hh
                 for t in each_step(steps(t_len, d)):
-                    weights.load(h, h_t)
-                    products.recurrent(weights, h_t, hg_all)
+                    step.load(h)
+                    step.multiply(products)
                     k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens_c, t, training,
                                        one, work)
             else:
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 relu = mode == "rnn_relu"
                 for t in each_step(steps(t_len, d)):
-                    weights.load(h, h_t)
-                    products.recurrent(weights, h_t, hg_all)
+                    step.load(h)
+                    step.multiply(products)
                     k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens_c, t, training,
                                        relu)
             hy[ld, sl] = h
