@@ -10,7 +10,8 @@ import numpy as np
 
 from ..problem import layer_params
 from . import _tiles
-from .rnn_forward import StepWeights, batch_chains, each_step, lengths_or_full, run_recurrences, steps
+from .rnn_forward import (StepWeights, batch_chains, each_step, lengths_or_full,
+                          run_recurrences, steps)
 
 
 def product(a, b):
@@ -42,8 +43,7 @@ def run(problem, operands, out, algorithm):
         outputs = layout.outputs(reserve, layer)
 
         # W_hh.T (the GRU's hidden-path columns of it) packed once: see StepWeights.
-        widest = max(b - a for a, b in batch_chains(n, dtype))
-        panels = [StepWeights(layer_params(cfg, params, layer, d)[1].T, widest)
+        panels = [StepWeights(layer_params(cfg, params, layer, d)[1].T, chains)
                   for d in range(d_num)]
 
         def recurrence(d, part, k, products, layer=layer, outputs=outputs, dout=dout,

@@ -95,11 +95,12 @@ class StepWeights:
     The micro-kernel computes MR x NR tiles: with the weights as its MR side
     (:meth:`RowPanels.multiply`) a chain's states are padded to whole NR columns, with the
     weights as its NR side (:func:`panels_product`) to whole MR rows. Packed the way that
-    pads the chains' rows less (the shape decides: a chain of 16 rows on AVX2's 6 x 16
-    tiles, the weights as MR side; of 10, as NR side)."""
+    pads the widest of ``chains`` less (a chain of 16 rows on AVX2's 6 x 16 tiles: the
+    weights as MR side; of 10: as NR side)."""
 
-    def __init__(self, w, chain_rows: int):
-        self.by_columns = weights_as_columns(chain_rows, w.dtype)
+    def __init__(self, w, chains):
+        widest = max(stop - start for _, (start, stop) in chains)
+        self.by_columns = weights_as_columns(widest, w.dtype)
         self.packed = RowPanels(w, height=RowPanels.tile_columns(w.dtype)
                                 if self.by_columns else None)
 
@@ -132,10 +133,16 @@ class ChainProduct:
             self.packed.load(states, self.states)
 
     def multiply(self, products):
+        """The product, run as ``products`` runs it (:class:`OneThread`, :class:`Shared`)."""
+        products.recurrent(self)
+
+    def multiply_panels(self, start: int, stop: int):
+        """The part of the product that the weights' panels ``start .. stop`` make: the
+        same bits whichever panels share a call."""
         if self.by_columns:
-            products.by_columns(self.states, self.packed, self.out)
+            panels_product(self.states, self.packed, self.out, start, stop)
         else:
-            products.recurrent(self.packed, self.states, self.out)
+            self.packed.multiply(self.states, self.out, start, stop)
 
 
 class OneThread:
@@ -147,14 +154,8 @@ class OneThread:
         np.matmul(a, b, out=out)
 
     @staticmethod
-    def recurrent(panels, b, out):
-        """out = the packed weights @ b (see :class:`_microkernel.RowPanels`)."""
-        panels.multiply(b, out)
-
-    @staticmethod
-    def by_columns(states, weights, out):
-        """out = states @ weights.T, both packed (see :func:`_microkernel.panels_product`)."""
-        panels_product(states, weights, out)
+    def recurrent(step: ChainProduct):
+        step.multiply_panels(0, step.packed.count)
 
 
 class Shared:
@@ -167,24 +168,13 @@ class Shared:
         _tiles.matmul(a, b, out, fixed=True)
 
     @staticmethod
-    def recurrent(panels, b, out):
-        share = panels.count * panels.mr * panels.depth * b.shape[1] > \
-            _tiles.SHARED_PRODUCT_ABOVE
-        spans = _tiles.worker_ranges(panels.count, share)
+    def recurrent(step: ChainProduct):
+        share = step.out.size * step.packed.depth > _tiles.SHARED_PRODUCT_ABOVE
+        spans = _tiles.worker_ranges(step.packed.count, share)
         if len(spans) == 1:
-            panels.multiply(b, out)
+            step.multiply_panels(*spans[0])
         else:
-            _tiles.run_tiles(lambda span, pick: panels.multiply(b, out, *span), spans)
-
-    @staticmethod
-    def by_columns(states, weights, out):
-        share = out.size * weights.depth > _tiles.SHARED_PRODUCT_ABOVE
-        spans = _tiles.worker_ranges(weights.count, share)
-        if len(spans) == 1:
-            panels_product(states, weights, out)
-        else:
-            _tiles.run_tiles(lambda span, pick: panels_product(states, weights, out, *span),
-                             spans)
+            _tiles.run_tiles(lambda span, pick: step.multiply_panels(*span), spans)
 
 
 # One BLAS thread, products over all steps cut into slices fixed by the shape: the parameter
@@ -221,7 +211,7 @@ def run(problem, operands, out, algorithm):
             w_ih, w_hh = layer_params(cfg, params, layer, d)[:2]
             _tiles.matmul(inp.reshape(t_len * n, -1), w_ih.T,
                           gates_of[d].reshape(t_len * n, gw)[:, :gh], fixed=True)
-            panels.append(StepWeights(w_hh, max(b - a for a, b in batch_chains(n, dtype))))
+            panels.append(StepWeights(w_hh, chains))
 
         def recurrence(d, rows, k, products, layer=layer, out_l=out_l, gates_of=gates_of,
                        panels=panels):
