@@ -12,7 +12,7 @@ into an accumulator tile that stays in cache. Each tile of output rows first cop
 input rows it reads into a zero-padded channels-last window buffer, so the products need
 no bounds logic. Channels-first problems take the same path: the window copy interleaves
 x's channel rows, and dy's rows are transposed into a buffer, both in register blocks
-(:func:`._microkernel._transpose_tile`; a plain loop cost 1 ms per stem image of dy).
+(:func:`._microkernel._transpose`; a plain loop cost 1 ms per stem image of dy).
 
 The forward (and the stride-1 data gradient, a forward convolution of dy) turns the
 product around: a tile is MR output pixels x NR output channels, A's values for one pixel
@@ -48,7 +48,7 @@ from numba import prange
 from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _heuristics
-from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose_tile,
+from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose,
                            micro_tile_rows, strided_shape, tile_shape, vector_lanes)
 from ._sliding import row_pitch
 from ._tiles import SLOTS, add_partials, interruptible_ranges
@@ -176,24 +176,6 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     total = total.reshape(g.r[:2] + (runs, padded_length, padded_k))[..., :length, :g.k]
     total = total.reshape(g.r + (g.c, g.k))                  # (KD, KH, KW, C, K)
     return np.ascontiguousarray(total.transpose(4, 3, 0, 1, 2))
-
-
-@serial_jit
-def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
-    """dst[d0 + j * ldd + i] = src[s0 + i * lds + j] for i < rows, j < columns: whole
-    lanes x lanes blocks in registers (_transpose_tile), the edges value by value (a plain
-    loop ran at 1.25 ns a value, 1 ms per stem image of dy)."""
-    whole_rows, whole_columns = rows - rows % lanes, columns - columns % lanes
-    for i0 in range(0, whole_rows, lanes):
-        for j0 in range(0, whole_columns, lanes):
-            _transpose_tile(_at(src, s0 + i0 * lds + j0), lds, _at(dst, d0 + j0 * ldd + i0),
-                            ldd)
-        for i in range(i0, i0 + lanes):
-            for j in range(whole_columns, columns):
-                dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
-    for i in range(whole_rows, rows):
-        for j in range(columns):
-            dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
 
 
 @serial_jit
