@@ -110,8 +110,8 @@ def test_conv_backward_weight_implicit_gemm(c, layout, chunks, monkeypatch):
     chunk starting inside a row)."""
     from numbaconv.cuda import _implicit_gemm
     if chunks == "by_shape" and c.name == "2d_depthwise":
-        # test_every_op_and_algorithm runs it with the shape's split; here that split (a
-        # chunk per step of many groups) took 26 s per layout of the simulator's CI time.
+        # test_every_op_and_algorithm runs it with the shape's split, which (a chunk per
+        # step of many groups) is this test's slowest case under the simulator.
         pytest.skip("the shape's split of this case runs in test_every_op_and_algorithm")
     if chunks != "by_shape":
         monkeypatch.setattr(_implicit_gemm, "weight_chunks", lambda *shape: chunks)
