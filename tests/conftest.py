@@ -1,5 +1,4 @@
 import os
-import subprocess
 import sys
 
 # Tests import helper modules (torch_oracle) from this folder.
@@ -9,6 +8,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from numbaconv.testing import CASES  # noqa: E402
+
+import background  # noqa: E402
 
 
 @pytest.fixture(params=CASES, ids=[c.name for c in CASES])
@@ -42,20 +43,36 @@ def local_cluster():
         yield cluster
 
 
-@pytest.fixture
-def run_under_boundscheck():
-    """A function running test code in a fresh interpreter compiled with NUMBA_BOUNDSCHECK=1
-    (the cpu kernels' out-of-bounds check)."""
-    return _run_under_boundscheck
+# The suite runs beside background.py's subprocesses, which keep a core busy: its calls keep
+# their threads rather than adapt to the load (tests of the adaptation set this themselves).
+os.environ["NUMBACONV_ADAPT_THREADS"] = "0"
 
 
-def _run_under_boundscheck(code: str) -> None:
-    """Run ``code`` (with this folder importable) in a fresh interpreter whose kernels are
-    compiled with NUMBA_BOUNDSCHECK=1 (and no disk cache): it must finish without error."""
-    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBACONV_JIT_CACHE="0")
-    script = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n{code}"
-              "print('boundscheck ok')\n")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "boundscheck ok" in result.stdout
+def pytest_configure(config):
+    config.addinivalue_line("markers", "background(name): the test waits for the result of "
+                            "tests/background.py's command of that name")
+
+
+def _background_names(item) -> list:
+    return [mark.args[0] for mark in item.iter_markers("background")]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that wait for a background command go last, so that the commands run
+    beside the rest of the suite (see tests/background.py)."""
+    waiting = [item for item in items if _background_names(item)]
+    items[:] = [item for item in items if not _background_names(item)] + waiting
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    names = list(dict.fromkeys(name for item in session.items
+                               for name in _background_names(item)))
+    if names:
+        background.start(names)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    background.stop()

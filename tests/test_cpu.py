@@ -20,6 +20,8 @@ from numbaconv import dispatch
 from numbaconv import problem as pb
 from numbaconv.testing import CASES, ConvCase, case_arrays, relative_error, run_op
 
+import background
+
 OPS = ("conv", "conv_backward_data", "conv_backward_weight", "conv_transpose")
 TOL = {"float32": 2e-5, "float64": 1e-11}
 
@@ -660,15 +662,21 @@ def test_nan_and_inf_propagate_like_the_reference():
         np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
 
 
-def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
+BOUNDSCHECK = background.boundscheck(
+    "cpu algorithms under NUMBA_BOUNDSCHECK",
+    "from test_cpu import check_every_algorithm\n"
+    "from numbaconv.testing import CASES\n"
+    "from numbaconv.cpu import _tiles\n"
+    "_tiles.PARALLEL_BIAS_FROM = 0  # every bias by the kernels\n"
+    "for c in CASES:\n"
+    "    for layout in ('channels_first', 'channels_last'):\n"
+    "        check_every_algorithm(c, layout, 'float64')\n", first=True)
+
+
+@BOUNDSCHECK.mark
+def test_kernels_stay_in_bounds_under_numba_boundscheck():
     """Every algorithm on every case once more, compiled with NUMBA_BOUNDSCHECK=1."""
-    run_under_boundscheck("from test_cpu import check_every_algorithm\n"
-                          "from numbaconv.testing import CASES\n"
-                          "from numbaconv.cpu import _tiles\n"
-                          "_tiles.PARALLEL_BIAS_FROM = 0  # every bias by the kernels\n"
-                          "for c in CASES:\n"
-                          "    for layout in ('channels_first', 'channels_last'):\n"
-                          "        check_every_algorithm(c, layout, 'float64')\n")
+    BOUNDSCHECK.result().check()
 
 
 def test_importing_the_backend_compiles_nothing():

@@ -6,9 +6,6 @@ bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass; that ``same`` 3x3 windows take 
 kernels (_cl_same3, _cf_same3, _cf_same3_weight); the sliding rows built for 128- and
 512-bit vectors."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +15,7 @@ from numbaconv import dispatch
 from numbaconv import problem as pb
 from numbaconv.testing import relative_error
 
+import background
 from non_finite import assert_non_finite_like
 
 TOL = {"float32": 2e-5, "float64": 1e-11}
@@ -233,12 +231,17 @@ def test_depthwise_weight_gradient_is_bitwise_deterministic(layout):
             assert np.array_equal(first, nc.conv_backward_weight(x, dy, w.shape, **kw))
 
 
-def test_direct_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
-    run_under_boundscheck(
-        "from test_cpu_direct import CASES, test_depthwise_direct_matches_the_reference\n"
-        "for c in CASES:\n"
-        "    for layout in ('channels_last', 'channels_first'):\n"
-        "        test_depthwise_direct_matches_the_reference(c, 'float64', layout)\n")
+BOUNDSCHECK = background.boundscheck(
+    "direct kernels under NUMBA_BOUNDSCHECK",
+    "from test_cpu_direct import CASES, test_depthwise_direct_matches_the_reference\n"
+    "for c in CASES:\n"
+    "    for layout in ('channels_last', 'channels_first'):\n"
+    "        test_depthwise_direct_matches_the_reference(c, 'float64', layout)\n")
+
+
+@BOUNDSCHECK.mark
+def test_direct_kernels_stay_in_bounds_under_numba_boundscheck():
+    BOUNDSCHECK.result().check()
 
 
 def test_partials_sum_in_the_same_order_on_one_thread_or_several():
@@ -257,27 +260,30 @@ def test_partials_sum_in_the_same_order_on_one_thread_or_several():
         assert np.array_equal(total, expected)
 
 
-@pytest.mark.parametrize("vector_bytes, dtype", [(16, "float64"), (64, "float32")])
-def test_sliding_rows_built_for_other_vector_widths(vector_bytes, dtype):
+#: The sliding row kernels built for other vector widths: {(vector bytes, dtype): command}.
+WIDTHS = {
+    (vector_bytes, dtype): background.python_code(
+        f"sliding rows for {vector_bytes}-byte vectors, {dtype}",
+        "import numpy as np\n"
+        "from numbaconv.cpu import _sliding\n"
+        f"_sliding.vector_lanes = lambda dtype: {vector_bytes} // np.dtype(dtype).itemsize\n"
+        f"assert _sliding.lanes_for(16, 'float32') == {vector_bytes} // 4\n"
+        "from test_cpu_direct import CASES, test_depthwise_direct_matches_the_reference as t\n"
+        "for case in CASES:\n"
+        "    if 'vector' in case[0]:\n"
+        f"        t(case, {dtype!r}, 'channels_last')\n"
+        "    if 'same' in case[0]:\n"
+        f"        t(case, {dtype!r}, 'channels_first')\n"
+        "print('ok')\n", dict(NUMBACONV_JIT_CACHE="0"))
+    for vector_bytes, dtype in ((16, "float64"), (64, "float32"))}
+
+
+@pytest.mark.parametrize("width", [pytest.param(key, marks=command.mark, id=f"{key[0]}-{key[1]}")
+                                   for key, command in WIDTHS.items()])
+def test_sliding_rows_built_for_other_vector_widths(width):
     """The sliding row kernels as CPUs with 128-bit (SSE: 2 float64 lanes) and 512-bit
     (AVX-512: 16 float32 lanes) vectors get them, on the vector cases (channels-last) and
     the ``same`` cases (channels-first), in a fresh process
     with the width overridden before the first compilation (LLVM splits or narrows the
     vectors this CPU lacks). One dtype each: the compilations are most of the time."""
-    script = (
-        "import sys; sys.path.insert(0, %r)\n"
-        "import numpy as np\n"
-        "from numbaconv.cpu import _sliding\n"
-        "_sliding.vector_lanes = lambda dtype: %d // np.dtype(dtype).itemsize\n"
-        "assert _sliding.lanes_for(16, 'float32') == %d // 4\n"
-        "import test_cpu_direct as t\n"
-        "for case in t.CASES:\n"
-        "    if 'vector' in case[0]:\n"
-        "        t.test_depthwise_direct_matches_the_reference(case, %r, 'channels_last')\n"
-        "    if 'same' in case[0]:\n"
-        "        t.test_depthwise_direct_matches_the_reference(case, %r, 'channels_first')\n"
-        "print('ok')\n") % (os.path.dirname(__file__), vector_bytes, vector_bytes, dtype,
-                             dtype)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "NUMBACONV_JIT_CACHE": "0"})
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    WIDTHS[width].result().check()

@@ -9,9 +9,6 @@ data gradient by stride phases (channels-last) and the transposed convolution; t
 transpose itself; long rows split into parts; NaN and infinity at the borders; bitwise determinism across thread
 counts; the heuristic's choice; a build for 256-bit vectors; a NUMBA_BOUNDSCHECK=1 pass."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,6 +18,7 @@ from numbaconv import dispatch
 from numbaconv import problem as pb
 from numbaconv.testing import relative_error
 
+import background
 from non_finite import assert_non_finite_like
 
 TOL = {"float32": 2e-5, "float64": 1e-11}
@@ -391,44 +389,50 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert choice((1, 40, 40, 32), (32, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
 
 
-def test_implicit_stays_in_bounds_under_numba_boundscheck(run_under_boundscheck):
-    run_under_boundscheck(
-        "from test_cpu_implicit import CASES, test_implicit_weight_gradient_matches_the_reference\n"
-        "from test_cpu_implicit import STRIDE_1\n"
-        "from test_cpu_implicit import \\\n"
-        "    test_implicit_forward_and_data_gradient_match_the_reference as fwd\n"
-        "from test_cpu_implicit import STRIDED\n"
-        "from test_cpu_implicit import \\\n"
-        "    test_implicit_strided_data_gradient_matches_the_reference as strided\n"
-        "for layout in ('channels_last', 'channels_first'):\n"
-        "    for c in CASES:\n"
-        "        test_implicit_weight_gradient_matches_the_reference(c, 'float64', layout)\n"
-        "    for c in STRIDE_1:\n"
-        "        fwd(c, 'float64', layout)\n"
-        "for c in STRIDED:\n"
-        "    strided(c, 'float64')\n")
+BOUNDSCHECK = background.boundscheck(
+    "implicit kernels under NUMBA_BOUNDSCHECK",
+    "from test_cpu_implicit import CASES, test_implicit_weight_gradient_matches_the_reference\n"
+    "from test_cpu_implicit import STRIDE_1\n"
+    "from test_cpu_implicit import \\\n"
+    "    test_implicit_forward_and_data_gradient_match_the_reference as fwd\n"
+    "from test_cpu_implicit import STRIDED\n"
+    "from test_cpu_implicit import \\\n"
+    "    test_implicit_strided_data_gradient_matches_the_reference as strided\n"
+    "for layout in ('channels_last', 'channels_first'):\n"
+    "    for c in CASES:\n"
+    "        test_implicit_weight_gradient_matches_the_reference(c, 'float64', layout)\n"
+    "    for c in STRIDE_1:\n"
+    "        fwd(c, 'float64', layout)\n"
+    "for c in STRIDED:\n"
+    "    strided(c, 'float64')\n")
 
 
+@BOUNDSCHECK.mark
+def test_implicit_stays_in_bounds_under_numba_boundscheck():
+    BOUNDSCHECK.result().check()
+
+
+WIDTH_256 = background.python_code(
+    "implicit kernels for 256-bit vectors",
+    "import numpy as np\n"
+    "from numbaconv.cpu import _implicit, _microkernel as mk\n"
+    "mk.vector_lanes = _implicit.vector_lanes = lambda dtype: 32 // np.dtype(dtype).itemsize\n"
+    "import test_cpu_implicit as t\n"
+    "assert mk.tile_shape('float32') == mk.strided_shape('float32') == (6, 2)\n"
+    "for name in ('2d', '2d-stem', '2d-wide', '3d'):\n"
+    "    case = next(c for c in t.CASES if c[0] == name)\n"
+    "    for layout in ('channels_last', 'channels_first'):\n"
+    "        for dtype in ('float32', 'float64'):\n"
+    "            t.test_implicit_weight_gradient_matches_the_reference(case, dtype, layout)\n"
+    "            if case[3] == 1:\n"
+    "                t.test_implicit_forward_and_data_gradient_match_the_reference(\n"
+    "                    case, dtype, layout)\n"
+    "print('ok')\n", dict(NUMBACONV_JIT_CACHE="0"))
+
+
+@WIDTH_256.mark
 def test_implicit_built_for_256_bit_vectors():
     """The implicit kernels as a CPU with 256-bit vectors gets them (6 x 2 tiles, 8 x 8
     float32 transposes), in a fresh process with the vector width overridden before the
     first compilation."""
-    script = (
-        "import sys; sys.path.insert(0, %r)\n"
-        "import numpy as np\n"
-        "from numbaconv.cpu import _implicit, _microkernel as mk\n"
-        "mk.vector_lanes = _implicit.vector_lanes = lambda dtype: 32 // np.dtype(dtype).itemsize\n"
-        "import test_cpu_implicit as t\n"
-        "assert mk.tile_shape('float32') == mk.strided_shape('float32') == (6, 2)\n"
-        "for name in ('2d', '2d-stem', '2d-wide', '3d'):\n"
-        "    case = next(c for c in t.CASES if c[0] == name)\n"
-        "    for layout in ('channels_last', 'channels_first'):\n"
-        "        for dtype in ('float32', 'float64'):\n"
-        "            t.test_implicit_weight_gradient_matches_the_reference(case, dtype, layout)\n"
-        "            if case[3] == 1:\n"
-        "                t.test_implicit_forward_and_data_gradient_match_the_reference(\n"
-        "                    case, dtype, layout)\n"
-        "print('ok')\n") % os.path.dirname(__file__)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "NUMBACONV_JIT_CACHE": "0"})
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    WIDTH_256.result().check()

@@ -6,14 +6,13 @@ direction, more than one block of the shared dimension and of the columns, strid
 an empty shared dimension, adding, bitwise repeatability, and nothing written outside
 ``out``."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from numbaconv.cpu import _microkernel as mk
+
+import background
 
 TOL = {"float32": 2e-6, "float64": 1e-14}
 
@@ -237,35 +236,43 @@ def test_row_panels_reject_what_does_not_fit():
         mk.RowPanels(np.ones((3, 3), np.int32))
 
 
+_NARROW_SCRIPT = (
+    "import numpy as np\n"
+    "from numbaconv.cpu import _microkernel as mk\n"
+    "mk.vector_lanes = lambda dtype: BITS // (8 * np.dtype(dtype).itemsize)\n"
+    "rng = np.random.default_rng(2)\n"
+    "for dtype in ('float32', 'float64'):\n"
+    "    assert mk.tile_shape(dtype) == (6, 2)\n"
+    "    for m, k, n in ((1, 1, 1), (13, 300, 37), (6, 256, 16)):\n"
+    "        a = rng.standard_normal((m, k)).astype(dtype)\n"
+    "        b = rng.standard_normal((k, n)).astype(dtype)\n"
+    "        out = np.full((m, n), np.nan, dtype)\n"
+    "        mk.gemm(a, b, out)\n"
+    "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gemm', dtype, m, k, n)\n"
+    "        out = np.full((m, n), np.nan, dtype)\n"
+    "        mk.gram(a.T.copy(), b, out)\n"
+    "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gram', dtype, m, k, n)\n"
+    "        out = np.full((m, n), np.nan, dtype)\n"
+    "        mk.rows_gemm(a, b, out)\n"
+    "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('rows', dtype, m, k, n)\n"
+    "        panels = mk.RowPanels(a)\n"
+    "        columns, out = panels.columns(n), panels.output(n)\n"
+    "        panels.multiply(panels.load(b.T.copy(), columns), out)\n"
+    "        assert np.allclose(out[:m, :n], a @ b, rtol=1e-4, atol=1e-4), ('panels', dtype, m, k, n)\n"
+    "print('ok')\n")
+
+#: The products built for 256- and 128-bit vectors: {bits: command}.
+NARROW = {bits: background.python_code(f"micro-kernel products for {bits}-bit vectors",
+                                       f"BITS = {bits}\n" + _NARROW_SCRIPT,
+                                       dict(NUMBACONV_JIT_CACHE="0"), timeout=600)
+          for bits in (256, 128)}
+
+
+@NARROW[256].mark
+@NARROW[128].mark
 def test_gemm_built_for_narrower_vectors():
     """``gemm``, ``gram``, ``rows_gemm`` and ``RowPanels`` as a CPU with 256- or 128-bit vectors gets them
     (other tile shapes), in a fresh process with the host's vector width overridden before
     the first compilation."""
-    script = (
-        "import numpy as np\n"
-        "from numbaconv.cpu import _microkernel as mk\n"
-        "mk.vector_lanes = lambda dtype: BITS // (8 * np.dtype(dtype).itemsize)\n"
-        "rng = np.random.default_rng(2)\n"
-        "for dtype in ('float32', 'float64'):\n"
-        "    assert mk.tile_shape(dtype) == (6, 2)\n"
-        "    for m, k, n in ((1, 1, 1), (13, 300, 37), (6, 256, 16)):\n"
-        "        a = rng.standard_normal((m, k)).astype(dtype)\n"
-        "        b = rng.standard_normal((k, n)).astype(dtype)\n"
-        "        out = np.full((m, n), np.nan, dtype)\n"
-        "        mk.gemm(a, b, out)\n"
-        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gemm', dtype, m, k, n)\n"
-        "        out = np.full((m, n), np.nan, dtype)\n"
-        "        mk.gram(a.T.copy(), b, out)\n"
-        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('gram', dtype, m, k, n)\n"
-        "        out = np.full((m, n), np.nan, dtype)\n"
-        "        mk.rows_gemm(a, b, out)\n"
-        "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('rows', dtype, m, k, n)\n"
-        "        panels = mk.RowPanels(a)\n"
-        "        columns, out = panels.columns(n), panels.output(n)\n"
-        "        panels.multiply(panels.load(b.T.copy(), columns), out)\n"
-        "        assert np.allclose(out[:m, :n], a @ b, rtol=1e-4, atol=1e-4), ('panels', dtype, m, k, n)\n")
-    for bits in (256, 128):
-        done = subprocess.run([sys.executable, "-c", f"BITS = {bits}\n" + script],
-                              capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "NUMBACONV_JIT_CACHE": "0"})
-        assert done.returncode == 0, done.stderr[-2000:]
+    for command in NARROW.values():
+        command.result().check()

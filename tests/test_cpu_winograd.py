@@ -19,6 +19,7 @@ from numbaconv import dispatch
 from numbaconv import problem as pb
 from numbaconv.testing import relative_error
 
+import background
 from non_finite import assert_non_finite_like
 
 TOL = {"float32": 2e-5, "float64": 1e-11}
@@ -364,21 +365,26 @@ def test_forcing_winograd_where_it_does_not_apply_names_the_argument():
         backend.run("conv_backward_data", p, (dy, w5), None, "winograd")
 
 
-def test_kernels_stay_in_bounds_under_numba_boundscheck(run_under_boundscheck):
+BOUNDSCHECK = background.boundscheck(
+    "winograd kernels under NUMBA_BOUNDSCHECK",
+    "from test_cpu_winograd import CASES, CASES_3D, _check_all_ops, _check_3d\n"
+    "from numbaconv.cpu import _winograd\n"
+    "for tiles in (None, 3):\n"
+    "    if tiles:\n"
+    "        _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = tiles, 1\n"
+    "    for c in CASES:\n"
+    "        for layout in ('channels_first', 'channels_last'):\n"
+    "            _check_all_ops(c, 'float64', layout)\n"
+    "    for c in CASES_3D:\n"
+    "        for layout in ('channels_first', 'channels_last'):\n"
+    "            _check_3d(c, 'float64', layout)\n")
+
+
+@BOUNDSCHECK.mark
+def test_kernels_stay_in_bounds_under_numba_boundscheck():
     """Every case in both layouts, whole and in jobs of 3 tiles, compiled with
     NUMBA_BOUNDSCHECK=1 (the transforms read clamped indices at the borders)."""
-    run_under_boundscheck("from test_cpu_winograd import CASES, CASES_3D, _check_all_ops, "
-                          "_check_3d\n"
-                          "from numbaconv.cpu import _winograd\n"
-                          "for tiles in (None, 3):\n"
-                          "    if tiles:\n"
-                          "        _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = tiles, 1\n"
-                          "    for c in CASES:\n"
-                          "        for layout in ('channels_first', 'channels_last'):\n"
-                          "            _check_all_ops(c, 'float64', layout)\n"
-                          "    for c in CASES_3D:\n"
-                          "        for layout in ('channels_first', 'channels_last'):\n"
-                          "            _check_3d(c, 'float64', layout)\n")
+    BOUNDSCHECK.result().check()
 
 
 def test_numbaconv_winograd_0_takes_it_off_the_table(monkeypatch):

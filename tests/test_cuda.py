@@ -13,6 +13,8 @@ import pytest
 
 import numbaconv as nc
 
+import background
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 needs_numba_cuda = pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None,
                                       reason="numba-cuda is not installed (the cuda extra)")
@@ -32,9 +34,10 @@ def test_creating_the_backend_touches_no_gpu():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-#: The simulator runs: {name: (test file, environment)}. Each runs in a subprocess (the
-#: simulator must be on before Numba is first imported); the two start together, since each
-#: keeps one core busy for minutes of pure-Python simulation and CI has two.
+#: The simulator runs, each a pytest run of one test file in a subprocess (the simulator must
+#: be on before Numba is first imported), beside the rest of the suite (tests/background.py):
+#: each keeps one core busy for minutes of pure-Python simulation. Not started where
+#: numba-cuda is missing.
 SIMULATOR_RUNS = {
     # Every op and algorithm on tiny cases, small tiles so last blocks are partial: the GEMM
     # tile is 8x16 outputs, step 8, 2x2 a thread (32 threads, two channels-last columns a
@@ -47,52 +50,36 @@ SIMULATOR_RUNS = {
                                          NUMBACONV_CUDA_THREADS="32")),
 }
 
-#: Seconds a simulator run may take (each takes 2-4 minutes on 2 cores, cold).
-SIMULATOR_TIMEOUT = 900
+SIMULATORS = {
+    name: background.Command(
+        f"the {name} kernels under the CUDA simulator",
+        ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", os.path.join(HERE, test_file)],
+        dict(NUMBA_ENABLE_CUDASIM="1", **settings), first=True,
+        enabled=importlib.util.find_spec("numba_cuda") is not None)
+    for name, (test_file, settings) in SIMULATOR_RUNS.items()}
 
 
-@pytest.fixture(scope="module")
-def simulator_runs(tmp_path_factory):
-    """{name: (process, stdout file, stderr file)}, all started at once."""
-    folder = tmp_path_factory.mktemp("simulator")
-    runs = {}
-    for name, (test_file, settings) in SIMULATOR_RUNS.items():
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", **settings)
-        out, err = folder / f"{name}.out", folder / f"{name}.err"
-        with open(out, "w") as stdout, open(err, "w") as stderr:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                 os.path.join(HERE, test_file)], env=env, stdout=stdout, stderr=stderr)
-        runs[name] = (process, out, err)
-    yield runs
-    for process, _, _ in runs.values():
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-
-
-def _passed(runs, name):
-    process, out, err = runs[name]
-    try:
-        process.wait(timeout=SIMULATOR_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail(f"the {name} simulator run took more than {SIMULATOR_TIMEOUT} s")
-    stdout, stderr = out.read_text(), err.read_text()
-    assert process.returncode == 0, stdout[-6000:] + stderr[-3000:]
-    assert " passed" in stdout and "skipped" not in stdout.splitlines()[-1]
+def _passed(name):
+    done = SIMULATORS[name].result()
+    assert done.returncode is not None, \
+        f"the {name} simulator run took more than {done.timeout:.0f} s"
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert " passed" in last and "skipped" not in last, done.stdout[-3000:]
 
 
 @needs_numba_cuda
-def test_kernels_under_the_simulator(simulator_runs):
+@SIMULATORS["conv"].mark
+def test_kernels_under_the_simulator():
     """Every convolution op and algorithm (tests/test_cuda_sim.py), see SIMULATOR_RUNS."""
-    _passed(simulator_runs, "conv")
+    _passed("conv")
 
 
 @needs_numba_cuda
-def test_rnn_kernels_under_the_simulator(simulator_runs):
+@SIMULATORS["rnn"].mark
+def test_rnn_kernels_under_the_simulator():
     """The recurrent ops (tests/test_cuda_rnn_sim.py), see SIMULATOR_RUNS."""
-    _passed(simulator_runs, "rnn")
+    _passed("rnn")
 
 
 @needs_numba_cuda

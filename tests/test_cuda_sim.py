@@ -101,18 +101,20 @@ WEIGHT_CASES = SIM_CASES + (
 )
 
 
-@pytest.mark.parametrize("chunks", ["by_shape", 1, 2])
-@pytest.mark.parametrize("c", WEIGHT_CASES, ids=lambda c: c.name)
+#: (case, chunks) pairs: the shape's split of 2d_depthwise (a chunk per step of many groups,
+#: this test's slowest case under the simulator) already runs in test_every_op_and_algorithm.
+WEIGHT_SPLITS = [pytest.param(c, chunks, id=f"{c.name}-{chunks}")
+                 for c in WEIGHT_CASES for chunks in ("by_shape", 1, 2)
+                 if not (chunks == "by_shape" and c.name == "2d_depthwise")]
+
+
+@pytest.mark.parametrize("c, chunks", WEIGHT_SPLITS)
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 def test_conv_backward_weight_implicit_gemm(c, layout, chunks, monkeypatch):
     """weight_gemm on its own, with the split the shape gives (tiny cases: one step a chunk),
     as one chunk (every step of the reduction in one block: the wraps run) and as two (a
     chunk starting inside a row)."""
     from numbaconv.cuda import _implicit_gemm
-    if chunks == "by_shape" and c.name == "2d_depthwise":
-        # test_every_op_and_algorithm runs it with the shape's split, which (a chunk per
-        # step of many groups) is this test's slowest case under the simulator.
-        pytest.skip("the shape's split of this case runs in test_every_op_and_algorithm")
     if chunks != "by_shape":
         monkeypatch.setattr(_implicit_gemm, "weight_chunks", lambda *shape: chunks)
     op = "conv_backward_weight"

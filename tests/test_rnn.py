@@ -5,10 +5,6 @@ layout, the reserve protocol, dropout statistics, and cpu against reference.
 Every test that takes the ``backend`` fixture runs once per built-in CPU backend.
 """
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +12,8 @@ from hypothesis import strategies as st
 
 import numbaconv as nc
 from numbaconv.testing import relative_error
+
+import background
 
 rnn_oracle = pytest.importorskip("rnn_oracle")
 from rnn_oracle import (FD_FEATURES, FEATURES, HIDDEN, INPUT, LENGTHS,  # noqa: E402
@@ -601,15 +599,14 @@ def test_cpu_matches_reference_random_problems(mode, layers, bidirectional, bias
         assert relative_error(r["cpu"][key], r["reference"][key]) < tol, key
 
 
+BOUNDSCHECK = background.boundscheck(
+    "recurrent kernels under NUMBA_BOUNDSCHECK",
+    "import test_rnn\n"
+    "for mode in sorted(test_rnn.MODES):\n"
+    "    test_rnn.check_cpu_against_reference(mode, 0.35)\n")
+
+
+@BOUNDSCHECK.mark
 def test_cpu_kernels_stay_in_bounds_under_numba_boundscheck():
     """Every mode with every feature once more, compiled with NUMBA_BOUNDSCHECK=1."""
-    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBACONV_JIT_CACHE="0")
-    code = ("import sys; sys.path.insert(0, {tests!r})\n"
-            "import test_rnn\n"
-            "for mode in sorted(test_rnn.MODES):\n"
-            "    test_rnn.check_cpu_against_reference(mode, 0.35)\n"
-            "print('boundscheck ok')\n").format(tests=os.path.dirname(__file__))
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "boundscheck ok" in result.stdout
+    BOUNDSCHECK.result().check()
