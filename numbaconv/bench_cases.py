@@ -21,11 +21,11 @@ PYTORCH = "pytorch"
 #: The groups of :data:`SHAPES`, in the order the summary lists them.
 GROUPS = ("resnet3x3", "pointwise", "depthwise", "stem", "conv1d", "conv3d")
 
-#: The issue's targets per group: the geometric mean, over the group's shapes and both
-#: layouts, of PyTorch's time over numbaconv's, for each op of :data:`TARGET_OPS`. None: the
-#: group is measured and summarised but has no target (1D and 3D).
-GROUP_TARGETS = {"resnet3x3": 0.8, "pointwise": 1.5, "depthwise": 1.5, "stem": 1.0,
-                 "conv1d": None, "conv3d": None}
+#: The targets per group (issue 29): the geometric mean, over the group's shapes and both
+#: layouts, of PyTorch's time over numbaconv's, for each op of :data:`TARGET_OPS`. None
+#: would mean a group measured and summarised without a target.
+GROUP_TARGETS = {"resnet3x3": 1.0, "pointwise": 1.0, "depthwise": 1.5, "stem": 1.0,
+                 "conv1d": 1.0, "conv3d": 1.0}
 
 #: The ops the targets apply to (the data and weight gradients).
 TARGET_OPS = ("conv_backward_data", "conv_backward_weight")
