@@ -11,6 +11,7 @@ import numpy as np
 import numbaconv as nc
 from numbaconv import dispatch
 from numbaconv import problem as pb
+from numbaconv.cpu import conv_backward_bias as bias_gradient
 
 #: (name, x shape, w shape, groups, layout): between them every weight-gradient algorithm,
 #: products large enough to be shared out, several tiles and slots.
@@ -56,6 +57,10 @@ def gradients() -> dict:
         choice = nc.explain("conv_backward_weight", x, dy, w_shape, **kw)
         db = nc.conv_backward_bias(dy, layout=layout)
         result[f"{name} bias"] = digest(db)
+        # The parallel kernels also where this dy would be summed on one thread.
+        bias_gradient.PARALLEL_FROM, saved = 0, bias_gradient.PARALLEL_FROM
+        result[f"{name} bias, parallel"] = digest(nc.conv_backward_bias(dy, layout=layout))
+        bias_gradient.PARALLEL_FROM = saved
         for algorithm in cpu.algorithms("conv_backward_weight", problem):
             dw = cpu.run("conv_backward_weight", problem, (x, dy), None, algorithm)
             result[f"{name} {algorithm}"] = digest(dw)

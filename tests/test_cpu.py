@@ -687,6 +687,27 @@ def test_importing_the_backend_compiles_nothing():
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_bias_gradient_on_one_thread_or_in_parallel_is_the_same_bits(layout, monkeypatch):
+    """dy below PARALLEL_FROM is summed by the kernels compiled for one thread: the same
+    order of additions, so the same bits as the parallel kernels, on either side of it."""
+    from numbaconv.cpu import conv_backward_bias as bias_gradient
+    rng = np.random.default_rng(12)
+    dy = rng.standard_normal((3, 7, 37, 41)).astype(np.float32)
+    if layout == "channels_last":
+        dy = np.ascontiguousarray(np.moveaxis(dy, 1, -1))
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_bias(dy, layout=layout)
+    got = {}
+    for threshold in (dy.size + 1, 0):
+        monkeypatch.setattr(bias_gradient, "PARALLEL_FROM", threshold)
+        with nc.use_backend("cpu"):
+            got[threshold] = nc.conv_backward_bias(dy, layout=layout)
+    serial, parallel = got.values()
+    assert np.array_equal(serial, parallel)
+    assert relative_error(serial, expected) < TOL["float32"]
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 def test_bias_gradient_of_many_rows(layout):
     """Enough rows that each channels-last chunk runs its four-rows-at-a-time loop and its
     remainder; a NaN in one row reaches only its channel."""

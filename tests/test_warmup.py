@@ -146,3 +146,15 @@ def test_warmup_in_several_processes_reports_every_run():
     assert runs == [("float32", "reduce", None), ("float64", "reduce", None)]
     # Each worker compiled its kernel or loaded it from the cache: either way it ran it.
     assert all(e.compiled + e.loaded >= 1 for e in report.entries)
+
+
+def test_the_bias_gradient_warms_both_its_versions():
+    """The default layers give the bias gradient a dy on each side of its parallel threshold
+    in every dimensionality, so that warm-up compiles its one-thread and parallel kernels."""
+    import numpy as np
+    from numbaconv.cpu.conv_backward_bias import PARALLEL_FROM
+    for ndim in (1, 2, 3):
+        sides = {_warmup._operands("conv_backward_bias", layer, "float32", "channels_first",
+                                   ndim, np.random.default_rng(0))[0][0].size >= PARALLEL_FROM
+                 for layer in _warmup.DEFAULT_LAYERS}
+        assert sides == {True, False}, ndim

@@ -2,7 +2,8 @@
 
 Channels-first sums one channel per job; channels-last splits the rows into a fixed number of
 chunks (independent of the thread count), sums each into its own partial vector, and adds the
-partials in order.
+partials in order. A small dy is summed by the same kernels compiled for one thread, which
+add in the same order: the bits are the same either way.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from numba import prange
 
 from numbaconv.backend import store
 
-from ..config import parallel_jit
+from ..config import parallel_jit, serial_version
 
 
 #: Fixed split of the channels-last rows; see the module docstring.
 REDUCTION_CHUNKS = 32
+
+#: dy of fewer values is summed on one thread: waking the other threads costs more than they
+#: save (on 2 cores the crossover lies between 2**18 and 2**19 values; docs/cpu-algorithms.md,
+#: "Thresholds"), and on a busy machine a parallel region waits for a descheduled thread.
+PARALLEL_FROM = 2**18
 
 
 @parallel_jit
@@ -62,13 +68,15 @@ def run(problem, operands, out, algorithm):
     (dy,) = operands
     k = problem.channels
     db = np.empty(k, problem.dtype)
+    parallel = dy.size >= PARALLEL_FROM
     if problem.channels_last:
         rows = dy.reshape(-1, k)
         partial = np.empty((min(REDUCTION_CHUNKS, rows.shape[0]), k), np.float64)
-        _bias_cl_partials(rows, partial)
+        (_bias_cl_partials if parallel else serial_version(_bias_cl_partials))(rows, partial)
         db[...] = _ordered_sum(partial)
     else:
-        _bias_cf(dy.reshape(problem.batch, k, -1), db)
+        (_bias_cf if parallel else serial_version(_bias_cf))(dy.reshape(problem.batch, k, -1),
+                                                              db)
     return store(db, out, problem.accumulate)
 
 
