@@ -148,3 +148,27 @@ def test_the_thread_count_is_asked_only_on_a_busy_machine(monkeypatch):
     clock.now += 1.0
     busy.append(10.0 + 2.2)                            # 2.2 cores busy, none of it ours
     assert _load.threads_for_call(current) == 2 and asked == [1]
+
+
+def test_a_small_bias_gradient_skips_the_switch(monkeypatch):
+    """A bias gradient below its parallel threshold runs on one thread anyway: on a busy
+    machine it is not switched to fewer threads (the switch cost more than the call); a
+    larger one is, and holds the BLAS to one thread meanwhile, released afterwards."""
+    from numbaconv.cpu import conv_backward_bias as bias_gradient
+    monkeypatch.delenv("NUMBACONV_ADAPT_THREADS", raising=False)
+    monkeypatch.setattr(_load, "threads_for_call", lambda current: 1)
+    seen = []
+    original = _tiles.on_threads
+
+    def spy(threads, *args):
+        seen.append(threads)
+        return original(threads, *args)
+
+    monkeypatch.setattr(_tiles, "on_threads", spy)
+    dy = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    with nc.use_backend("cpu"):
+        small = nc.conv_backward_bias(dy)
+        assert seen == []
+        monkeypatch.setattr(bias_gradient, "PARALLEL_FROM", 0)
+        assert np.array_equal(nc.conv_backward_bias(dy), small)
+    assert seen == [1] and _tiles._blas_users == 0

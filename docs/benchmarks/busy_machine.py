@@ -22,13 +22,17 @@ import sys
 import tempfile
 import time
 
+#: The quick rows, each a median of REPEAT calls: calls of 0.1-1 ms beside a busy-looping
+#: process have tails of milliseconds (a time slice), which the quick bench's median of
+#: three calls often picks up.
+REPEAT = 21
 BENCHES = {
-    "conv": ["--quick", "--backend", "cpu", "--no-torch"],
-    "rnn": ["--suite", "rnn", "--quick", "--no-torch"],
+    "conv": ["--quick", "--repeat", str(REPEAT), "--backend", "cpu", "--no-torch"],
+    "rnn": ["--suite", "rnn", "--quick", "--repeat", str(REPEAT), "--no-torch"],
 }
 
-#: Ratios up to this are counted apart as noise: each figure is a median of three calls on
-#: a machine that a busy-looping process shares.
+#: Ratios up to this are counted apart as noise (medians on a machine that a busy-looping
+#: process shares).
 NOISE = 1.2
 
 #: Fields that name a conv row (the rest are its measurements).

@@ -138,8 +138,12 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
     """``run_op``, on fewer threads while other processes keep this process's CPUs busy
     (:mod:`._load`): Numba's count for this calling thread, and NumPy's BLAS on one thread
     when one is left. The results the README promises to be independent of the thread count
-    stay the same; a forward or data gradient may change in its last bits."""
+    stay the same; a forward or data gradient may change in its last bits. A bias gradient
+    small enough to run on one thread anyway is left alone (the switch would cost more than
+    the call)."""
     from . import _load
+    if op == "conv_backward_bias" and operands[0].size < _parallel_bias_from():
+        return run_op(__name__, op, problem, operands, out, algorithm)
     threads = _load.threads_for_call(_numba_threads)
     if threads is None:
         return run_op(__name__, op, problem, operands, out, algorithm)
@@ -148,11 +152,23 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
         return run_op(__name__, op, problem, operands, out, algorithm)
 
 
+def _parallel_bias_from() -> int:
+    from .conv_backward_bias import PARALLEL_FROM
+    return PARALLEL_FROM
+
+
+#: numba.get_num_threads, once numbaconv's threading set-up has run (see _numba_threads).
+_get_num_threads = None
+
+
 def _numba_threads() -> int:
-    import numba
-    from ..config import jit_options
-    jit_options()  # the threading set-up first: asking Numba starts its threads
-    return numba.get_num_threads()
+    global _get_num_threads
+    if _get_num_threads is None:
+        import numba
+        from ..config import jit_options
+        jit_options()  # the threading set-up first: asking Numba starts its threads
+        _get_num_threads = numba.get_num_threads
+    return _get_num_threads()
 
 
 def _c_contiguous(a):
