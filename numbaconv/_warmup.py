@@ -115,19 +115,21 @@ class WarmupReport:
 
 def kernel_cache_stats() -> tuple:
     """``(hits, misses)`` of Numba's disk cache summed over every compiled function of the
-    loaded ``numbaconv.cpu`` modules: loads from the cache, and compilations."""
+    loaded ``numbaconv.cpu`` modules and every serial twin of one: loads from the cache, and
+    compilations."""
+    from .config import serial_twins
     hits = misses = 0
     seen = set()
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("numbaconv.cpu") or module is None:
+    functions = [value for name, module in list(sys.modules.items())
+                 if name.startswith("numbaconv.cpu") and module is not None
+                 for value in list(vars(module).values())]
+    for value in functions + serial_twins():
+        stats = getattr(value, "stats", None)
+        if stats is None or id(value) in seen or not hasattr(stats, "cache_hits"):
             continue
-        for value in list(vars(module).values()):
-            stats = getattr(value, "stats", None)
-            if stats is None or id(value) in seen or not hasattr(stats, "cache_hits"):
-                continue
-            seen.add(id(value))
-            hits += sum(stats.cache_hits.values())
-            misses += sum(stats.cache_misses.values())
+        seen.add(id(value))
+        hits += sum(stats.cache_hits.values())
+        misses += sum(stats.cache_misses.values())
     return hits, misses
 
 

@@ -152,18 +152,24 @@ try:
     from numba.core.dispatcher import Dispatcher
 except ImportError:
     Dispatcher = None
-for name, module in list(sys.modules.items()):
-    if Dispatcher is None or not name.startswith("numbaconv"):
+functions = [value for name, module in list(sys.modules.items())
+             if name.startswith("numbaconv") and module is not None
+             for value in list(vars(module).values())]
+if "numbaconv.config" in sys.modules:   # the serial twins are no module's attributes
+    functions += sys.modules["numbaconv.config"].serial_twins()
+seen = set()
+for value in functions:
+    if Dispatcher is None or id(value) in seen:
         continue
-    for value in list(vars(module).values()):
-        if isinstance(value, Dispatcher) and value.signatures:
-            kernels += len(value.signatures)
-            try:
-                stats = value.stats
-                hits += sum(stats.cache_hits.values())
-                misses += sum(stats.cache_misses.values())
-            except Exception:
-                pass
+    seen.add(id(value))
+    if isinstance(value, Dispatcher) and value.signatures:
+        kernels += len(value.signatures)
+        try:
+            stats = value.stats
+            hits += sum(stats.cache_hits.values())
+            misses += sum(stats.cache_misses.values())
+        except Exception:
+            pass
 print(json.dumps(dict(import_s=import_s, numba_at_import=numba_at_import,
                       numba_import_s=numba_import_s, call_s=call_s,
                       first_s=numba_import_s + call_s, second_s=second_s,

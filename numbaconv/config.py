@@ -542,7 +542,19 @@ def serial_twin(func):
     twin = types.FunctionType(func.__code__, func.__globals__, func.__name__ + "_serial",
                               func.__defaults__, func.__closure__)
     twin.__qualname__ = twin.__name__
-    return serial_jit(twin)
+    compiled = serial_jit(twin)
+    _serial_twins.add(compiled)
+    return compiled
+
+
+#: The serial twins made so far (see :func:`serial_twin`): not module attributes, so the
+#: kernel cache's statistics (``numbaconv warmup``, ``bench --first-call``) find them here.
+_serial_twins: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def serial_twins() -> list:
+    """The Numba dispatchers of the serial twins made so far."""
+    return list(_serial_twins)
 
 
 # --- forked children -----------------------------------------------------------------------

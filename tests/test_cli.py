@@ -208,8 +208,8 @@ def test_summarize_geometric_means_and_targets():
 
     rows = [row("a", "resnet3x3", "conv_backward_data", bench.PYTORCH, 1.0),
             row("a", "resnet3x3", "conv_backward_data", "cpu", 0.5),
-            row("a", "resnet3x3", "conv_backward_data", "cpu", 2.0, "channels_last"),
-            row("b", "pointwise", "conv_backward_weight", "cpu", 1.4),
+            row("a", "resnet3x3", "conv_backward_data", "cpu", 4.5, "channels_last"),
+            row("b", "pointwise", "conv_backward_weight", "cpu", 0.9),
             row("b", "pointwise", "conv", "cpu", 9.0),
             bench.Row("c", "conv_backward_data", "cpu", "channels_first", "float32",
                       "skipped", group="pointwise")]
@@ -219,12 +219,13 @@ def test_summarize_geometric_means_and_targets():
                             ("cpu", "pointwise", "conv"),
                             ("cpu", "pointwise", "conv_backward_data")}
     dgrad = summary["cpu", "resnet3x3", "conv_backward_data"]
-    assert dgrad["vs_pytorch"] == pytest.approx(1.0)  # sqrt(0.5 * 2)
+    assert dgrad["vs_pytorch"] == pytest.approx(1.5)  # sqrt(0.5 * 4.5)
     assert (dgrad["measured"], dgrad["compared"], dgrad["target"], dgrad["met"]) == (
-        2, 2, 0.8, True)
+        2, 2, bench.GROUP_TARGETS["resnet3x3"], True)
     assert dgrad["peak_fraction"] == pytest.approx(0.5)
-    assert dgrad["at_peak"] == pytest.approx(2.0)     # sqrt(0.5 / 0.5 * 2 / 0.5)
-    assert summary["cpu", "pointwise", "conv_backward_weight"]["met"] is False  # 1.4 < 1.5
+    assert dgrad["at_peak"] == pytest.approx(3.0)     # sqrt(0.5 / 0.5 * 4.5 / 0.5)
+    # 0.9 < 1.0
+    assert summary["cpu", "pointwise", "conv_backward_weight"]["met"] is False
     assert summary["cpu", "pointwise", "conv"]["target"] is None
     assert summary["cpu", "pointwise", "conv"]["met"] is None
     skipped = summary["cpu", "pointwise", "conv_backward_data"]

@@ -66,18 +66,24 @@ def _bias_cl_partials(dy, partial):
 
 def run(problem, operands, out, algorithm):
     (dy,) = operands
-    k = problem.channels
-    db = np.empty(k, problem.dtype)
-    parallel = dy.size >= PARALLEL_FROM
-    if problem.channels_last:
-        rows = dy.reshape(-1, k)
-        partial = np.empty((min(REDUCTION_CHUNKS, rows.shape[0]), k), np.float64)
-        (_bias_cl_partials if parallel else serial_version(_bias_cl_partials))(rows, partial)
-        db[...] = _ordered_sum(partial)
-    else:
-        (_bias_cf if parallel else serial_version(_bias_cf))(dy.reshape(problem.batch, k, -1),
-                                                              db)
+    db = channel_sums(dy, problem.channels, problem.channels_last,
+                      parallel=dy.size >= PARALLEL_FROM)
     return store(db, out, problem.accumulate)
+
+
+def channel_sums(dy: np.ndarray, channels: int, channels_last: bool,
+                 parallel: bool) -> np.ndarray:
+    """db (dy's dtype) of the C-contiguous ``dy`` (batch first), by the parallel kernels or
+    their one-thread twins: the same additions in the same order either way."""
+    if channels_last:
+        rows = dy.reshape(-1, channels)
+        partial = np.empty((min(REDUCTION_CHUNKS, rows.shape[0]), channels), np.float64)
+        (_bias_cl_partials if parallel else serial_version(_bias_cl_partials))(rows, partial)
+        return _ordered_sum(partial).astype(dy.dtype)
+    db = np.empty(channels, dy.dtype)
+    (_bias_cf if parallel else serial_version(_bias_cf))(
+        dy.reshape(dy.shape[0], channels, -1), db)
+    return db
 
 
 def _ordered_sum(partial):
