@@ -14,7 +14,6 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Optional
 
 import numba
 import numpy as np
@@ -205,21 +204,19 @@ def packing_threads():
 class on_threads:
     """Numba's thread count for the calling thread (its parallel regions, and how many tile
     workers its calls use) set to ``threads`` meanwhile, and NumPy's BLAS held to one thread
-    when ``threads`` is 1 (see :func:`blas_single_threaded`); ``previous``, the count to
-    restore, when the caller has just read it.
+    when ``threads`` is 1 (see :func:`blas_single_threaded`).
 
-    A plain class rather than a generator: a busy machine's tiny calls all pass through it
-    (entering and leaving a ``contextlib`` manager costs about 1.5 us).
+    A plain class rather than a generator-based manager, which costs more to enter and
+    leave: every call on a busy machine passes through it, the smallest ones included.
     """
 
     __slots__ = ("threads", "previous", "blas")
 
-    def __init__(self, threads: int, previous: Optional[int] = None):
-        self.threads, self.previous, self.blas = threads, previous, False
+    def __init__(self, threads: int):
+        self.threads, self.previous, self.blas = threads, 0, False
 
     def __enter__(self):
-        if self.previous is None:
-            self.previous = numba.get_num_threads()
+        self.previous = numba.get_num_threads()
         numba.set_num_threads(self.threads)
         if self.threads == 1:
             self.blas = _hold_blas()
