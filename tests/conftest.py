@@ -61,8 +61,9 @@ def _background_names(item) -> list:
 def pytest_collection_modifyitems(session, config, items):
     """The tests that wait for a background command go last, so that the commands run
     beside the rest of the suite (see tests/background.py)."""
-    waiting = [item for item in items if _background_names(item)]
-    items[:] = [item for item in items if not _background_names(item)] + waiting
+    waiting = {item for item in items if _background_names(item)}
+    items[:] = [item for item in items if item not in waiting] + \
+        [item for item in items if item in waiting]
 
 
 def pytest_collection_finish(session):

@@ -102,6 +102,17 @@ def test_a_call_on_a_busy_machine_runs_on_fewer_threads(monkeypatch):
     monkeypatch.setattr(_load, "threads_for_call", lambda current: None)
     with nc.use_backend("cpu"):
         idle = nc.conv_backward_weight(x, dy, (8, 8, 3, 3), padding=1)
+    seen = _spy_on_threads(monkeypatch)
+    monkeypatch.setattr(_load, "threads_for_call", lambda current: 1)
+    before = numba.get_num_threads()
+    with nc.use_backend("cpu"):
+        busy = nc.conv_backward_weight(x, dy, (8, 8, 3, 3), padding=1)
+    assert seen == [1] and numba.get_num_threads() == before
+    assert np.array_equal(busy, idle)
+
+
+def _spy_on_threads(monkeypatch) -> list:
+    """The thread counts the calls made from now on switch to (``_tiles.on_threads``)."""
     seen = []
     original = _tiles.on_threads
 
@@ -110,12 +121,7 @@ def test_a_call_on_a_busy_machine_runs_on_fewer_threads(monkeypatch):
         return original(threads)
 
     monkeypatch.setattr(_tiles, "on_threads", spy)
-    monkeypatch.setattr(_load, "threads_for_call", lambda current: 1)
-    before = numba.get_num_threads()
-    with nc.use_backend("cpu"):
-        busy = nc.conv_backward_weight(x, dy, (8, 8, 3, 3), padding=1)
-    assert seen == [1] and numba.get_num_threads() == before
-    assert np.array_equal(busy, idle)
+    return seen
 
 
 def test_on_threads_sets_the_calling_threads_count_only():
@@ -157,14 +163,7 @@ def test_a_small_bias_gradient_skips_the_switch(monkeypatch):
     from numbaconv.cpu import conv_backward_bias as bias_gradient
     monkeypatch.delenv("NUMBACONV_ADAPT_THREADS", raising=False)
     monkeypatch.setattr(_load, "threads_for_call", lambda current: 1)
-    seen = []
-    original = _tiles.on_threads
-
-    def spy(threads):
-        seen.append(threads)
-        return original(threads)
-
-    monkeypatch.setattr(_tiles, "on_threads", spy)
+    seen = _spy_on_threads(monkeypatch)
     dy = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
     with nc.use_backend("cpu"):
         small = nc.conv_backward_bias(dy)

@@ -142,19 +142,16 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
     small enough to run on one thread anyway is left alone (the switch would cost more than
     the call)."""
     from . import _load
-    if op == "conv_backward_bias" and operands[0].size < _parallel_bias_from():
-        return run_op(__name__, op, problem, operands, out, algorithm)
+    if op == "conv_backward_bias":
+        from .conv_backward_bias import runs_in_parallel
+        if not runs_in_parallel(operands[0]):
+            return run_op(__name__, op, problem, operands, out, algorithm)
     threads = _load.threads_for_call(_numba_threads)
     if threads is None:
         return run_op(__name__, op, problem, operands, out, algorithm)
     from . import _tiles
     with _tiles.on_threads(threads):
         return run_op(__name__, op, problem, operands, out, algorithm)
-
-
-def _parallel_bias_from() -> int:
-    from .conv_backward_bias import PARALLEL_FROM
-    return PARALLEL_FROM
 
 
 #: numba.get_num_threads, once numbaconv's threading set-up has run (see _numba_threads).

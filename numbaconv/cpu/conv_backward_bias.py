@@ -67,8 +67,13 @@ def _bias_cl_partials(dy, partial):
 def run(problem, operands, out, algorithm):
     (dy,) = operands
     db = channel_sums(dy, problem.channels, problem.channels_last,
-                      parallel=dy.size >= PARALLEL_FROM)
+                      parallel=runs_in_parallel(dy))
     return store(db, out, problem.accumulate)
+
+
+def runs_in_parallel(dy: np.ndarray) -> bool:
+    """Whether ``dy``'s bias gradient runs the parallel kernels (else their serial twins)."""
+    return dy.size >= PARALLEL_FROM
 
 
 def channel_sums(dy: np.ndarray, channels: int, channels_last: bool,
