@@ -138,6 +138,27 @@ def test_on_threads_sets_the_calling_threads_count_only():
     assert other == [numba.config.NUMBA_NUM_THREADS]
 
 
+def test_the_fast_thread_count_functions_are_numbas():
+    """_tiles' getter and setter (the threading layer's own functions) read and set what
+    numba.get_num_threads and set_num_threads do, per thread."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one Numba thread")
+    before = numba.get_num_threads()
+    assert _tiles.numba_threads() == before
+    try:
+        _tiles.set_numba_threads(1)
+        assert numba.get_num_threads() == 1 == _tiles.numba_threads()
+        other = []
+        t = threading.Thread(target=lambda: other.append(_tiles.numba_threads()))
+        t.start()
+        t.join()
+        assert other == [numba.config.NUMBA_NUM_THREADS]
+        numba.set_num_threads(2)
+        assert _tiles.numba_threads() == 2
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_the_thread_count_is_asked_only_on_a_busy_machine(monkeypatch):
     """On an idle machine a call costs the monitor's clock reading, not Numba's count."""
     monkeypatch.delenv("NUMBACONV_ADAPT_THREADS", raising=False)

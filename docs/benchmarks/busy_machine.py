@@ -5,9 +5,12 @@ on one thread, both beside one busy-looping process (issue 25's target: no row s
 
 Each run starts a process that spins on one core, then times ``numbaconv bench --quick
 --backend cpu --no-torch`` (the conv rows) and ``numbaconv bench --suite rnn --quick
---no-torch`` (the training steps) twice, with the default threads and with ``--threads 1``,
-and prints per run the rows where the default was slower, and the worst ratio. Run it with
-OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as every comparison of speeds.
+--no-torch`` (the training steps) three times: with ``--threads 1``, with the default
+threads, and with ``--threads 1`` again. It prints per run the rows where the default was
+slower than the faster of the two one-thread benches, and the worst ratio; and, as the
+control, the same count for the two one-thread benches against each other: what the host's
+noise alone makes of the same configuration timed twice. Run it with OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE unset, as every comparison of speeds.
 """
 
 from __future__ import annotations
@@ -61,26 +64,38 @@ def _bench(arguments: list) -> dict:
 
 
 def one_run() -> dict:
-    """{row: (default seconds, one-thread seconds)} beside a busy-looping process."""
+    """{row: (default seconds, one-thread seconds, one-thread seconds again)} beside a
+    busy-looping process."""
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(1)
         result = {}
         for name, arguments in BENCHES.items():
-            default = _bench(arguments)
             single = _bench(arguments + ["--threads", "1"])
-            for row in default.keys() & single.keys():
-                result[f"{name}: {row}"] = (default[row], single[row])
+            default = _bench(arguments)
+            again = _bench(arguments + ["--threads", "1"])
+            for row in default.keys() & single.keys() & again.keys():
+                result[f"{name}: {row}"] = (default[row], single[row], again[row])
         return result
     finally:
         spinner.kill()
         spinner.wait()
 
 
+def _summary(ratios: dict) -> str:
+    """Counts and geometric mean of {row: ratio}."""
+    slower = sum(ratio > 1 for ratio in ratios.values())
+    beyond = sum(ratio > NOISE for ratio in ratios.values())
+    mean = math.exp(sum(math.log(ratio) for ratio in ratios.values()) / len(ratios))
+    return (f"{slower} slower, {beyond} by more than {NOISE:g}x, geometric mean "
+            f"{mean:.2f}, worst {max(ratios.values()):.2f}x")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--json", help="write every run's rows here")
+    parser.add_argument("--json", help="write every run's rows here: [default, one thread, "
+                        "one thread again] seconds")
     args = parser.parse_args(argv)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}; one busy-looping process beside each bench")
@@ -88,16 +103,16 @@ def main(argv=None) -> int:
     for run in range(args.runs):
         rows = one_run()
         runs.append(rows)
-        slower = {row: d / s for row, (d, s) in rows.items() if d > s}
-        beyond = [row for row, ratio in slower.items() if ratio > NOISE]
-        worst = max(rows.items(), key=lambda item: item[1][0] / item[1][1])
-        mean = math.exp(sum(math.log(d / s) for d, s in rows.values()) / len(rows))
-        print(f"run {run + 1}: {len(rows)} rows, {len(slower)} slower with the default "
-              f"threads than with one, {len(beyond)} by more than {NOISE:g}x; geometric mean "
-              f"default/one {mean:.2f}; worst {worst[0]}: {worst[1][0] * 1e3:.2f} ms "
-              f"against {worst[1][1] * 1e3:.2f} ms ({worst[1][0] / worst[1][1]:.2f}x)")
-        for row, ratio in sorted(slower.items(), key=lambda item: -item[1])[:10]:
-            print(f"    {ratio:5.2f}x  {row}")
+        default = {row: d / min(s, a) for row, (d, s, a) in rows.items()}
+        control = {row: max(s, a) / min(s, a) for row, (d, s, a) in rows.items()}
+        print(f"run {run + 1}, {len(rows)} rows:\n"
+              f"  default threads / the faster one-thread bench: {_summary(default)}\n"
+              f"  control, the slower one-thread bench / the faster: {_summary(control)}")
+        for row, ratio in sorted(default.items(), key=lambda item: -item[1])[:10]:
+            if ratio > 1:
+                d, s, a = rows[row]
+                print(f"    {ratio:5.2f}x  {row}: {d * 1e3:.3f} ms against {s * 1e3:.3f} "
+                      f"and {a * 1e3:.3f} ms")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump([{row: list(times) for row, times in rows.items()} for rows in runs],

@@ -146,26 +146,12 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
         from .conv_backward_bias import runs_in_parallel
         if not runs_in_parallel(operands[0]):
             return run_op(__name__, op, problem, operands, out, algorithm)
-    threads = _load.threads_for_call(_numba_threads)
+    from . import _tiles
+    threads = _load.threads_for_call(_tiles.numba_threads)
     if threads is None:
         return run_op(__name__, op, problem, operands, out, algorithm)
-    from . import _tiles
     with _tiles.on_threads(threads):
         return run_op(__name__, op, problem, operands, out, algorithm)
-
-
-#: numba.get_num_threads, once numbaconv's threading set-up has run (see _numba_threads).
-_get_num_threads = None
-
-
-def _numba_threads() -> int:
-    global _get_num_threads
-    if _get_num_threads is None:
-        import numba
-        from ..config import jit_options
-        jit_options()  # the threading set-up first: asking Numba starts its threads
-        _get_num_threads = numba.get_num_threads
-    return _get_num_threads()
 
 
 def _c_contiguous(a):

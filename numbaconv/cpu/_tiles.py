@@ -193,12 +193,42 @@ def packing_threads():
     runtime first). One Numba thread gives the cores to BLAS and was also faster with
     passive waiting (channels-first forward 14.5 -> 9 ms, channels-last 7.8 -> 6.5 ms).
     """
-    previous = numba.get_num_threads()
-    numba.set_num_threads(1)
+    previous = numba_threads()
+    set_numba_threads(1)
     try:
         yield
     finally:
-        numba.set_num_threads(previous)
+        set_numba_threads(previous)
+
+
+def numba_threads() -> int:
+    """``numba.get_num_threads()``: Numba's thread count for the calling thread."""
+    return _numba_counts()[0]()
+
+
+def set_numba_threads(threads: int) -> None:
+    """``numba.set_num_threads(threads)`` for the calling thread; ``threads`` from 1 to
+    Numba's count at start-up (the callers pass a count they read, or fewer)."""
+    _numba_counts()[1](threads)
+
+
+@functools.lru_cache(maxsize=1)
+def _numba_counts() -> tuple:
+    """Numba's getter and setter of the calling thread's count. Once numbaconv's threading
+    set-up has run and Numba's threads are up, the threading layer's own functions, which
+    ``numba.get_num_threads`` and ``set_num_threads`` wrap in checks of that set-up and of
+    the argument on every call: about 0.2-0.4 us a call against 2-3, and every call on a
+    busy machine sets the count twice. Numba's public functions where the private ones are
+    missing (another Numba version)."""
+    from ..config import jit_options
+    jit_options()           # the threading set-up first: asking Numba starts its threads
+    numba.get_num_threads()
+    from numba.np.ufunc import parallel
+    get = getattr(parallel, "_get_num_threads", None)
+    set_ = getattr(parallel, "_set_num_threads", None)
+    if not (callable(get) and callable(set_)):
+        return numba.get_num_threads, numba.set_num_threads
+    return get, set_
 
 
 class on_threads:
@@ -216,8 +246,8 @@ class on_threads:
         self.threads, self.previous, self.blas = threads, 0, False
 
     def __enter__(self):
-        self.previous = numba.get_num_threads()
-        numba.set_num_threads(self.threads)
+        self.previous = numba_threads()
+        set_numba_threads(self.threads)
         if self.threads == 1:
             self.blas = _hold_blas()
         return self
@@ -227,7 +257,7 @@ class on_threads:
             if self.blas:
                 _release_blas()
         finally:
-            numba.set_num_threads(self.previous)
+            set_numba_threads(self.previous)
 
 
 @functools.lru_cache(maxsize=1)
@@ -416,7 +446,7 @@ def tile_workers(jobs: int) -> int:
     """How many tile jobs run at once: Numba's thread count (``numba.set_num_threads``),
     when NumPy's BLAS is an OpenBLAS whose thread count numbaconv can set; else 1, and 1 in
     a tile worker (its jobs run there, see :func:`run_tiles`)."""
-    workers = min(numba.get_num_threads(), jobs)
+    workers = min(numba_threads(), jobs)
     if workers < 2 or _blas() is None or in_tile_worker():
         return 1
     return workers
@@ -449,7 +479,7 @@ def interruptible_ranges(size: int, work: float, piece_work: float, multiple: in
     into regions, and every job computes the same in any region: no result depends on them,
     bit for bit (tests/test_reliability.py splits calls into the smallest pieces).
     """
-    multiple = multiple or numba.get_num_threads()
+    multiple = multiple or numba_threads()
     count = min(-(-size // multiple), math.ceil(work / piece_work))
     if count <= 1:
         return [(0, size)]
