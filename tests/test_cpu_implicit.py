@@ -16,6 +16,8 @@ import pytest
 import numbaconv as nc
 from numbaconv import dispatch
 from numbaconv import problem as pb
+from numbaconv._kernel_geometry import geom
+from numbaconv.cpu._implicit import _row_taps
 from numbaconv.testing import relative_error
 
 import background
@@ -114,6 +116,10 @@ STRIDED = [c for c in CASES if c[3] != 1] + [
     ("2d-s3-gaps", (2, 17, 10, 11), (2, 2), 3, 0, 1, 6),
     ("2d-s2-dilated", (1, 16, 12, 13), (3, 3), 2, 2, 2, 8),
     ("3d-s2", (2, 16, 5, 6, 7), (3, 3, 3), 2, 1, 1, 9),
+    # Row taps of a phase two dy pixels apart (no shared product), and pairs of taps that
+    # are not neighbours in the kernel (kx 3 and 0) multiplied as one.
+    ("2d-s2-dilated-gaps", (1, 16, 11, 21), (3, 3), 2, 4, (1, 4), 8),
+    ("2d-s3-k5-pairs", (1, 16, 9, 23), (1, 5), 3, (0, 2), 1, 7),
 ]
 
 
@@ -165,6 +171,23 @@ def test_implicit_strided_data_gradient_matches_the_reference(case, dtype):
     assert "implicit" in backend.algorithms("conv_transpose", problem)
     got = backend.run("conv_transpose", problem, (dy, w, bias), None, "implicit")
     assert got.shape == x.shape and relative_error(got, expected) < TOL[dtype]
+
+
+def test_a_phases_neighbouring_row_taps_are_one_product():
+    """3x3, stride 2, padding 1: phase 0 has kx = 1 alone; phase 1 has kx = 2 and 0, which
+    read neighbouring dy pixels, as one product of twice the depth (weights in that
+    order); with dilation 4 the taps of a phase read pixels 2 apart and stay apart."""
+    def row_taps(stride, padding, dilation):
+        g = geom(pb.conv_backward_data_problem(
+            np.zeros((1, 5, 5, 8), np.float32), np.zeros((8, 4, 3, 3), np.float32),
+            (1, 9, 9, 4), stride=stride, padding=padding, dilation=dilation,
+            layout="channels_last"))
+        groups, order = _row_taps(g)
+        return groups.tolist(), order
+
+    assert row_taps(2, 1, 1) == ([[0, 0, 1, 0], [1, 1, 2, 0]], [1, 2, 0])
+    assert row_taps(2, (1, 4), (1, 4)) == ([[0, 0, 1, -2], [0, 1, 1, 0], [0, 2, 1, 2]],
+                                           [2, 1, 0])
 
 
 def _output_padding(x, dy, w, kw):

@@ -380,46 +380,75 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     each, read where they lie in a copy of dy with zero columns either side) by that tap's
     weights (K, C), written MR pixels at a time ``stride * C`` values apart. No packed
     matrix, no col2im: dx is written once. The taps of a row's depth and height phase are
-    found per row; a row or phase with none is zero."""
+    found per row; a row or phase with none is zero.
+
+    A phase's taps along the row whose dy pixels lie one apart (all of them without
+    dilation) are one product: a run's A values for them are adjacent in dy, so the depth
+    is their count times K, with their weights stacked in that order (:func:`_row_taps`),
+    and the accumulators are loaded and stored once for them all."""
     dtype = dx.dtype
     mr, nv = strided_shape(dtype)
     nr = nv * vector_lanes(dtype)
     padded_c = -(-g.c // nr) * nr
+    groups, order = _row_taps(g)
     # (taps, K, pitch): the tiles' columns C' padded to whole tiles (zero columns), rows an
     # odd number of cache lines apart (_sliding.row_pitch): the micro-kernel reads a
     # panel's K rows one after another, and at a power-of-two pitch they would all fall
     # into a few L1 sets (ResNet's 256-channel stride-2 layer, measured beside another
-    # job: 42 -> 32 ms).
+    # job: 42 -> 32 ms). The taps of a tap row are in the order of ``groups``.
     pitch = row_pitch(padded_c, dtype)
     wt = np.zeros((g.taps, g.k, pitch), dtype)
-    wt[:, :, :g.c] = w.reshape(g.k, g.c, g.taps).transpose(2, 0, 1)
-    s2, b2, d2, r2 = g.stride[2], g.before[2], g.dilation[2], g.r[2]
-    shifts = [(rx + b2 - kx * d2) // s2 for rx in range(s2) for kx in range(r2)
-              if (rx + b2 - kx * d2) % s2 == 0]
+    wt[:, :, :g.c] = w.reshape(g.k, g.c, -1, g.r[2])[:, :, :, order].reshape(
+        g.k, g.c, g.taps).transpose(2, 0, 1)
+    shifts = list(groups[:, 3])
     left = max([0] + [-d for d in shifts])
-    widest = -(-g.s[2] // s2)
-    width = left + max(g.p[2], widest + max(shifts + [0])) + mr
+    widest = -(-g.s[2] // g.stride[2])
+    width = left + max(g.p[2], widest + max(d + count - 1 for d, count in
+                                            zip(shifts, groups[:, 2]))) + mr
     dyp = np.zeros((g.n * g.p[0] * g.p[1], width, g.k), dtype)
     dyp[:, left:left + g.p[2]] = dy.reshape(-1, g.p[2], g.k)
     s, r, p, stride, dil, before = g.geometry_args()
     rows = g.n * g.s[0] * g.s[1]
     overrun = np.zeros(rows, np.int64)
     for first, last in _pieces(g, rows):
-        _strided_rows(dyp.reshape(-1), wt.reshape(-1), dx.reshape(-1), overrun, first, last, s,
-                      r, p, stride, dil, before, g.k, g.c, padded_c, pitch, width, left,
-                      accumulate, mr, nr)
+        _strided_rows(dyp.reshape(-1), wt.reshape(-1), dx.reshape(-1), groups, overrun, first,
+                      last, s, r, p, stride, dil, before, g.k, g.c, padded_c, pitch, width,
+                      left, accumulate, mr, nr)
     if overrun.any():
         raise IndexError("implicit data gradient: a product would reach past its arrays")
 
 
+def _row_taps(g: Geom) -> tuple:
+    """The taps along the row (kx) as the strided data gradient multiplies them: (groups,
+    order). ``groups`` (G, 4) int64, rows (phase, first slot, count, shift) in the order of
+    the phases: ``count`` taps whose weights lie in slots ``first ...`` of a tap row's
+    reordered ``order`` (slot i holds tap kx = order[i]), reading dy ``shift``, ``shift``
+    + 1, ... pixels from the phase's pixel; every kx is in one group."""
+    s2, b2, d2, r2 = g.stride[2], g.before[2], g.dilation[2], g.r[2]
+    groups, order = [], []
+    for rx in range(s2):
+        # This phase's taps, by the dy pixel they read.
+        taps = sorted(((rx + b2 - kx * d2) // s2, kx) for kx in range(r2)
+                      if (rx + b2 - kx * d2) % s2 == 0)
+        for shift, kx in taps:
+            if groups and groups[-1][0] == rx and \
+                    groups[-1][3] + groups[-1][2] == shift:
+                groups[-1][2] += 1
+            else:
+                groups.append([rx, len(order), 1, shift])
+            order.append(kx)
+    return np.array(groups, np.int64).reshape(-1, 4), order
+
+
 @parallel_jit
-def _strided_rows(dyp, wt, dx, overrun, first_row, last_row, s, r, p, stride, dil, before, k,
-                  c, padded_c, pitch, width, left, accumulate, mr, nr):
+def _strided_rows(dyp, wt, dx, groups, overrun, first_row, last_row, s, r, p, stride, dil,
+                  before, k, c, padded_c, pitch, width, left, accumulate, mr, nr):
     """One dx row (n, z, y) a job, rows [first_row, last_row) of the N * S0 * S1 (see
     :func:`strided_data_gradient`); dyp (N * P0 * P1, width, K), wt (taps, K, pitch), dx
-    (N, S0, S1, S2, C), all flat. For each phase and block of NR channels, tap after tap
-    over the row's runs of MR pixels (the tap's weight panel stays in L1 through the row);
-    runs that end past the row or channels past C go through scratch tiles, one per run."""
+    (N, S0, S1, S2, C), all flat; groups: :func:`_row_taps`. For each phase and block of NR
+    channels, group of taps after group over the row's runs of MR pixels (the group's weight
+    panel stays in L1 through the row); runs that end past the row or channels past C go
+    through scratch tiles, one per run."""
     row_values = s[2] * c
     widest = (s[2] + stride[2] - 1) // stride[2]
     for job in prange(last_row - first_row):
@@ -449,18 +478,18 @@ def _strided_rows(dyp, wt, dx, overrun, first_row, last_row, s, r, p, stride, di
             for j0 in range(0, padded_c, nr):
                 first = True
                 for f in range(found):
-                    for kx in range(r[2]):
-                        ux = rx + before[2] - kx * dil[2]
-                        if ux % stride[2] != 0:
+                    for gi in range(groups.shape[0]):
+                        if groups[gi, 0] != rx:
                             continue
-                        b = ((taps[f] * r[2] + kx) * k) * pitch + j0
+                        depth = groups[gi, 2] * k
+                        b = ((taps[f] * r[2] + groups[gi, 1]) * k) * pitch + j0
                         for q0 in range(0, wq, mr):
                             direct = q0 + mr <= wq and j0 + nr <= c
                             target = row + (q0 * stride[2] + rx) * c + j0
-                            a = (srcs[f] + q0 + ux // stride[2] + left) * k
+                            a = (srcs[f] + q0 + groups[gi, 3] + left) * k
                             # The micro-kernel's pointer accesses are not bounds-checked.
-                            if a < 0 or a + mr * k > dyp.size or \
-                                    b + (k - 1) * pitch + nr > wt.size or \
+                            if a < 0 or a + (mr - 1) * k + depth > dyp.size or \
+                                    b + (depth - 1) * pitch + nr > wt.size or \
                                     (direct and target + (mr - 1) * stride[2] * c + nr >
                                      dx.size):
                                 overrun[t] = 1
@@ -468,7 +497,7 @@ def _strided_rows(dyp, wt, dx, overrun, first_row, last_row, s, r, p, stride, di
                             add = 0 if first and not (direct and accumulate) else 1
                             _micro_tile_strided(
                                 _at(dyp, a), k, _at(wt, b),
-                                _at(dx, target) if direct else _at(tiles, q0 * nr), k,
+                                _at(dx, target) if direct else _at(tiles, q0 * nr), depth,
                                 stride[2] * c if direct else nr, add, 1, pitch)
                         first = False
                 # The runs that went through scratch tiles (or that no tap reaches:
