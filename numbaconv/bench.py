@@ -104,7 +104,7 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
                    progress: Optional[Callable[[int, int, str], None]] = None,
                    in_process: bool = False, threads: Optional[int] = None,
                    timeout: Optional[float] = DEFAULT_BLOCK_TIMEOUT,
-                   processes: Optional[dict] = None) -> list:
+                   processes: Optional[dict] = None, rounds: int = 1) -> list:
     """Time every op of every shape on each backend, and on PyTorch when ``torch`` is given.
 
     Backends are timed through the public functions inside ``use_backend(name)``: what a
@@ -170,6 +170,12 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
         torch, numba and numbaconv were imported there), ``threads`` (PyTorch's and Numba's
         thread counts, where loaded) and ``threadpools`` (threadpoolctl's view of its BLAS
         and OpenMP libraries), or ``error``. Left empty ``in_process``.
+    rounds : int
+        Processes of their own only: every engine's process is run this many times, the
+        engines taking turns (PyTorch, each backend, PyTorch again, ...), and each row
+        keeps the round of its smallest median. A host whose speed drifts from one minute
+        to the next (a shared cloud VM) then moves a ratio less: each engine's best round
+        is compared, not whichever minute each happened to run in.
 
     Returns
     -------
@@ -178,6 +184,11 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
         given order. An engine whose process failed (crashed, or timed out) has ``"error"``
         rows from there on, saying why.
     """
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected a positive int, got {rounds!r}")
+    if rounds > 1 and in_process:
+        raise ValueError("rounds: applies to engines timed in processes of their own, not "
+                         "in_process")
     engines = ([PYTORCH] if torch is not None and torch is not False else []) + list(backends)
     blocks = [(case, lay) for case in shapes for lay in resolve_layouts(layout)]
     options = dict(ops=list(ops), repeat=repeat, dtype=dtype, threads=threads,
@@ -192,7 +203,7 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
                                        progress=progress, **options)
     else:
         measured = _measure_in_processes(blocks, engines, timeout=timeout, progress=progress,
-                                         processes=processes, **options)
+                                         processes=processes, rounds=rounds, **options)
     rows: list = []
     found: dict = {}  # block index -> {(op, engine): row}
     next_block = 0
@@ -203,7 +214,8 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
             rows += _compare(found.pop(next_block), ops, engines, peak_gflops, report)
             next_block += 1
     if progress is not None:
-        progress(len(blocks) * len(engines), len(blocks) * len(engines), "done")
+        total = len(blocks) * len(engines) * (1 if in_process else rounds)
+        progress(total, total, "done")
     return rows
 
 
@@ -250,40 +262,69 @@ def _measure_in_process(blocks, engines, *, ops, repeat, dtype, threads, skip_re
 
 
 def _measure_in_processes(blocks, engines, *, ops, repeat, dtype, threads, skip_reference_on,
-                          timeout, progress, processes):
+                          timeout, progress, processes, rounds=1):
     """Yield ``(block index, engine, rows)``, engine after engine, each in a fresh
-    interpreter (:data:`_ENGINE_CHILD`) that times every block and exits."""
+    interpreter (:data:`_ENGINE_CHILD`) that times every block and exits; with ``rounds``,
+    the engines take turns that many times and each op's row is the round of its smallest
+    median (:func:`_fastest`), yielded in the last round."""
     if not blocks:
         return
-    done, total = 0, len(blocks) * len(engines)
-    for engine in engines:
-        spec = dict(engine=engine, ops=list(ops), repeat=repeat, dtype=dtype, threads=threads,
-                    blocks=[(_case_spec(case), layout) for case, layout in blocks],
-                    skip_reference_on=sorted(skip_reference_on))
-        received = 0
-        if progress is not None:
-            progress(done, total, _block_name(*blocks[0], engine))
-        try:
-            for message in child_messages(_ENGINE_CHILD, spec, timeout=timeout):
-                if "rows" in message:
-                    received += 1
-                    done += 1
-                    if progress is not None and received < len(blocks):
-                        progress(done, total, _block_name(*blocks[received], engine))
-                    yield message["block"], engine, [Row(**row) for row in message["rows"]]
-                elif processes is not None and "modules" in message:
-                    processes[engine] = message
-            if received < len(blocks):
-                raise ChildFailed("it exited without timing every shape")
-        except ChildFailed as exc:
-            detail = f"{engine}'s process failed: {exc}"
-            if processes is not None:
-                processes.setdefault(engine, {})["error"] = str(exc)
-            for index in range(received, len(blocks)):
-                case, layout = blocks[index]
-                done += 1
-                yield index, engine, [_failed_row(case, layout, op, engine, dtype, detail)
-                                      for op in ops]
+    kept: dict = {}  # (block index, engine) -> its rows so far
+    counter = [0, len(blocks) * len(engines) * rounds]  # blocks done, in all
+    for round_ in range(rounds):
+        for engine in engines:
+            for index, rows in _engine_rows(blocks, engine, counter, ops=ops, repeat=repeat,
+                                            dtype=dtype, threads=threads,
+                                            skip_reference_on=skip_reference_on,
+                                            timeout=timeout, progress=progress,
+                                            processes=processes):
+                rows = _fastest(kept.pop((index, engine), None), rows)
+                if round_ == rounds - 1:
+                    yield index, engine, rows
+                else:
+                    kept[index, engine] = rows
+
+
+def _fastest(earlier: Optional[list], rows: list) -> list:
+    """Per op, the row of ``earlier`` (the same block and engine in earlier rounds) or of
+    ``rows`` with the smaller median; a timed row before one that failed or was skipped."""
+    if earlier is None:
+        return rows
+    def key(row):
+        return (row.median_s is None, row.median_s or 0.0)
+    return [min(old, new, key=key) for old, new in zip(earlier, rows)]
+
+
+def _engine_rows(blocks, engine, counter, *, ops, repeat, dtype, threads, skip_reference_on,
+                 timeout, progress, processes):
+    """Yield ``(block index, rows)`` of ``engine``'s fresh interpreter, every block in
+    turn; ``counter`` is [blocks done, in all], for ``progress``."""
+    spec = dict(engine=engine, ops=list(ops), repeat=repeat, dtype=dtype, threads=threads,
+                blocks=[(_case_spec(case), layout) for case, layout in blocks],
+                skip_reference_on=sorted(skip_reference_on))
+    received = 0
+    if progress is not None:
+        progress(counter[0], counter[1], _block_name(*blocks[0], engine))
+    try:
+        for message in child_messages(_ENGINE_CHILD, spec, timeout=timeout):
+            if "rows" in message:
+                received += 1
+                counter[0] += 1
+                if progress is not None and received < len(blocks):
+                    progress(counter[0], counter[1], _block_name(*blocks[received], engine))
+                yield message["block"], [Row(**row) for row in message["rows"]]
+            elif processes is not None and "modules" in message:
+                processes[engine] = message
+        if received < len(blocks):
+            raise ChildFailed("it exited without timing every shape")
+    except ChildFailed as exc:
+        detail = f"{engine}'s process failed: {exc}"
+        if processes is not None:
+            processes.setdefault(engine, {})["error"] = str(exc)
+        for index in range(received, len(blocks)):
+            case, layout = blocks[index]
+            counter[0] += 1
+            yield index, [_failed_row(case, layout, op, engine, dtype, detail) for op in ops]
 
 
 def _block_name(case: ConvCase, layout: str, engine: str) -> str:

@@ -510,6 +510,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "each in a process of its own: PyTorch's and Numba's OpenMP "
                         "runtimes then share it (and the cores), which changes the times of "
                         "short calls")
+    p.add_argument("--rounds", type=_positive_int, metavar="N",
+                   help="time each engine's process N times, the engines taking turns, and "
+                        "keep each row's round of smallest median (default 1): on a host "
+                        "whose speed drifts from minute to minute, each engine's best "
+                        "round is compared; the convolutions' engines in their own "
+                        "processes only")
     p.add_argument("--settle", type=float, default=_default_settle(), metavar="SECONDS",
                    help="pause between engines so idle thread pools stop spinning: with "
                         "--in-process, and after the GEMM peak (default %(default)s)")

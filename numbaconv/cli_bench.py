@@ -95,7 +95,7 @@ CUDA_BENCH_OPTIONS = ("sim", "case", "tolerance", "budget", "warmup", "no_flush"
 
 #: ``bench`` options that ``--device cuda`` does not read.
 CPU_BENCH_OPTIONS = ("backend", "include_reference", "threads", "no_torch", "first_call",
-                     "plot", "in_process")
+                     "plot", "in_process", "rounds")
 
 
 def cmd_bench(args) -> int:
@@ -123,6 +123,13 @@ def cmd_bench(args) -> int:
         names = list(dict.fromkeys(args.backend))
     else:
         names = bench.cpu_backends()
+    if args.rounds is not None and (args.first_call or args.suite == "rnn" or
+                                    args.in_process):
+        _print("numbaconv bench: error: --rounds applies to the convolutions' engines in "
+               "processes of their own (not --first-call, --suite rnn or --in-process)",
+               file=sys.stderr)
+        return USAGE_ERROR
+    rounds = args.rounds or 1
     if args.first_call:
         return _first_call(args, bench, names if args.backend else ["cpu"])
     if args.suite == "rnn":
@@ -184,7 +191,9 @@ def cmd_bench(args) -> int:
     else:
         _print("engines: each timed in a process of its own, one after another (PyTorch's "
                "loads no Numba; a backend's no PyTorch unless built on it); --in-process "
-               "times them all in this one")
+               "times them all in this one"
+               + (f"; {rounds} rounds, the engines taking turns, each row from the round "
+                  f"of its smallest median (--rounds)" if rounds > 1 else ""))
     _print(f"backends: {', '.join(names) or 'none'}; {args.dtype}, {', '.join(layouts)}; "
            f"median of {repeat} after a warm-up call"
            + ("; reference skipped on the big shapes (--include-reference)"
@@ -240,7 +249,7 @@ def cmd_bench(args) -> int:
                                         settle=args.settle, peak_gflops=peak["gflops"],
                                         report=report, progress=progress.update,
                                         in_process=args.in_process, threads=threads,
-                                        processes=processes)
+                                        processes=processes, rounds=rounds)
             progress.update(0, 0, "dispatch overhead")
             overhead = bench.dispatch_overhead(dtype=args.dtype, layout=layouts[0],
                                                repeat=max(11, 2 * repeat + 1),
@@ -294,6 +303,7 @@ def cmd_bench(args) -> int:
                       layout=layout, layouts=list(layouts),
                       torch=torch_version, environment=env,
                       engines="in-process" if args.in_process else "processes",
+                      rounds=rounds,
                       processes=processes or None,
                       blas=blas, warnings=warnings, plot=args.plot if plotted else None,
                       gemm_peak=peak, shapes=[_case_dict(c) for c in shapes],

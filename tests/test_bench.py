@@ -222,6 +222,38 @@ def test_processes_give_the_rows_of_one_process():
     assert processes["reference"]["modules"] == dict(torch=False, numba=False, numbaconv=True)
 
 
+def test_rounds_take_turns_and_keep_each_rows_fastest_round(monkeypatch):
+    """With rounds, PyTorch's and the backend's processes alternate, and each row is the
+    round of its smallest median (a timed one before a failed one); the ratio compares
+    those rows."""
+    order = []
+    medians = iter([[4.0, None], [2.0, 3.0],      # round 1: pytorch, reference
+                    [1.0, 5.0], [6.0, None]])     # round 2
+    case = PROCESS_SHAPES[0]
+
+    def engine_rows(blocks, engine, counter, **options):
+        order.append(engine)
+        times = next(medians)
+        yield 0, [bench.Row(case.name, op, engine, "channels_first", "float32",
+                            "ok" if t else "error", median_s=t)
+                  for op, t in zip(PROCESS_OPS, times)]
+
+    monkeypatch.setattr(bench, "_engine_rows", engine_rows)
+    rows = bench.run_benchmarks(PROCESS_SHAPES[:1], ["reference"], ops=PROCESS_OPS,
+                                torch=True, rounds=2)
+    assert order == [bench.PYTORCH, "reference", bench.PYTORCH, "reference"]
+    assert [(r.backend, r.median_s) for r in rows] == [
+        (bench.PYTORCH, 1.0), ("reference", 2.0), (bench.PYTORCH, 5.0), ("reference", 3.0)]
+    assert rows[1].vs_pytorch == 0.5 and rows[3].vs_pytorch == 5.0 / 3.0
+    with pytest.raises(ValueError, match="rounds"):
+        bench.run_benchmarks(PROCESS_SHAPES[:1], ["reference"], rounds=2, in_process=True)
+
+
+def test_bench_rounds_is_for_the_convolutions_processes(capsys):
+    assert main(["bench", "--suite", "rnn", "--rounds", "2"]) == 2
+    assert "--rounds applies" in capsys.readouterr().err
+
+
 def test_pytorchs_process_loads_no_numba_and_sets_its_threads():
     pytest.importorskip("torch")
     processes = {}

@@ -144,6 +144,8 @@ def conv_command(record: dict, path: str) -> str:
         args.append("--no-torch")
     if record.get("engines") == "in-process":
         args.append("--in-process")
+    if (record.get("rounds") or 1) > 1:
+        args += ["--rounds", str(record["rounds"])]
     args += ["--json", path]
     return command_prefix(record.get("environment") or {}) + " ".join(args)
 
@@ -177,7 +179,9 @@ def conv_section(record: dict) -> list:
         "processes": "each timed in a process of its own",
         "in-process": "all timed in one process (`--in-process`)",
         None: "all timed in one process (the bench's only way when this was recorded)",
-    }.get(record.get("engines"), str(record.get("engines"))))
+    }.get(record.get("engines"), str(record.get("engines")))
+                 + (f", {record['rounds']} rounds taking turns, each row from its engine's "
+                    f"round of smallest median" if (record.get("rounds") or 1) > 1 else ""))
     overhead = record.get("dispatch_overhead") or []
     if overhead:
         worst = max(overhead, key=lambda o: o["overhead_us"])
