@@ -27,6 +27,8 @@ import pathlib
 import sys
 import textwrap
 
+from numbaconv.problem import CONV_OPS
+
 HERE = pathlib.Path(__file__).resolve().parent
 PAGE = HERE.parent / "benchmarks.md"
 
@@ -142,6 +144,13 @@ def conv_command(record: dict, path: str) -> str:
         args += ["--repeat", str(record["repeat"])]
     if record.get("torch") is None:
         args.append("--no-torch")
+    results = record.get("results") or []
+    backends = list(dict.fromkeys(r["backend"] for r in results if r["backend"] != "pytorch"))
+    if backends and "reference" not in backends:   # the default list always has it
+        args += [a for b in backends for a in ("--backend", b)]
+    ops = list(dict.fromkeys(r["op"] for r in results))
+    if ops and len(ops) < len(CONV_OPS):
+        args += [a for op in ops for a in ("--op", op)]
     if record.get("engines") == "in-process":
         args.append("--in-process")
     if (record.get("rounds") or 1) > 1:
