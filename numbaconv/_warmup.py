@@ -117,20 +117,40 @@ def kernel_cache_stats() -> tuple:
     """``(hits, misses)`` of Numba's disk cache summed over every compiled function of the
     loaded ``numbaconv.cpu`` modules and every serial twin of one: loads from the cache, and
     compilations."""
-    from .config import serial_twins
-    hits = misses = 0
-    seen = set()
+    counts = compiled_kernels()
+    return counts["hits"], counts["misses"]
+
+
+def compiled_kernels(prefix: str = "numbaconv.cpu") -> dict:
+    """What Numba holds of numbaconv's kernels in this process: ``signatures`` (compiled or
+    loaded from the disk cache), and the cache's ``hits`` and ``misses``, summed over the
+    Numba dispatchers among the attributes of the loaded modules named ``prefix...`` and
+    over the serial twins made so far (:func:`numbaconv.config.serial_twins`: no module
+    holds them). Zeros where Numba is not loaded. Shared by warm-up (the cache's counts)
+    and ``bench --first-call`` (kernels per call), so that both count the same kernels."""
+    dispatcher_type = getattr(sys.modules.get("numba.core.dispatcher"), "Dispatcher", None)
+    counts = dict(signatures=0, hits=0, misses=0)
+    if dispatcher_type is None:
+        return counts
     functions = [value for name, module in list(sys.modules.items())
-                 if name.startswith("numbaconv.cpu") and module is not None
+                 if name.startswith(prefix) and module is not None
                  for value in list(vars(module).values())]
-    for value in functions + serial_twins():
-        stats = getattr(value, "stats", None)
-        if stats is None or id(value) in seen or not hasattr(stats, "cache_hits"):
+    config = sys.modules.get("numbaconv.config")
+    if config is not None:
+        functions += config.serial_twins()
+    seen = set()
+    for value in functions:
+        if not isinstance(value, dispatcher_type) or id(value) in seen:
             continue
         seen.add(id(value))
-        hits += sum(stats.cache_hits.values())
-        misses += sum(stats.cache_misses.values())
-    return hits, misses
+        counts["signatures"] += len(value.signatures)
+        try:    # a dispatcher without Numba's cache statistics (numba-cuda's) counts none
+            hits, misses = value.stats.cache_hits, value.stats.cache_misses
+        except AttributeError:
+            continue
+        counts["hits"] += sum(hits.values())
+        counts["misses"] += sum(misses.values())
+    return counts
 
 
 def _as_tuple(value, allowed: Sequence, name: str, every: Optional[tuple] = None) -> tuple:

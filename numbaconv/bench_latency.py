@@ -113,8 +113,8 @@ FIRST_CALL_CASE = BenchCase("first_call_3x3_64c_16", (2, 64, 16, 16), (64, 64, 3
                             padding=1, group="resnet3x3")
 
 #: Run by each fresh interpreter of :func:`first_call_latency`; argv[1] is a JSON spec. It
-#: prints one JSON line. Kernels are counted on the module-level Numba dispatchers of the
-#: loaded numbaconv modules; cache hits are Numba's own statistics.
+#: prints one JSON line. Kernels and Numba's cache hits are counted by
+#: :func:`numbaconv._warmup.compiled_kernels`, as warm-up counts them.
 _FIRST_CALL_SCRIPT = r"""
 import json, sys, time
 start = time.perf_counter()
@@ -147,29 +147,9 @@ with numbaconv.use_backend(spec["backend"]):
     call()
     second_s = time.perf_counter() - start
     choices = [dispatch.select(op, c.problem) for op, c in zip(ops, calls)]
-kernels = hits = misses = 0
-try:
-    from numba.core.dispatcher import Dispatcher
-except ImportError:
-    Dispatcher = None
-functions = [value for name, module in list(sys.modules.items())
-             if name.startswith("numbaconv") and module is not None
-             for value in list(vars(module).values())]
-if "numbaconv.config" in sys.modules:   # the serial twins are no module's attributes
-    functions += sys.modules["numbaconv.config"].serial_twins()
-seen = set()
-for value in functions:
-    if Dispatcher is None or id(value) in seen:
-        continue
-    seen.add(id(value))
-    if isinstance(value, Dispatcher) and value.signatures:
-        kernels += len(value.signatures)
-        try:
-            stats = value.stats
-            hits += sum(stats.cache_hits.values())
-            misses += sum(stats.cache_misses.values())
-        except Exception:
-            pass
+from numbaconv._warmup import compiled_kernels
+counted = compiled_kernels("numbaconv")
+kernels, hits, misses = counted["signatures"], counted["hits"], counted["misses"]
 print(json.dumps(dict(import_s=import_s, numba_at_import=numba_at_import,
                       numba_import_s=numba_import_s, call_s=call_s,
                       first_s=numba_import_s + call_s, second_s=second_s,
