@@ -241,7 +241,9 @@ def test_the_heuristic_picks_stride_phases_for_shallow_strided_data_gradients():
     assert algorithm == "implicit" and "stride phases" in why
     assert choice((2, 16, 56, 56, 16), (16, 16, 3, 3, 3), stride=2, padding=1)[0] == \
         "implicit"
+    assert choice((8, 56, 56, 64), (64, 64, 3, 3), stride=2, padding=1)[0] == "implicit"
     for x_shape, w_shape in (((8, 28, 28, 256), (256, 256, 3, 3)),    # deep dy
+                             ((8, 28, 28, 128), (128, 128, 3, 3)),
                              ((8, 56, 56, 8), (32, 8, 3, 3)),          # few dx channels
                              ((2, 14, 14, 32), (32, 32, 3, 3)),        # few pixels
                              ((8, 56, 56, 32), (32, 32, 1, 1))):       # one tap

@@ -35,7 +35,7 @@ IMPLICIT_OUTPUT_BLOCK = 64
 #: channels (short depths are slow in BLAS, and col2im then moves the most), dx of at least
 #: IMPLICIT_PHASED_MIN_OUTPUTS channels (a micro-kernel tile is 16 wide with AVX2) and at
 #: least IMPLICIT_PHASED_MIN_PIXELS pixels over the batch.
-IMPLICIT_PHASED_MAX_DEPTH = 32
+IMPLICIT_PHASED_MAX_DEPTH = 64
 IMPLICIT_PHASED_MIN_OUTPUTS = 16
 IMPLICIT_PHASED_MIN_PIXELS = 2**14
 
