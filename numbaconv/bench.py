@@ -214,7 +214,7 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
             rows += _compare(found.pop(next_block), ops, engines, peak_gflops, report)
             next_block += 1
     if progress is not None:
-        total = len(blocks) * len(engines) * (1 if in_process else rounds)
+        total = len(blocks) * len(engines) * rounds     # rounds is 1 in_process
         progress(total, total, "done")
     return rows
 

@@ -217,9 +217,9 @@ def _numba_counts() -> tuple:
     """Numba's getter and setter of the calling thread's count. Once numbaconv's threading
     set-up has run and Numba's threads are up, the threading layer's own functions, which
     ``numba.get_num_threads`` and ``set_num_threads`` wrap in checks of that set-up and of
-    the argument on every call: about 0.2-0.4 us a call against 2-3, and every call on a
-    busy machine sets the count twice. Numba's public functions where the private ones are
-    missing (another Numba version)."""
+    the argument on every call: several times cheaper, and every call on a busy machine
+    sets the count twice (docs/configuration.md, "Busy machines"). Numba's public
+    functions where the private ones are missing (another Numba version)."""
     from ..config import jit_options
     jit_options()           # the threading set-up first: asking Numba starts its threads
     numba.get_num_threads()
