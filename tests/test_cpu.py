@@ -377,6 +377,38 @@ def test_channels_first_col2im_equals_a_plain_scatter_add_on_any_row_tile():
                                    atol=1e-12)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+def test_channels_last_col2im_equals_a_plain_scatter_add_on_any_row_tile(groups):
+    """col2im_cl (one run of r2 * C values per window row with one group and no dilation
+    along rows, else a run per tap and group) adds every packed value into the input
+    element its window reads, as np.add.at does, for random 2D/3D geometries, row tiles
+    and 3-channel groups, into images that already hold values."""
+    from numbaconv.cpu._im2col_kernels import col2im_cl
+    rng = np.random.default_rng(43)
+    for _ in range(60):
+        s, r, p, stride, dil, before = _random_packing_geometry(rng, False)
+        n, cg, n0 = 3, 3, int(rng.integers(0, 2))
+        c = groups * cg
+        nb = int(rng.integers(1, n - n0 + 1))
+        q0 = int(rng.integers(0, p[0] * p[1]))
+        q1 = int(rng.integers(q0 + 1, p[0] * p[1] + 1))
+        index = _window_index(s, r, p, stride, dil, before, q0, q1)   # (taps, positions)
+        taps, positions = index.shape
+        dcol = rng.standard_normal((nb * positions, groups, taps, cg))
+        dx = rng.standard_normal((n,) + tuple(s) + (c,))
+        expected = np.concatenate([dx.reshape(n, -1, c), np.zeros((n, 1, c))], axis=1)
+        for b in range(nb):
+            rows = dcol[b * positions:(b + 1) * positions]          # (positions, G, t, cg)
+            for g in range(groups):
+                for ch in range(cg):
+                    np.add.at(expected[n0 + b, :, g * cg + ch], index.reshape(-1),
+                              rows[:, g, :, ch].T.reshape(-1))
+        args = tuple(np.array(v, np.int64) for v in (s, r, p, stride, dil, before))
+        col2im_cl(dcol, dx, n0, q0, q1, groups, *args)
+        np.testing.assert_allclose(dx.reshape(n, -1, c), expected[:, :-1], rtol=1e-12,
+                                   atol=1e-12)
+
+
 def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     """Tiles shared out among threads, or run one after another, are summed in the same
     fixed order (slots chosen by the shape alone)."""

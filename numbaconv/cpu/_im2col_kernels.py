@@ -486,41 +486,64 @@ def col2im_cf(dcol, dx, n0, q0, q1, s, r, p, stride, dil, before):
 
 @parallel_jit
 def col2im_cl(dcol, dx, n0, q0, q1, groups, s, r, p, stride, dil, before):
-    """dx[n, i0, i1, :, :] += packed values (dcol as im2col_cl); parallel over input rows."""
+    """dx[n, i0, i1, :, :] += packed values (dcol as im2col_cl); parallel over input rows.
+
+    A packed row holds its window's taps (g, t, c): with one group and no dilation along
+    rows, the r2 taps of one (t0, t1) are r2 * C adjacent values, and they add into r2
+    adjacent pixels of dx, one contiguous run per window (clipped at the row's ends);
+    otherwise a run of Cg values per tap. Flat unsigned indices and tables of the rows'
+    geometry, as col2im_cf (a loop over a 3-channel stem's values, indexed in 5D, took 3.5
+    times the product's time)."""
     c_total = dx.shape[4]
     cg = c_total // groups
     nrows = q1 - q0
     nb = dcol.shape[0] // (nrows * p[2])
+    taps = r[0] * r[1] * r[2]
+    width = groups * taps * cg                  # a packed row
+    src = dcol.reshape(-1)
+    dst = dx.reshape(-1)
+    p0_of = _window_rows(s[0], r[0], stride[0], dil[0], before[0], p[0])
+    p1_of = _window_rows(s[1], r[1], stride[1], dil[1], before[1], p[1])
+    lo2s = np.empty(r[2], np.int64)
+    hi2s = np.empty(r[2], np.int64)
+    for t2 in range(r[2]):
+        lo2s[t2], hi2s[t2] = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
+    runs = groups == 1 and dil[2] == 1
     for job in prange(nb * s[0] * s[1]):
         i1 = job % s[1]
         rest = job // s[1]
         i0 = rest % s[0]
         b = rest // s[0]
-        n = n0 + b
+        line = (((n0 + b) * s[0] + i0) * s[1] + i1) * s[2] * c_total
         for t0 in range(r[0]):
-            num0 = i0 + before[0] - t0 * dil[0]
-            if num0 < 0 or num0 % stride[0] != 0:
-                continue
-            p0 = num0 // stride[0]
-            if p0 >= p[0]:
+            p0 = p0_of[i0, t0]
+            if p0 < 0:
                 continue
             for t1 in range(r[1]):
-                num1 = i1 + before[1] - t1 * dil[1]
-                if num1 < 0 or num1 % stride[1] != 0:
-                    continue
-                p1 = num1 // stride[1]
-                if p1 >= p[1]:
-                    continue
+                p1 = p1_of[i1, t1]
                 q = p0 * p[1] + p1
-                if q < q0 or q >= q1:
+                if p1 < 0 or q < q0 or q >= q1:
                     continue
                 mrow = (b * nrows + q - q0) * p[2]
+                tap_row = (t0 * r[1] + t1) * r[2]
+                if runs:
+                    for p2 in range(p[2]):
+                        first = p2 * stride[2] - before[2]          # the pixel of tap 0
+                        ta = max(0, -first)
+                        tb = min(r[2], s[2] - first)
+                        if ta >= tb:
+                            continue
+                        fs = uint64((mrow + p2) * width + (tap_row + ta) * cg)
+                        fd = uint64(line + (first + ta) * c_total)
+                        for k in range(uint64((tb - ta) * c_total)):
+                            dst[fd + k] += src[fs + k]
+                    continue
                 for t2 in range(r[2]):
-                    t = (t0 * r[1] + t1) * r[2] + t2
-                    lo2, hi2 = _valid(s[2], stride[2], dil[2], before[2], t2, p[2])
                     offset = t2 * dil[2] - before[2]
-                    for p2 in range(lo2, hi2):
+                    for p2 in range(lo2s[t2], hi2s[t2]):
                         i2 = p2 * stride[2] + offset
                         for g in range(groups):
-                            for c in range(cg):
-                                dx[n, i0, i1, i2, g * cg + c] += dcol[mrow + p2, g, t, c]
+                            fs = uint64((mrow + p2) * width + (g * taps + tap_row + t2) * cg)
+                            fd = uint64(line + i2 * c_total + g * cg)
+                            for c in range(uint64(cg)):
+                                dst[fd + c] += src[fs + c]
