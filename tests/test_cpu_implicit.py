@@ -359,6 +359,43 @@ def test_the_same_dw_bit_for_bit_on_one_thread_or_two():
     assert np.array_equal(first, _implicit(x, dy, w_shape, **kw))
 
 
+def test_without_avx512_thin_products_take_implicit(monkeypatch):
+    """AVX2's rules: weight gradients of narrow rows with at most 64 channels, and stride-1
+    data gradients into 16 float32 channels from at most 32 (before winograd), take
+    implicit; wider channels, 8 outputs, float64 or a deeper dy do not."""
+    from numbaconv.cpu import _heuristics
+    backend = dispatch.get_backend("cpu")
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: False)
+
+    def weight(n, c, k, size, dtype="float32", **kw):
+        x = np.zeros((n, c, size, size), dtype)
+        dy = np.zeros(nc.conv_output_shape(x.shape, (k, c, 3, 3), **kw), dtype)
+        problem = pb.conv_backward_weight_problem(x, dy, (k, c, 3, 3), **kw)
+        return backend.choose("conv_backward_weight", problem)[0]
+
+    def data(n, c, k, size, dtype="float32", layout="channels_first"):
+        shape = (n, c, size, size) if layout == "channels_first" else (n, size, size, c)
+        dy = np.zeros(shape[:1] + ((k,) + shape[2:] if layout == "channels_first"
+                                   else shape[1:-1] + (k,)), dtype)
+        problem = pb.conv_backward_data_problem(dy, np.zeros((k, c, 3, 3), dtype), shape,
+                                                padding=1, layout=layout)
+        return backend.choose("conv_backward_data", problem)[0]
+
+    assert weight(32, 16, 32, 14, padding=1) == "implicit"
+    assert weight(32, 64, 16, 14, stride=2, padding=1) == "implicit"
+    assert weight(32, 128, 32, 7, padding=1) == "im2col"
+    assert weight(32, 64, 64, 8, padding=1) == "winograd"      # winograd's, as before
+    for layout in ("channels_first", "channels_last"):
+        assert data(64, 16, 32, 14, layout=layout) == "implicit"
+        assert data(32, 16, 16, 8, layout=layout) == "implicit"
+    assert data(64, 16, 64, 14) == "winograd"
+    assert data(64, 8, 16, 28) == "im2col"
+    assert data(64, 16, 32, 14, "float64") == "winograd"
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
+    assert weight(32, 16, 32, 14, padding=1) == "im2col"
+    assert data(64, 16, 32, 14) == "winograd"
+
+
 def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     from numbaconv.cpu import _heuristics
     backend = dispatch.get_backend("cpu")

@@ -19,6 +19,9 @@ from ..backend import DIRECT_MAX_CHANNELS_PER_GROUP
 #: ``implicit`` needs output rows (y's, dx's; for the weight gradient, its products' depth) of
 #: at least this many pixels: shorter products lose to im2col + BLAS.
 IMPLICIT_MIN_WIDTH = 16
+#: ...except, without AVX-512, a weight gradient whose input and output channels are all at
+#: most this many: BLAS multiplies matrices that thin more slowly still (at 128 they tie).
+IMPLICIT_NARROW_MAX_CHANNELS = 64
 #: Channels-last weight gradients with a stride along the rows take ``implicit`` only for
 #: windows of at most this many values per tap row (KW * C): longer runs pack fast enough.
 IMPLICIT_MAX_RUN = 32
@@ -38,6 +41,12 @@ IMPLICIT_OUTPUT_BLOCK = 64
 IMPLICIT_PHASED_MAX_DEPTH = 64
 IMPLICIT_PHASED_MIN_OUTPUTS = 16
 IMPLICIT_PHASED_MIN_PIXELS = 2**14
+#: Without AVX-512, a float32 stride-1 data gradient into exactly this many channels (one
+#: column of the micro-kernel's 16-wide tiles) from dy of at most IMPLICIT_THIN_MAX_DEPTH
+#: runs ``implicit``, before ``winograd``: winograd's and im2col's BLAS products are that
+#: thin, and slower (into 8 channels, or from 64, winograd wins).
+IMPLICIT_THIN_OUTPUTS = 16
+IMPLICIT_THIN_MAX_DEPTH = 32
 
 # --- winograd ------------------------------------------------------------------------------
 #: ``winograd`` (forward and data gradient) needs this many input and output channels (of the
@@ -87,9 +96,21 @@ def direct_applies(problem) -> bool:
         problem.in_channels // problem.groups <= DIRECT_MAX_CHANNELS_PER_GROUP
 
 
+def thin_data_gradient(op, problem) -> bool:
+    """A stride-1 data gradient (or transposed convolution) into IMPLICIT_THIN_OUTPUTS
+    float32 channels from at most IMPLICIT_THIN_MAX_DEPTH, without AVX-512: ``implicit``'s,
+    whatever the rows' width."""
+    return (op in ("conv_backward_data", "conv_transpose") and problem.groups == 1
+            and problem.dtype == "float32" and all(s == 1 for s in problem.stride)
+            and problem.in_channels == IMPLICIT_THIN_OUTPUTS
+            and problem.out_channels <= IMPLICIT_THIN_MAX_DEPTH
+            and (problem.channels_last or problem.out_channels >= IMPLICIT_MIN_CHANNELS_FIRST)
+            and not wide_registers())
+
+
 def winograd_reason(op, problem) -> Optional[str]:
     """Why ``winograd`` is the choice for this problem, or None where it is not."""
-    if not winograd_applies(op, problem):
+    if not winograd_applies(op, problem) or thin_data_gradient(op, problem):
         return None
     sizes = problem.input_size if op in ("conv_backward_data", "conv_transpose") \
         else problem.output_size
@@ -140,7 +161,12 @@ def implicit_reason(op, problem) -> Optional[str]:
         width = problem.output_size[-1]           # the products' depth
         run = problem.kernel_size[-1] * problem.in_channels
         if width < IMPLICIT_MIN_WIDTH:
-            return None
+            channels = max(problem.in_channels, problem.out_channels)
+            if channels > IMPLICIT_NARROW_MAX_CHANNELS or wide_registers():
+                return None
+            return (f"one group, output rows of {width} pixels and at most {channels} "
+                    f"channels: windows read in place by numbaconv's micro-kernel, no "
+                    f"im2col matrix (BLAS is slow on matrices this thin)")
         if not problem.channels_last:
             why = "channels-first"
         elif problem.stride[-1] == 1:
@@ -162,6 +188,10 @@ def implicit_reason(op, problem) -> Optional[str]:
         return (f"one group, channels-last, stride {tuple(problem.stride)}, {depth} channels "
                 f"of dy: by stride phases, dy's rows read in place by numbaconv's "
                 f"micro-kernel, no col2im")
+    if thin_data_gradient(op, problem):
+        return (f"stride 1, one group, {problem.in_channels} float32 channels of dx (one "
+                f"column of micro-kernel tiles; BLAS is slow on products that thin): windows "
+                f"of dy read in place by numbaconv's micro-kernel, no im2col matrix")
     # The forward form's output rows and input channels: y's and x's, or for the data
     # gradient dx's and dy's.
     width, channels, outputs = \
