@@ -361,8 +361,8 @@ def test_the_same_dw_bit_for_bit_on_one_thread_or_two():
 
 def test_without_avx512_thin_products_take_implicit(monkeypatch):
     """AVX2's rules: weight gradients of narrow rows with at most 64 channels, and stride-1
-    data gradients into 16 float32 channels from at most 32 (before winograd), take
-    implicit; wider channels, 8 outputs, float64 or a deeper dy do not."""
+    data gradients and forwards into 16 float32 channels from at most 32 (before winograd),
+    take implicit; wider channels, 8 outputs, float64 or a deeper input do not."""
     from numbaconv.cpu import _heuristics
     backend = dispatch.get_backend("cpu")
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: False)
@@ -391,6 +391,10 @@ def test_without_avx512_thin_products_take_implicit(monkeypatch):
     assert data(64, 16, 64, 14) == "winograd"
     assert data(64, 8, 16, 28) == "im2col"
     assert data(64, 16, 32, 14, "float64") == "winograd"
+    for c, k, want in ((32, 16, "implicit"), (16, 32, "winograd")):       # the forward
+        problem = pb.conv_problem(np.zeros((64, c, 14, 14), np.float32),
+                                  np.zeros((k, c, 3, 3), np.float32), None, padding=1)
+        assert backend.choose("conv", problem)[0] == want
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
     assert weight(32, 16, 32, 14, padding=1) == "im2col"
     assert data(64, 16, 32, 14) == "winograd"

@@ -41,10 +41,10 @@ IMPLICIT_OUTPUT_BLOCK = 64
 IMPLICIT_PHASED_MAX_DEPTH = 64
 IMPLICIT_PHASED_MIN_OUTPUTS = 16
 IMPLICIT_PHASED_MIN_PIXELS = 2**14
-#: Without AVX-512, a float32 stride-1 data gradient into exactly this many channels (one
-#: column of the micro-kernel's 16-wide tiles) from dy of at most IMPLICIT_THIN_MAX_DEPTH
-#: runs ``implicit``, before ``winograd``: winograd's and im2col's BLAS products are that
-#: thin, and slower (into 8 channels, or from 64, winograd wins).
+#: Without AVX-512, a float32 stride-1 data gradient or forward into exactly this many
+#: channels (one column of the micro-kernel's 16-wide tiles) from at most
+#: IMPLICIT_THIN_MAX_DEPTH runs ``implicit``, before ``winograd``: winograd's and im2col's
+#: BLAS products are that thin, and slower (into 8 channels, or from 64, winograd wins).
 IMPLICIT_THIN_OUTPUTS = 16
 IMPLICIT_THIN_MAX_DEPTH = 32
 
@@ -96,21 +96,26 @@ def direct_applies(problem) -> bool:
         problem.in_channels // problem.groups <= DIRECT_MAX_CHANNELS_PER_GROUP
 
 
-def thin_data_gradient(op, problem) -> bool:
-    """A stride-1 data gradient (or transposed convolution) into IMPLICIT_THIN_OUTPUTS
-    float32 channels from at most IMPLICIT_THIN_MAX_DEPTH, without AVX-512: ``implicit``'s,
-    whatever the rows' width."""
-    return (op in ("conv_backward_data", "conv_transpose") and problem.groups == 1
-            and problem.dtype == "float32" and all(s == 1 for s in problem.stride)
-            and problem.in_channels == IMPLICIT_THIN_OUTPUTS
-            and problem.out_channels <= IMPLICIT_THIN_MAX_DEPTH
-            and (problem.channels_last or problem.out_channels >= IMPLICIT_MIN_CHANNELS_FIRST)
+def thin_products(op, problem) -> bool:
+    """A stride-1 forward or data gradient (or transposed convolution) into
+    IMPLICIT_THIN_OUTPUTS float32 channels (y's, dx's) from at most IMPLICIT_THIN_MAX_DEPTH
+    (x's, dy's), without AVX-512: ``implicit``'s, whatever the rows' width."""
+    if op == "conv":
+        depth, outputs = problem.in_channels, problem.out_channels
+    elif op in ("conv_backward_data", "conv_transpose"):
+        depth, outputs = problem.out_channels, problem.in_channels
+    else:
+        return False
+    return (problem.groups == 1 and problem.dtype == "float32"
+            and all(s == 1 for s in problem.stride) and outputs == IMPLICIT_THIN_OUTPUTS
+            and depth <= IMPLICIT_THIN_MAX_DEPTH
+            and (problem.channels_last or depth >= IMPLICIT_MIN_CHANNELS_FIRST)
             and not wide_registers())
 
 
 def winograd_reason(op, problem) -> Optional[str]:
     """Why ``winograd`` is the choice for this problem, or None where it is not."""
-    if not winograd_applies(op, problem) or thin_data_gradient(op, problem):
+    if not winograd_applies(op, problem) or thin_products(op, problem):
         return None
     sizes = problem.input_size if op in ("conv_backward_data", "conv_transpose") \
         else problem.output_size
@@ -188,10 +193,10 @@ def implicit_reason(op, problem) -> Optional[str]:
         return (f"one group, channels-last, stride {tuple(problem.stride)}, {depth} channels "
                 f"of dy: by stride phases, dy's rows read in place by numbaconv's "
                 f"micro-kernel, no col2im")
-    if thin_data_gradient(op, problem):
-        return (f"stride 1, one group, {problem.in_channels} float32 channels of dx (one "
+    if thin_products(op, problem):
+        return (f"stride 1, one group, {IMPLICIT_THIN_OUTPUTS} float32 output channels (one "
                 f"column of micro-kernel tiles; BLAS is slow on products that thin): windows "
-                f"of dy read in place by numbaconv's micro-kernel, no im2col matrix")
+                f"read in place by numbaconv's micro-kernel, no im2col matrix")
     # The forward form's output rows and input channels: y's and x's, or for the data
     # gradient dx's and dy's.
     width, channels, outputs = \
