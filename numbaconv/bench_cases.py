@@ -19,13 +19,13 @@ from .testing import ConvCase, case_arrays
 PYTORCH = "pytorch"
 
 #: The groups of :data:`SHAPES`, in the order the summary lists them.
-GROUPS = ("resnet3x3", "pointwise", "depthwise", "stem", "conv1d", "conv3d")
+GROUPS = ("resnet3x3", "pointwise", "depthwise", "stem", "conv1d", "conv3d", "small")
 
 #: The targets per group (issue 29): the geometric mean, over the group's shapes and both
 #: layouts, of PyTorch's time over numbaconv's, for each op of :data:`TARGET_OPS`. None
 #: would mean a group measured and summarised without a target.
 GROUP_TARGETS = {"resnet3x3": 1.0, "pointwise": 1.0, "depthwise": 1.5, "stem": 1.0,
-                 "conv1d": 1.0, "conv3d": 1.0}
+                 "conv1d": 1.0, "conv3d": 1.0, "small": None}
 
 #: The ops the targets apply to (the data and weight gradients).
 TARGET_OPS = ("conv_backward_data", "conv_backward_weight")
@@ -85,6 +85,19 @@ SHAPES = (
               group="conv3d"),
     BenchCase("conv3d_3x3x3s2_32c_16x56", (2, 32, 16, 56, 56), (32, 32, 3, 3, 3), stride=2,
               padding=1, output_padding=1, group="conv3d"),
+    # Small networks, as users who train in plain NumPy often do: CIFAR-10's ResNet-20 (16,
+    # 32 and 64 channels at 32x32, 16x16, 8x8, a stride-2 transition) and an MNIST CNN's
+    # second layer, at their training batch sizes.
+    BenchCase("cifar_resnet_16c_32", (128, 16, 32, 32), (16, 16, 3, 3), padding=1,
+              group="small"),
+    BenchCase("cifar_resnet_32c_16", (128, 32, 16, 16), (32, 32, 3, 3), padding=1,
+              group="small"),
+    BenchCase("cifar_resnet_64c_8", (128, 64, 8, 8), (64, 64, 3, 3), padding=1,
+              group="small"),
+    BenchCase("cifar_resnet_s2_16to32_32", (128, 16, 32, 32), (32, 16, 3, 3), stride=2,
+              padding=1, output_padding=1, group="small"),
+    BenchCase("mnist_16to32_14", (64, 16, 14, 14), (32, 16, 3, 3), padding=1,
+              group="small"),
 )
 
 #: The same kinds of layer shrunk so that every op on every backend, the slow reference
@@ -103,6 +116,7 @@ QUICK_SHAPES = (
     BenchCase("conv1d_k5_16c_64", (2, 16, 64), (16, 16, 5), padding=2, group="conv1d"),
     BenchCase("conv3d_3x3x3_8c_6x8", (2, 8, 6, 8, 8), (8, 8, 3, 3, 3), padding=1,
               group="conv3d"),
+    BenchCase("small_16to32_8", (4, 16, 8, 8), (32, 16, 3, 3), padding=1, group="small"),
 )
 
 

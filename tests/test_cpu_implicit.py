@@ -449,10 +449,11 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert forward((1, 16, 20, 20), (64, 16, 3, 3), padding=1) == "im2col"
     assert data((1, 64, 20, 20), (32, 64, 3, 3), padding=1) == "im2col"
     assert choice((1, 20, 20, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"
-    # ... and channels-last strided weight gradients take it with 64 input channels or more.
+    # ... and channels-last strided weight gradients take it with 16 input channels or more.
     algorithm, reason = choice((1, 40, 40, 64), (32, 64, 3, 3), stride=2, padding=1)
     assert algorithm == "implicit" and "64 input channels" in reason
-    assert choice((1, 40, 40, 32), (32, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
+    assert choice((1, 40, 40, 16), (32, 16, 3, 3), stride=2, padding=1)[0] == "implicit"
+    assert choice((1, 40, 40, 12), (32, 12, 3, 3), stride=2, padding=1)[0] == "im2col"
 
 
 BOUNDSCHECK = background.boundscheck(

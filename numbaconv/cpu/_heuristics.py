@@ -27,7 +27,7 @@ IMPLICIT_NARROW_MAX_CHANNELS = 64
 IMPLICIT_MAX_RUN = 32
 #: Without AVX-512, channels-last strided weight gradients with longer runs take ``implicit``
 #: from this many input channels (with AVX-512 they lose to im2col).
-IMPLICIT_STRIDED_MIN_CHANNELS = 64
+IMPLICIT_STRIDED_MIN_CHANNELS = 16
 #: The channels-first ``implicit`` forward and data gradient need this many input channels:
 #: fewer leave the micro-kernel's register transposes to a scalar loop.
 IMPLICIT_MIN_CHANNELS_FIRST = 16
