@@ -498,6 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the slow reference backend on the big shapes")
     p.add_argument("--op", action="append", choices=_conv_ops(), metavar="OP",
                    help="time only this op (repeatable)")
+    p.add_argument("--group", action="append", metavar="GROUP",
+                   help="time only this group of shapes (repeatable): resnet3x3, pointwise, "
+                        "depthwise, stem, conv1d, conv3d or small; the convolutions on the "
+                        "CPU")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--layout", choices=("channels_first", "channels_last", "both"),
                    help="layout(s) to time (default: both; channels_first with --quick or "

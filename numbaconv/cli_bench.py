@@ -95,7 +95,7 @@ CUDA_BENCH_OPTIONS = ("sim", "case", "tolerance", "budget", "warmup", "no_flush"
 
 #: ``bench`` options that ``--device cuda`` does not read.
 CPU_BENCH_OPTIONS = ("backend", "include_reference", "threads", "no_torch", "first_call",
-                     "plot", "in_process", "rounds")
+                     "plot", "in_process", "rounds", "group")
 
 
 def cmd_bench(args) -> int:
@@ -130,6 +130,15 @@ def cmd_bench(args) -> int:
                file=sys.stderr)
         return USAGE_ERROR
     rounds = args.rounds or 1
+    if args.group and (args.first_call or args.suite == "rnn"):
+        _print("numbaconv bench: error: --group applies to the convolutions' shapes (not "
+               "--first-call or --suite rnn)", file=sys.stderr)
+        return USAGE_ERROR
+    unknown = sorted(set(args.group or ()) - set(bench.GROUPS))
+    if unknown:
+        _print(f"numbaconv bench: error: --group: unknown group(s) {unknown}; the groups: "
+               f"{', '.join(bench.GROUPS)}", file=sys.stderr)
+        return USAGE_ERROR
     if args.first_call:
         return _first_call(args, bench, names if args.backend else ["cpu"])
     if args.suite == "rnn":
@@ -143,6 +152,8 @@ def cmd_bench(args) -> int:
             _print(f"numbaconv bench: error: --plot: {exc}", file=sys.stderr)
             return 1
     shapes = bench.QUICK_SHAPES if args.quick else bench.SHAPES
+    if args.group:
+        shapes = tuple(c for c in shapes if bench.group_of(c) in args.group)
     repeat = args.repeat or (3 if args.quick else 7)
     layout = args.layout or ("channels_first" if args.quick else "both")
     layouts = bench.resolve_layouts(layout)
@@ -303,7 +314,7 @@ def cmd_bench(args) -> int:
                       layout=layout, layouts=list(layouts),
                       torch=torch_version, environment=env,
                       engines="in-process" if args.in_process else "processes",
-                      rounds=rounds,
+                      rounds=rounds, groups=list(dict.fromkeys(args.group or ())) or None,
                       processes=processes or None,
                       blas=blas, warnings=warnings, plot=args.plot if plotted else None,
                       gemm_peak=peak, shapes=[_case_dict(c) for c in shapes],

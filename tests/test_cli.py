@@ -200,6 +200,23 @@ def test_bench_single_layout_channels_last(capsys, tmp_path):
     assert {r["layout"] for r in record["results"]} == {"channels_last"}
 
 
+def test_bench_times_only_the_groups_asked_for(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    status, out, _ = run_cli(capsys, "bench", "--quick", "--no-torch", "--group", "small",
+                             "--group", "conv1d", "--backend", "reference", "--op",
+                             "conv_backward_bias", "--repeat", "1", "--settle", "0",
+                             "--json", str(path))
+    assert status == 0, out
+    record = json.loads(path.read_text())
+    assert record["groups"] == ["small", "conv1d"]
+    assert {s["group"] for s in record["shapes"]} == {"small", "conv1d"}
+    assert {r["group"] for r in record["results"]} == {"small", "conv1d"}
+    status, _, err = run_cli(capsys, "bench", "--group", "resnet")
+    assert status == 2 and "unknown group(s) ['resnet']" in err
+    status, _, err = run_cli(capsys, "bench", "--suite", "rnn", "--group", "small")
+    assert status == 2 and "--group applies" in err
+
+
 def test_summarize_geometric_means_and_targets():
     def row(shape, group, op, backend, ratio, layout="channels_first"):
         return bench.Row(shape, op, backend, layout, "float32", "ok", median_s=1.0,

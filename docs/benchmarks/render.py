@@ -151,6 +151,7 @@ def conv_command(record: dict, path: str) -> str:
     ops = list(dict.fromkeys(r["op"] for r in results))
     if ops and len(ops) < len(CONV_OPS):
         args += [a for op in ops for a in ("--op", op)]
+    args += [a for group in record.get("groups") or () for a in ("--group", group)]
     if record.get("engines") == "in-process":
         args.append("--in-process")
     if (record.get("rounds") or 1) > 1:
