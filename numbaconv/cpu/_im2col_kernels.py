@@ -492,8 +492,8 @@ def col2im_cl(dcol, dx, n0, q0, q1, groups, s, r, p, stride, dil, before):
     rows, the r2 taps of one (t0, t1) are r2 * C adjacent values, and they add into r2
     adjacent pixels of dx, one contiguous run per window (clipped at the row's ends);
     otherwise a run of Cg values per tap. Flat unsigned indices and tables of the rows'
-    geometry, as col2im_cf (a loop over a 3-channel stem's values, indexed in 5D, took 3.5
-    times the product's time)."""
+    geometry, as col2im_cf: per-value 5D indexing left few channels (the stem's 3) to a
+    scalar loop (figures: docs/cpu-algorithms.md, ``im2col``)."""
     c_total = dx.shape[4]
     cg = c_total // groups
     nrows = q1 - q0
