@@ -56,6 +56,7 @@ not from ``problem.padding``, whose ``after`` part only determined ``output_size
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -168,5 +169,6 @@ def run_op(package: str, op: str, problem, operands: tuple, out, algorithm: str)
     """Run ``op`` by the op module of the backend package ``package`` (a module name), as
     :data:`OP_MODULES` files it; the module is imported on first use."""
     module_name, function = OP_MODULES[op]
-    module = importlib.import_module(f"{package}.{module_name}")
+    name = f"{package}.{module_name}"
+    module = sys.modules.get(name) or importlib.import_module(name)
     return getattr(module, function)(problem, operands, out, algorithm)

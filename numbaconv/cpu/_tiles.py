@@ -234,7 +234,9 @@ def _numba_counts() -> tuple:
 class on_threads:
     """Numba's thread count for the calling thread (its parallel regions, and how many tile
     workers its calls use) set to ``threads`` meanwhile, and NumPy's BLAS held to one thread
-    when ``threads`` is 1 (see :func:`blas_single_threaded`).
+    when ``threads`` is 1 (see :func:`blas_single_threaded`), unless ``blas`` is False: the
+    call runs no BLAS product. Holding it costs the pair of OpenBLAS thread-count changes,
+    several microseconds in a call (docs/configuration.md, "Busy machines").
 
     A plain class rather than a generator-based manager, which costs more to enter and
     leave: every call on a busy machine passes through it, the smallest ones included.
@@ -242,14 +244,14 @@ class on_threads:
 
     __slots__ = ("threads", "previous", "blas")
 
-    def __init__(self, threads: int):
-        self.threads, self.previous, self.blas = threads, 0, False
+    def __init__(self, threads: int, blas: bool = True):
+        self.threads, self.previous, self.blas = threads, 0, blas
 
     def __enter__(self):
-        self.previous = numba_threads()
-        set_numba_threads(self.threads)
-        if self.threads == 1:
-            self.blas = _hold_blas()
+        get, set_ = _numba_counts()
+        self.previous = get()
+        set_(self.threads)
+        self.blas = self.blas and self.threads == 1 and _hold_blas()
         return self
 
     def __exit__(self, *exc_info):
@@ -257,7 +259,7 @@ class on_threads:
             if self.blas:
                 _release_blas()
         finally:
-            set_numba_threads(self.previous)
+            _numba_counts()[1](self.previous)
 
 
 @functools.lru_cache(maxsize=1)
