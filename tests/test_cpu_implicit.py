@@ -154,12 +154,13 @@ def _check_data_gradient(x, dy, w, kw, dtype):
         assert relative_error(out, expected + (1 if accumulate else 0)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", STRIDED, ids=[c[0] for c in STRIDED])
-def test_implicit_strided_data_gradient_matches_the_reference(case, dtype):
-    """Channels-last, by stride phases: written over NaN, accumulated, and the transposed
-    convolution."""
-    x, dy, w_shape, kw = _arrays(case, dtype)
+def test_implicit_strided_data_gradient_matches_the_reference(case, dtype, layout):
+    """By stride phases (channels-first through channels-last copies): written over NaN,
+    accumulated, and the transposed convolution."""
+    x, dy, w_shape, kw = _arrays(case, dtype, layout=layout)
     w = np.random.default_rng(5).standard_normal(w_shape).astype(dtype)
     _check_data_gradient(x, dy, w, kw, dtype)
     backend = dispatch.get_backend("cpu")
@@ -192,9 +193,10 @@ def test_a_phases_neighbouring_row_taps_are_one_product():
 
 def _output_padding(x, dy, w, kw):
     """The transposed convolution's output_padding that gives back x's shape."""
+    spatial = slice(1, -1) if kw.get("layout") == "channels_last" else slice(2, None)
     with nc.use_backend("reference"):
-        plain = nc.conv_transpose(dy, w, None, **kw).shape[1:-1]
-    return tuple(a - b for a, b in zip(x.shape[1:-1], plain))
+        plain = nc.conv_transpose(dy, w, None, **kw).shape[spatial]
+    return tuple(a - b for a, b in zip(x.shape[spatial], plain))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -217,14 +219,28 @@ def test_strided_data_gradient_with_non_finite_values_like_the_reference():
         assert_non_finite_like(got, want)
 
 
-def test_the_strided_data_gradient_is_channels_last_only():
-    x, dy, w_shape, kw = _arrays(("cf", (1, 4, 8, 8), (3, 3), 2, 1, 1, 5), "float64",
+@pytest.mark.parametrize("images, rows, columns", [(1, 1, 1), (2, 3, 70), (3, 64, 64),
+                                                   (2, 130, 17), (1, 65, 129)])
+def test_images_transpose_by_blocks_moves_every_value_once(images, rows, columns):
+    """Whole blocks and partial ones in both directions, and partial register tiles."""
+    from numbaconv.cpu._implicit import _images_transposed
+    from numbaconv.cpu._microkernel import vector_lanes
+    src = np.arange(images * rows * columns, dtype=np.float32)
+    dst = np.full_like(src, np.nan)
+    _images_transposed(src, dst, images, rows, columns, vector_lanes(src.dtype))
+    want = src.reshape(images, rows, columns).transpose(0, 2, 1).reshape(-1)
+    assert np.array_equal(dst, want)
+
+
+def test_a_grouped_data_gradient_is_not_implicit():
+    x, dy, w_shape, kw = _arrays(("cf", (1, 4, 8, 8), (3, 3), 2, 1, 1, 4), "float64",
                                  layout="channels_first")
+    w_shape = (4, 2, 3, 3)
     w = np.zeros(w_shape)
-    problem = pb.conv_backward_data_problem(dy, w, x.shape, **kw)
+    problem = pb.conv_backward_data_problem(dy, w, x.shape, groups=2, **kw)
     backend = dispatch.get_backend("cpu")
     assert "implicit" not in backend.algorithms("conv_backward_data", problem)
-    with pytest.raises(ValueError, match="channels-last with a stride"):
+    with pytest.raises(ValueError, match="one group"):
         backend.run("conv_backward_data", problem, (dy, w), None, "implicit")
 
 
@@ -249,9 +265,16 @@ def test_the_heuristic_picks_stride_phases_for_shallow_strided_data_gradients():
                              ((8, 56, 56, 32), (32, 32, 1, 1))):       # one tap
         assert choice(x_shape, w_shape, stride=2, padding=1 if w_shape[-1] == 3 else 0)[0] \
             != "implicit", (x_shape, w_shape)
-    x_cf = (8, 32, 56, 56)
-    assert choice(x_cf, (32, 32, 3, 3), layout="channels_first", stride=2, padding=1)[0] != \
-        "implicit"
+    # Channels-first likewise, for kernels of IMPLICIT_PHASED_CF_MIN_TAPS taps or more.
+    algorithm, why = choice((8, 32, 56, 56), (32, 32, 3, 3), layout="channels_first",
+                            stride=2, padding=1)
+    assert algorithm == "implicit" and "channels-first (9 taps" in why
+    assert choice((2, 16, 16, 56, 56), (16, 16, 3, 3, 3), layout="channels_first",
+                  stride=2, padding=1)[0] == "implicit"
+    for x_shape, w_shape in (((16, 64, 1024), (64, 64, 5)),             # five taps
+                             ((8, 256, 28, 28), (256, 256, 3, 3))):     # deep dy
+        assert choice(x_shape, w_shape, layout="channels_first", stride=2,
+                      padding=1)[0] != "implicit", (x_shape, w_shape)
 
 
 def test_short_runs_take_seven_row_tiles_where_they_pad_less():
@@ -471,7 +494,8 @@ BOUNDSCHECK = background.boundscheck(
     "    for c in STRIDE_1:\n"
     "        fwd(c, 'float64', layout)\n"
     "for c in STRIDED:\n"
-    "    strided(c, 'float64')\n")
+    "    for layout in ('channels_last', 'channels_first'):\n"
+    "        strided(c, 'float64', layout)\n")
 
 
 @BOUNDSCHECK.mark

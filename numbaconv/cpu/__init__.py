@@ -26,10 +26,10 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     window features deep. Chosen for rows of at least ``IMPLICIT_MIN_WIDTH`` pixels, with
     the conditions given there (:mod:`._heuristics`), and without AVX-512 for the products
     too thin for BLAS of small layers (``IMPLICIT_NARROW_MAX_CHANNELS``,
-    ``IMPLICIT_THIN_OUTPUTS``). The channels-last data gradient with a stride runs by stride
-    phases: each tap's product of dy's pixels (read in place) by its weights is written
-    straight into the dx pixels of its phase, no col2im
-    (``_heuristics.IMPLICIT_PHASED_MAX_DEPTH``).
+    ``IMPLICIT_THIN_OUTPUTS``). The data gradient with a stride runs by stride phases: each
+    tap's product of dy's pixels (read in place) by its weights is written straight into the
+    dx pixels of its phase, no col2im (``_heuristics.IMPLICIT_PHASED_MAX_DEPTH``);
+    channels-first through channels-last copies of dy and dx.
 ``winograd``
     2D 3x3 kernels with stride and dilation 1, one group: the forward, the data gradient and
     the weight gradient by Winograd F(2x2, 3x3) (:mod:`._winograd`): per 2x2 output tile,

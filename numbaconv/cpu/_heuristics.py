@@ -41,6 +41,10 @@ IMPLICIT_OUTPUT_BLOCK = 64
 IMPLICIT_PHASED_MAX_DEPTH = 64
 IMPLICIT_PHASED_MIN_OUTPUTS = 16
 IMPLICIT_PHASED_MIN_PIXELS = 2**14
+#: Channels-first, the same through channels-last copies of dy and dx, for kernels of at
+#: least this many taps (2D 3x3 and larger, 3D): the copies cost as much as a short
+#: product (1D kernels of 3, 5 and 9 taps lost or tied against col2im).
+IMPLICIT_PHASED_CF_MIN_TAPS = 9
 #: Without AVX-512, a float32 stride-1 data gradient or forward into exactly this many
 #: channels (one column of the micro-kernel's 16-wide tiles) from at most
 #: IMPLICIT_THIN_MAX_DEPTH runs ``implicit``, before ``winograd``: winograd's and im2col's
@@ -65,16 +69,13 @@ WINOGRAD_WGRAD_MIN_TILES = 256
 def implicit_applies(op, problem) -> bool:
     """The ``implicit`` algorithms: one group (a window's features are then runs of one
     input row, channels-last), and stride 1 for the forward; the data gradient (and the
-    transposed convolution) with stride 1, or channels-last with any stride."""
+    transposed convolution) with any stride (by stride phases; channels-first through
+    channels-last copies)."""
     if problem.groups != 1:
         return False
-    if op == "conv_backward_weight":
+    if op in ("conv_backward_weight", "conv_backward_data", "conv_transpose"):
         return True
-    stride_1 = all(s == 1 for s in problem.stride)
-    if op == "conv":
-        return stride_1
-    return op in ("conv_backward_data", "conv_transpose") and \
-        (stride_1 or problem.channels_last)
+    return op == "conv" and all(s == 1 for s in problem.stride)
 
 
 def winograd_applies(op, problem) -> bool:
@@ -187,10 +188,14 @@ def implicit_reason(op, problem) -> Optional[str]:
     if any(s != 1 for s in problem.stride):       # the data gradient by stride phases
         depth, outputs = problem.out_channels, problem.in_channels
         pixels = problem.batch * math.prod(problem.input_size)
+        taps = math.prod(problem.kernel_size)
+        least = 2 if problem.channels_last else IMPLICIT_PHASED_CF_MIN_TAPS
         if depth > IMPLICIT_PHASED_MAX_DEPTH or outputs < IMPLICIT_PHASED_MIN_OUTPUTS or \
-                pixels < IMPLICIT_PHASED_MIN_PIXELS or math.prod(problem.kernel_size) == 1:
+                pixels < IMPLICIT_PHASED_MIN_PIXELS or taps < least:
             return None
-        return (f"one group, channels-last, stride {tuple(problem.stride)}, {depth} channels "
+        layout = ("channels-last" if problem.channels_last else
+                  f"channels-first ({taps} taps; through channels-last copies of dy and dx)")
+        return (f"one group, {layout}, stride {tuple(problem.stride)}, {depth} channels "
                 f"of dy: by stride phases, dy's rows read in place by numbaconv's "
                 f"micro-kernel, no col2im")
     if thin_products(op, problem):

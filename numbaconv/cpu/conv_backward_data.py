@@ -56,14 +56,16 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
             # (and zeroes dx itself unless accumulating).
             _im2col.data_gradient(g, dy, w, dx, accumulate)
     elif algorithm == "implicit":
-        if g.groups != 1 or (g.stride != (1, 1, 1) and not g.channels_last):
-            raise ValueError("algorithm: 'implicit' needs one group, and channels-last with a "
-                             "stride")
+        if g.groups != 1:
+            raise ValueError("algorithm: 'implicit' needs one group")
         if not _tiles.finite(w):                  # see im2col above
             _im2col.data_gradient(g, dy, w, dx, accumulate)
         elif g.stride != (1, 1, 1):
             # By stride phases, dy read in place: dy's zero columns multiply the weights too.
-            _implicit.strided_data_gradient(g, dy, w, dx, accumulate)
+            # Channels-first through channels-last copies of dy and dx.
+            strided = (_implicit.strided_data_gradient if g.channels_last
+                       else _implicit.strided_data_gradient_cf)
+            strided(g, dy, w, dx, accumulate)
         else:
             _implicit.forward(data_gradient_as_forward(g), dy,
                               _tiles.flipped_matrix(g, w, True)[0], dx, accumulate)
