@@ -56,7 +56,6 @@ not from ``problem.padding``, whose ``after`` part only determined ``output_size
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -170,5 +169,12 @@ def run_op(package: str, op: str, problem, operands: tuple, out, algorithm: str)
     :data:`OP_MODULES` files it; the module is imported on first use."""
     module_name, function = OP_MODULES[op]
     name = f"{package}.{module_name}"
-    module = sys.modules.get(name) or importlib.import_module(name)
+    module = _imported.get(name)
+    if module is None:      # not sys.modules: it holds a module while another thread imports it
+        module = _imported[name] = importlib.import_module(name)
     return getattr(module, function)(problem, operands, out, algorithm)
+
+
+#: The op modules :func:`run_op` has imported, by name: ``importlib.import_module`` runs
+#: Python code on every call, several microseconds on the smallest calls.
+_imported: dict = {}

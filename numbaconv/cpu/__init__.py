@@ -56,9 +56,7 @@ kernels see is :mod:`numbaconv._kernel_geometry`, shared with the cuda backend.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import sys
 from typing import Optional
 
 from ..backend import Backend, run_op
@@ -150,8 +148,7 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
         from .conv_backward_bias import runs_in_parallel
         if not runs_in_parallel(operands[0]):
             return run_op(__name__, op, problem, operands, out, algorithm)
-    # Not ``from . import``, which in a package runs importlib's Python code every time.
-    _tiles = sys.modules.get(_TILES) or importlib.import_module(_TILES)
+    _tiles = _tiles_module()
     threads = _load.threads_for_call(_tiles.numba_threads)
     if threads is None:
         return run_op(__name__, op, problem, operands, out, algorithm)
@@ -159,7 +156,17 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
         return run_op(__name__, op, problem, operands, out, algorithm)
 
 
-_TILES = f"{__name__}._tiles"   # imports Numba: on the first call, not with the package
+def _tiles_module():
+    """:mod:`._tiles`, which imports Numba: imported on the first call, not with the package,
+    then kept (``from . import`` runs importlib's Python code on every call)."""
+    global _kept_tiles
+    if _kept_tiles is None:
+        from . import _tiles
+        _kept_tiles = _tiles
+    return _kept_tiles
+
+
+_kept_tiles = None
 
 #: The algorithms that call no NumPy BLAS product (numbaconv's own kernels only): on a busy
 #: machine their calls leave BLAS's thread count alone, which saves setting it twice.
