@@ -178,6 +178,31 @@ def test_row_panels_match_numpy_whatever_the_panels_shared_out(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("height", ["mr", "nr"])
+def test_row_panels_pack_any_strides_like_numpy(dtype, height):
+    """Each of the three packing kernels (unit stride along the rows: register transposes;
+    down the columns, as W_hh.T: copies; neither: element by element) gives the panels of a
+    plain NumPy packing, whole and partial last panels, and a refill over old values leaves
+    the rows past the matrix zero."""
+    rng = np.random.default_rng(9)
+    h = mk.tile_shape(dtype)[0] if height == "mr" else mk.RowPanels.tile_columns(dtype)
+    for rows, depth in ((1, 1), (h, 3), (2 * h + 1, 17), (3 * h - 1, 40)):
+        a = rng.standard_normal((rows, depth)).astype(dtype)
+        count = -(-rows // h)
+        want = np.zeros((count * h, depth), dtype)
+        want[:rows] = a
+        want = want.reshape(count, h, depth).transpose(0, 2, 1)
+        neither = np.zeros((2 * rows, 2 * depth), dtype)[::2, ::2]
+        neither[...] = a
+        views = {"rows": a, "columns": np.asfortranarray(a), "neither": neither}
+        for name, view in views.items():
+            panels = mk.RowPanels(view, height=h)
+            np.testing.assert_array_equal(panels.panels, want, err_msg=(name, rows, depth))
+            panels.refill(view * 2)
+            np.testing.assert_array_equal(panels.panels, want * 2, err_msg=(name, rows, depth))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_panels_product_matches_numpy_whatever_the_panels_shared_out(dtype):
     """States packed in MR-row panels (refilled each step) times weights packed once in
     NR-row panels; a run of the weights' panels gives the same bits as the whole."""
