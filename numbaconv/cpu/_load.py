@@ -35,7 +35,7 @@ MARGIN = 0.5
 
 def adapting() -> bool:
     """``NUMBACONV_ADAPT_THREADS`` (default 1), read on every call (through
-    :data:`numbaconv.config.environ_value`, a sixth of ``os.environ.get``'s cost)."""
+    :data:`numbaconv.config.environ_value`, cheaper than ``os.environ.get``)."""
     raw = environ_value("NUMBACONV_ADAPT_THREADS")
     if raw == "1" or not raw:
         return True
