@@ -168,13 +168,18 @@ def run_op(package: str, op: str, problem, operands: tuple, out, algorithm: str)
     """Run ``op`` by the op module of the backend package ``package`` (a module name), as
     :data:`OP_MODULES` files it; the module is imported on first use."""
     module_name, function = OP_MODULES[op]
-    name = f"{package}.{module_name}"
-    module = _imported.get(name)
-    if module is None:      # not sys.modules: it holds a module while another thread imports it
-        module = _imported[name] = importlib.import_module(name)
+    module = kept_module(f"{package}.{module_name}")
     return getattr(module, function)(problem, operands, out, algorithm)
 
 
-#: The op modules :func:`run_op` has imported, by name: ``importlib.import_module`` runs
-#: Python code on every call, several microseconds on the smallest calls.
-_imported: dict = {}
+def kept_module(name: str):
+    """The module ``name``, imported on first use and then kept: ``importlib.import_module``
+    runs Python code on every call, several microseconds on the smallest calls (and
+    ``sys.modules`` holds a module while another thread is still importing it)."""
+    module = _kept.get(name)
+    if module is None:
+        module = _kept[name] = importlib.import_module(name)
+    return module
+
+
+_kept: dict = {}

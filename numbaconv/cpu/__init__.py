@@ -59,7 +59,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Optional
 
-from ..backend import Backend, run_op
+from ..backend import Backend, kept_module, run_op
 from ..problem import CONV_OPS, RNN_OPS
 from . import _load
 from ._heuristics import (direct_applies, gemm_reason, implicit_applies, implicit_reason,
@@ -148,7 +148,7 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
         from .conv_backward_bias import runs_in_parallel
         if not runs_in_parallel(operands[0]):
             return run_op(__name__, op, problem, operands, out, algorithm)
-    _tiles = _tiles_module()
+    _tiles = kept_module(_TILES)
     threads = _load.threads_for_call(_tiles.numba_threads)
     if threads is None:
         return run_op(__name__, op, problem, operands, out, algorithm)
@@ -156,17 +156,7 @@ def _run_on_fitting_threads(op, problem, operands, out, algorithm):
         return run_op(__name__, op, problem, operands, out, algorithm)
 
 
-def _tiles_module():
-    """:mod:`._tiles`, which imports Numba: imported on the first call, not with the package,
-    then kept (``from . import`` runs importlib's Python code on every call)."""
-    global _kept_tiles
-    if _kept_tiles is None:
-        from . import _tiles
-        _kept_tiles = _tiles
-    return _kept_tiles
-
-
-_kept_tiles = None
+_TILES = f"{__name__}._tiles"   # imports Numba: on the first call, not with the package
 
 #: The algorithms that call no NumPy BLAS product (numbaconv's own kernels only): on a busy
 #: machine their calls leave BLAS's thread count alone, which saves setting it twice.

@@ -152,8 +152,7 @@ def threads_for_call(current: Callable[[], int]) -> Optional[int]:
     """Fewer threads than ``current()`` (the calling thread's count, asked only on a busy
     machine) for the call about to run, when other processes are keeping this process's
     CPUs busy (see the module docstring); None to leave the count alone."""
-    raw = environ_value("NUMBACONV_ADAPT_THREADS")
-    if raw and raw != "1" and not adapting():
+    if not adapting():
         return None
     monitor = _the_monitor()
     if monitor is None:

@@ -248,9 +248,8 @@ class on_threads:
         self.threads, self.previous, self.blas = threads, 0, blas
 
     def __enter__(self):
-        get, set_ = _numba_counts()
-        self.previous = get()
-        set_(self.threads)
+        self.previous = numba_threads()
+        set_numba_threads(self.threads)
         self.blas = self.blas and self.threads == 1 and _hold_blas()
         return self
 
@@ -259,7 +258,7 @@ class on_threads:
             if self.blas:
                 _release_blas()
         finally:
-            _numba_counts()[1](self.previous)
+            set_numba_threads(self.previous)
 
 
 @functools.lru_cache(maxsize=1)
