@@ -244,8 +244,10 @@ def test_a_grouped_data_gradient_is_not_implicit():
         backend.run("conv_backward_data", problem, (dy, w), None, "implicit")
 
 
-def test_the_heuristic_picks_stride_phases_for_shallow_strided_data_gradients():
+def test_the_heuristic_picks_stride_phases_for_shallow_strided_data_gradients(monkeypatch):
+    from numbaconv.cpu import _heuristics
     backend = dispatch.get_backend("cpu")
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: False)     # AVX2's rules
 
     def choice(x_shape, w_shape, layout="channels_last", **kw):
         dy = np.zeros(nc.conv_output_shape(x_shape, w_shape, layout=layout, **kw), np.float32)
@@ -275,6 +277,17 @@ def test_the_heuristic_picks_stride_phases_for_shallow_strided_data_gradients():
                              ((8, 256, 28, 28), (256, 256, 3, 3))):     # deep dy
         assert choice(x_shape, w_shape, layout="channels_first", stride=2,
                       padding=1)[0] != "implicit", (x_shape, w_shape)
+    # With AVX-512, only for dx channels that fill the micro-kernel's 64-wide tiles.
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
+    for layout, x_shape in (("channels_last", (8, 56, 56, 64)),
+                            ("channels_first", (8, 64, 56, 56))):
+        assert choice(x_shape, (32, 64, 3, 3), layout=layout, stride=2,
+                      padding=1)[0] == "implicit"
+        for dx_channels in (16, 32, 96):
+            shape = x_shape[:-1] + (dx_channels,) if layout == "channels_last" else \
+                (8, dx_channels) + x_shape[2:]
+            assert choice(shape, (32, dx_channels, 3, 3), layout=layout, stride=2,
+                          padding=1)[0] == "im2col", (layout, dx_channels)
 
 
 def test_short_runs_take_seven_row_tiles_where_they_pad_less():
@@ -418,8 +431,11 @@ def test_without_avx512_thin_products_take_implicit(monkeypatch):
         problem = pb.conv_problem(np.zeros((64, c, 14, 14), np.float32),
                                   np.zeros((k, c, 3, 3), np.float32), None, padding=1)
         assert backend.choose("conv", problem)[0] == want
+    # With AVX-512 the narrow weight gradients keep implicit; the thin data gradients and
+    # forwards do not.
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
-    assert weight(32, 16, 32, 14, padding=1) == "im2col"
+    assert weight(32, 16, 32, 14, padding=1) == "implicit"
+    assert weight(32, 128, 32, 7, padding=1) == "im2col"
     assert data(64, 16, 32, 14) == "winograd"
 
 
@@ -438,7 +454,8 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     algorithm, reason = choice((1, 40, 40, 3), (64, 3, 7, 7), stride=2, padding=3)
     assert algorithm == "implicit" and "21 values" in reason
     assert choice((1, 20, 20, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"
-    assert choice((1, 9, 9, 8), (32, 8, 3, 3), padding=1)[0] == "im2col"      # short rows
+    assert choice((1, 9, 9, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"    # narrow
+    assert choice((1, 9, 9, 96), (32, 96, 3, 3), padding=1)[0] == "im2col"    # short rows
     assert choice((1, 40, 40, 32), (32, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
     assert choice((1, 40, 40, 64), (32, 64, 3, 3), stride=2, padding=1)[0] == "im2col"
     assert choice((1, 20, 20, 64), (64, 32, 3, 3), padding=1, groups=2)[0] == "im2col"
@@ -466,6 +483,10 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert data((1, 64, 20, 20), (32, 64, 3, 3), padding=1) == "implicit"
     assert data((1, 64, 9, 9), (32, 64, 3, 3), padding=1) == "im2col"        # short rows
     assert data((1, 16, 20, 20), (32, 16, 3, 3), padding=1) == "im2col"      # dx: 16
+    # Channels-first 1D rows lose to im2col; 2D kernels of other shapes keep implicit.
+    assert forward((1, 64, 40), (64, 64, 5), padding=2) == "im2col"
+    assert data((1, 64, 40), (64, 64, 5), padding=2) == "im2col"
+    assert data((1, 64, 20, 20), (64, 64, 5, 5), padding=2) == "implicit"
     # Without AVX-512 the forward and the data gradient keep im2col; the weight gradient
     # keeps its rules...
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: False)

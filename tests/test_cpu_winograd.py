@@ -278,10 +278,11 @@ def test_3d_winograd_is_not_a_weight_gradient_algorithm():
         backend.run("conv", p, (x, w, None), None, "winograd")
 
 
-def test_the_heuristic_picks_winograd_for_resnet_layers_only():
+def test_the_heuristic_picks_winograd_for_resnet_layers_only(monkeypatch):
+    from numbaconv.cpu import _heuristics
     backend = _backend()
 
-    def choice(op, c, size, n=8, k=None, kernel=3, stride=1, groups=1):
+    def choice(op, c, size, n=8, k=None, kernel=3, stride=1, groups=1, layout=None):
         x = np.zeros((n, c, size, size), np.float32)
         w = np.zeros((k or c, c // groups, kernel, kernel), np.float32)
         if op == "conv":
@@ -289,8 +290,12 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only():
         elif op == "conv_backward_weight":
             dy_shape = nc.conv_output_shape(x.shape, w.shape, stride=stride, padding=1,
                                             groups=groups)
-            p = pb.conv_backward_weight_problem(x, np.zeros(dy_shape, np.float32), w.shape,
-                                                stride=stride, padding=1, groups=groups)
+            dy = np.zeros(dy_shape, np.float32)
+            if layout:              # the same arrays, read as channels-last
+                x, dy = x.transpose(0, 2, 3, 1).copy(), dy.transpose(0, 2, 3, 1).copy()
+            p = pb.conv_backward_weight_problem(x, dy, w.shape, stride=stride, padding=1,
+                                                groups=groups, layout=layout or
+                                                "channels_first")
         else:
             dy_shape = nc.conv_output_shape(x.shape, w.shape, stride=stride, padding=1,
                                             groups=groups)
@@ -302,6 +307,18 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only():
         assert choice("conv_backward_weight", c, size)[0] == "winograd", c
     assert choice("conv_backward_weight", 512, 7)[0] != "winograd"     # 128 tiles
     assert choice("conv_backward_weight", 32, 56)[0] != "winograd"     # 32 channels
+    # With AVX-512, channels-last weight gradients of 16 channels too (not 32, not 1 -> 16;
+    # not channels-first, not without AVX-512).
+    for wide in (True, False):
+        monkeypatch.setattr(_heuristics, "wide_registers", lambda: wide)
+        thin = choice("conv_backward_weight", 16, 32, n=16, layout="channels_last")
+        assert (thin[0] == "winograd") == wide, thin
+        assert choice("conv_backward_weight", 16, 32, n=16)[0] != "winograd"
+        assert choice("conv_backward_weight", 16, 32, n=16, k=32,
+                      layout="channels_last")[0] != "winograd"
+        assert choice("conv_backward_weight", 1, 32, n=16, k=16,
+                      layout="channels_last")[0] != "winograd"
+    monkeypatch.undo()
     for op in ("conv", "conv_backward_data"):
         for c, size in ((64, 56), (128, 28), (256, 14), (512, 7)):
             algorithm, why = choice(op, c, size)

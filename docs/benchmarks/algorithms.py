@@ -8,7 +8,8 @@ X_SHAPE and W_SHAPE are channels-first logical shapes written as 8,64,56,56 and 
 the layout says how the arrays lie. Every algorithm that can compute the problem is timed,
 whichever the backend would choose. ``--set`` changes a threshold of ``_heuristics`` first,
 for the ones that choose a path inside an algorithm (``--set ROWS_GEMM_FROM=1``). Each round
-times every algorithm best of three, one after another; the medians over the rounds and,
+times every algorithm best of three, one after another; the medians over the rounds, the
+algorithm the backend chooses and,
 with two algorithms, the second's time over the first's in each round are printed. Run it
 with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
 """
@@ -67,7 +68,8 @@ def main(argv=None) -> int:
             times[algorithm].append(best)
     print(f"{args.op} x {args.x_shape} w {args.w_shape} stride {args.stride} padding "
           f"{args.padding} {args.layout}: "
-          + ", ".join(f"{a} {statistics.median(t) * 1e3:.2f} ms" for a, t in times.items()))
+          + ", ".join(f"{a} {statistics.median(t) * 1e3:.2f} ms" for a, t in times.items())
+          + f" (chosen: {backend.choose(args.op, call.problem)[0]})")
     if len(algorithms) == 2:
         first, second = (times[a] for a in algorithms)
         print(f"{algorithms[1]} / {algorithms[0]} per round: "

@@ -24,8 +24,8 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     weight gradient (any stride) multiplies them by dy's rows, one output row deep; the
     forward and the stride-1 data gradient multiply them by the weights, one tap row of
     window features deep. Chosen for rows of at least ``IMPLICIT_MIN_WIDTH`` pixels, with
-    the conditions given there (:mod:`._heuristics`), and without AVX-512 for the products
-    too thin for BLAS of small layers (``IMPLICIT_NARROW_MAX_CHANNELS``,
+    the conditions given there (:mod:`._heuristics`), and for the products too thin for
+    BLAS of small layers (``IMPLICIT_NARROW_MAX_CHANNELS``; without AVX-512 also
     ``IMPLICIT_THIN_OUTPUTS``). The data gradient with a stride runs by stride phases: each
     tap's product of dy's pixels (read in place) by its weights is written straight into the
     dx pixels of its phase, no col2im (``_heuristics.IMPLICIT_PHASED_MAX_DEPTH``);

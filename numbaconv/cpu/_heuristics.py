@@ -19,8 +19,8 @@ from ..backend import DIRECT_MAX_CHANNELS_PER_GROUP
 #: ``implicit`` needs output rows (y's, dx's; for the weight gradient, its products' depth) of
 #: at least this many pixels: shorter products lose to im2col + BLAS.
 IMPLICIT_MIN_WIDTH = 16
-#: ...except, without AVX-512, a weight gradient whose input and output channels are all at
-#: most this many: BLAS multiplies matrices that thin more slowly still (at 128 they tie).
+#: ...except a weight gradient whose input and output channels are all at most this many:
+#: BLAS multiplies matrices that thin more slowly still (at 128 they tie).
 IMPLICIT_NARROW_MAX_CHANNELS = 64
 #: Channels-last weight gradients with a stride along the rows take ``implicit`` only for
 #: windows of at most this many values per tap row (KW * C): longer runs pack fast enough.
@@ -28,15 +28,17 @@ IMPLICIT_MAX_RUN = 32
 #: Without AVX-512, channels-last strided weight gradients with longer runs take ``implicit``
 #: from this many input channels (with AVX-512 they lose to im2col).
 IMPLICIT_STRIDED_MIN_CHANNELS = 16
-#: The channels-first ``implicit`` forward and data gradient need this many input channels:
-#: fewer leave the micro-kernel's register transposes to a scalar loop.
+#: The channels-first ``implicit`` forward and data gradient need this many input channels
+#: (fewer leave the micro-kernel's register transposes to a scalar loop) and rows of pixels
+#: in at least 2 dimensions (1D rows lose to im2col's products).
 IMPLICIT_MIN_CHANNELS_FIRST = 16
 #: Their output channels fill micro-kernel tiles this wide (float32, AVX-512): a multiple of
 #: it, or at least 8 times it (at most 1/9 of the tiles' columns wasted).
 IMPLICIT_OUTPUT_BLOCK = 64
 #: The channels-last strided data gradient runs by stride phases for dy of at most this many
 #: channels (short depths are slow in BLAS, and col2im then moves the most), dx of at least
-#: IMPLICIT_PHASED_MIN_OUTPUTS channels (a micro-kernel tile is 16 wide with AVX2) and at
+#: IMPLICIT_PHASED_MIN_OUTPUTS channels (a micro-kernel tile is 16 wide with AVX2; with
+#: AVX-512, dx's channels fill IMPLICIT_OUTPUT_BLOCK-wide tiles, as the forward's) and at
 #: least IMPLICIT_PHASED_MIN_PIXELS pixels over the batch.
 IMPLICIT_PHASED_MAX_DEPTH = 64
 IMPLICIT_PHASED_MIN_OUTPUTS = 16
@@ -64,6 +66,10 @@ WINOGRAD_3D_MIN_SLICE_TILES = 16
 #: this many channels and tiles (below, ``implicit`` or im2col win).
 WINOGRAD_WGRAD_MIN_CHANNELS = 64
 WINOGRAD_WGRAD_MIN_TILES = 256
+#: ...and with AVX-512, channels-last ones of at most this many input and output channels
+#: (and at least WINOGRAD_MIN_CHANNELS), where ``implicit``'s 64-wide tiles run mostly
+#: empty (from 32 channels implicit wins).
+WINOGRAD_WGRAD_THIN_CHANNELS = 16
 
 
 def implicit_applies(op, problem) -> bool:
@@ -126,7 +132,11 @@ def winograd_reason(op, problem) -> Optional[str]:
         return None
     channels = min(problem.in_channels, problem.out_channels)
     if op == "conv_backward_weight":
-        if channels < WINOGRAD_WGRAD_MIN_CHANNELS or tiles < WINOGRAD_WGRAD_MIN_TILES:
+        thin = (problem.channels_last and wide_registers() and
+                WINOGRAD_MIN_CHANNELS <= channels and
+                max(problem.in_channels, problem.out_channels) <= WINOGRAD_WGRAD_THIN_CHANNELS)
+        if (channels < WINOGRAD_WGRAD_MIN_CHANNELS and not thin) or \
+                tiles < WINOGRAD_WGRAD_MIN_TILES:
             return None
     elif channels < WINOGRAD_MIN_CHANNELS or tiles < WINOGRAD_MIN_TILES:
         return None
@@ -168,7 +178,7 @@ def implicit_reason(op, problem) -> Optional[str]:
         run = problem.kernel_size[-1] * problem.in_channels
         if width < IMPLICIT_MIN_WIDTH:
             channels = max(problem.in_channels, problem.out_channels)
-            if channels > IMPLICIT_NARROW_MAX_CHANNELS or wide_registers():
+            if channels > IMPLICIT_NARROW_MAX_CHANNELS:
                 return None
             return (f"one group, output rows of {width} pixels and at most {channels} "
                     f"channels: windows read in place by numbaconv's micro-kernel, no "
@@ -191,7 +201,8 @@ def implicit_reason(op, problem) -> Optional[str]:
         taps = math.prod(problem.kernel_size)
         least = 2 if problem.channels_last else IMPLICIT_PHASED_CF_MIN_TAPS
         if depth > IMPLICIT_PHASED_MAX_DEPTH or outputs < IMPLICIT_PHASED_MIN_OUTPUTS or \
-                pixels < IMPLICIT_PHASED_MIN_PIXELS or taps < least:
+                pixels < IMPLICIT_PHASED_MIN_PIXELS or taps < least or \
+                (wide_registers() and not _fills_output_tiles(outputs)):
             return None
         layout = ("channels-last" if problem.channels_last else
                   f"channels-first ({taps} taps; through channels-last copies of dy and dx)")
@@ -207,10 +218,10 @@ def implicit_reason(op, problem) -> Optional[str]:
     width, channels, outputs = \
         (problem.output_size[-1], problem.in_channels, problem.out_channels) if op == "conv" \
         else (problem.input_size[-1], problem.out_channels, problem.in_channels)
-    if width < IMPLICIT_MIN_WIDTH or (not problem.channels_last and
-                                      channels < IMPLICIT_MIN_CHANNELS_FIRST):
+    if width < IMPLICIT_MIN_WIDTH or (not problem.channels_last and (
+            channels < IMPLICIT_MIN_CHANNELS_FIRST or problem.ndim == 1)):
         return None
-    if outputs % IMPLICIT_OUTPUT_BLOCK and outputs < 8 * IMPLICIT_OUTPUT_BLOCK:
+    if not _fills_output_tiles(outputs):
         return None
     if not wide_registers():
         return None
@@ -218,6 +229,12 @@ def implicit_reason(op, problem) -> Optional[str]:
         "channels-first"
     return (f"stride 1, one group, {layout}: windows read in place by numbaconv's "
             f"micro-kernel, no im2col matrix")
+
+
+def _fills_output_tiles(outputs: int) -> bool:
+    """Whether ``outputs`` channels fill the micro-kernel's IMPLICIT_OUTPUT_BLOCK-wide tiles
+    (AVX-512): a multiple of the block, or at least 8 blocks."""
+    return outputs % IMPLICIT_OUTPUT_BLOCK == 0 or outputs >= 8 * IMPLICIT_OUTPUT_BLOCK
 
 
 def gemm_reason(problem) -> Optional[str]:
