@@ -3,7 +3,7 @@ gradient writes dx instead of zeroing it and adding (the fused channels-last 3x3
 channels-first plane kernels): forward, data gradient (written over garbage and
 accumulated), weight gradient, against the reference; NaN and infinity at the borders;
 bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass; that ``same`` 3x3 windows take their
-kernels (_cl_same3, _cf_same3, _cf_same3_weight); the sliding rows built for 128- and
+kernels (_cl_same3, _cl_same3_weight, _cf_same3, _cf_same3_weight); the sliding rows built for 128- and
 512-bit vectors."""
 
 
@@ -56,6 +56,7 @@ CASES = [
     # vectors a call with AVX2 (float64: 8 + 8 + 8 + 4 + 2).
     ("2d-vector-same-mixed-units", (1, 120, 3, 4), (3, 3), 1, 1, 1),
     ("2d-vector-same-one-row", (2, 16, 1, 5), (3, 3), 1, 1, 1),
+    ("2d-vector-same-two-columns", (2, 32, 4, 2), (3, 3), 1, 1, 1),
     ("2d-vector-same-row-stride", (2, 16, 7, 6), (3, 3), 1, (2, 1), 1),
     ("3d-vector-same-one-tap-plane", (1, 16, 3, 4, 5), (1, 3, 3), (0, 1, 1), 1, 1),
     # Channels-first, the same geometry walks strips of columns down each plane
@@ -199,6 +200,37 @@ def test_same_windows_take_their_kernel_with_strided_operands_copied_once(
     assert len(calls) == 4
     np.testing.assert_allclose(y2, y, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(dx2, dx, rtol=1e-6, atol=1e-6)
+
+
+def test_same_rows_weight_gradient_reads_the_rows_in_place(monkeypatch):
+    """A channels-last depthwise 3x3 weight gradient of ``same`` windows along rows of at
+    least 2 pixels, the channels in whole vectors, runs _cl_same3_weight (x's rows read
+    where they lie, no ring), like the reference: rows of 2 pixels (no middle pixel), 3
+    and 9, any stride and dilation from row to row; one pixel, or channels not in whole
+    vectors, take the ring kernel. A non-finite dy at either end of a row makes its padding
+    tap's sum NaN, as in the reference."""
+    from numbaconv.cpu import _direct_cl
+    from numbaconv.cpu._sliding import row_lanes
+    calls = []
+    real = _direct_cl._cl_same3_weight
+    monkeypatch.setattr(_direct_cl, "_cl_same3_weight", lambda *a: calls.append(1) or real(*a))
+    lanes = row_lanes(np.float64)
+    for channels, width, stride, dilation, taken in (
+            (lanes, 2, 1, 1, 1), (2 * lanes, 3, 1, 1, 1), (lanes, 9, (2, 1), (2, 1), 1),
+            (lanes, 1, 1, 1, 0), (lanes + 1, 9, 1, 1, 0)):
+        kw = dict(padding=1, groups=channels, stride=stride, dilation=dilation)
+        x, w, dy = _arrays((3, channels, 7, width), (3, 3), "float64", "channels_last", **kw)
+        kw["layout"] = "channels_last"
+        with nc.use_backend("reference"):
+            expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
+        p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+        calls.clear()
+        assert relative_error(_run("conv_backward_weight", p, (x, dy)), expected) < 1e-11
+        assert len(calls) == taken, (channels, width, stride)
+        dy[0, 1, 0, 0], dy[1, 2, -1, 1] = np.inf, -np.inf       # a row's first and last pixel
+        with nc.use_backend("reference"), np.errstate(invalid="ignore"):
+            expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
+        assert_non_finite_like(_run("conv_backward_weight", p, (x, dy)), expected, "dw")
 
 
 def test_same_planes_weight_gradient_takes_the_column_strips(monkeypatch):

@@ -188,9 +188,19 @@ def weight_gradient(g, x, dy) -> np.ndarray:
     form = _forward_form(g)
     out, size, _, before, stride, dil, r = form.args()
     if g.channels_last:
-        cmap, identity = _channel_map(g)
         rows = _row_split(g.p[1], g.n * g.p[0])
         jobs = g.n * g.p[0] * -(-g.p[1] // rows)
+        x5 = g.x5(x)
+        if _same_weight_rows(g, form, x5, dy):
+            partial = np.empty((jobs, 1, 9, g.k), dy.dtype)
+            zero = np.zeros(x5.shape[3] * g.k, dy.dtype)
+            for first, last in _pieces(g, jobs):
+                cl._cl_same3_weight(x5, dy.reshape(-1, g.p[2], g.k), partial, zero, out,
+                                    before, stride, dil, row_lanes(dy.dtype), rows, first, last)
+            total = np.empty(9 * g.k, dy.dtype)
+            add_partials(partial.reshape(jobs, -1), total)
+            return np.ascontiguousarray(total.reshape(1, 9, g.k).transpose(2, 0, 1))
+        cmap, identity = _channel_map(g)
         partial = np.empty((jobs, g.cg, g.taps, g.k), dy.dtype)
         dy3 = dy.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
         for first, last in _pieces(g, jobs):
@@ -254,6 +264,12 @@ def _same_rows(g, form, src, dst) -> bool:
     return (g.cg == 1 and g.kg == 1 and _same_along_rows(form)
             and same_units(g.k, dst.dtype)[0] != 0
             and src.flags.c_contiguous and dst.flags.c_contiguous)
+
+
+def _same_weight_rows(g, form, x5, dy) -> bool:
+    """Whether :func:`._direct_cl._cl_same3_weight` computes this channels-last weight
+    gradient: :func:`_same_rows` and rows of at least 2 pixels."""
+    return _same_rows(g, form, x5, dy) and form.out[2] >= 2
 
 
 def _same3(g, form, src5, wk, dst3) -> None:

@@ -1,7 +1,8 @@
 """The ``direct`` algorithm's channels-last kernels (see :mod:`._direct`): each job copies the
 source rows it reads into a ring of zero-padded rows (pixels x channels); the bodies vectorise
 over the contiguous channels and keep four output pixels in registers, or run the sliding row
-kernels of :mod:`._sliding`. Depthwise ``same`` 3x3 rows need no ring (:func:`_cl_same3`).
+kernels of :mod:`._sliding`. Depthwise ``same`` 3x3 rows need no ring (:func:`_cl_same3`,
+:func:`_cl_same3_weight`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from numba import prange
 
 from ..config import inline_jit, parallel_jit, serial_jit
 from ._microkernel import _at
-from ._sliding import conv3_row, conv3_same1, conv3_same2, conv3_same4, conv3_same8, grad3_row
+from ._sliding import (conv3_row, conv3_same1, conv3_same2, conv3_same4, conv3_same8, grad3_row,
+                       grad3_same)
 
 #: Row-level helpers of the channels-last kernels are called (``serial_jit``), not inlined:
 #: inlined into _cl_conv's parallel loop they compile far slower and run no faster
@@ -466,6 +468,48 @@ def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units, first
             else:
                 conv3_same1(pa, pb, pc, kk, pw, kk, pd, kk, src_width)
                 k0 += lanes
+
+
+@parallel_jit
+def _cl_same3_weight(src, dy3, partial, zero, out, before, stride, dil, lanes, rows,
+                     first_job, last_job):
+    """partial[job, 0, t, k]: the depthwise 3x3 weight gradient of one job's output rows
+    (image, plane, block of ``rows`` rows), ``same`` padding and stride 1 along the rows,
+    channels-last, x's rows read where they lie (no row buffers) by
+    :func:`._sliding.grad3_same`, one vector of ``lanes`` channels a call.
+
+    src (N, S0, S1, S2, K) C-contiguous; dy3 (N * P0 * P1, P2, K) C-contiguous, P2 == S2 >=
+    2; partial (jobs, 1, 9, K) C-contiguous; zero: S2 * K zeros, the rows above and below
+    x (multiplied, as the reference's padding). Jobs [first_job, last_job) run. The callers
+    check the geometry (:func:`._direct._same_weight_rows`).
+    """
+    _, src_depth, src_height, src_width, kk = src.shape
+    out_depth, out_height = out[0], out[1]
+    blocks = (out_height + rows - 1) // rows
+    for i in prange(last_job - first_job):
+        job = first_job + i
+        blk = job % blocks
+        rest = job // blocks
+        o0 = rest % out_depth
+        n = rest // out_depth
+        plane = (n * src_depth + o0) * src_height
+        sums = job * 9 * kk
+        for t in range(9):
+            for k in range(kk):
+                partial[job, 0, t, k] = 0
+        for p1 in range(blk * rows, min(blk * rows + rows, out_height)):
+            a = p1 * stride[1] - before[1]
+            ra = (plane + a) * src_width * kk if 0 <= a < src_height else -1
+            rb = (plane + a + dil[1]) * src_width * kk if 0 <= a + dil[1] < src_height else -1
+            rc = (plane + a + 2 * dil[1]) * src_width * kk \
+                if 0 <= a + 2 * dil[1] < src_height else -1
+            drow = ((n * out_depth + o0) * out_height + p1) * src_width * kk
+            for k0 in range(0, kk, lanes):
+                pa = _at(src, ra + k0) if ra >= 0 else _at(zero, k0)
+                pb = _at(src, rb + k0) if rb >= 0 else _at(zero, k0)
+                pc = _at(src, rc + k0) if rc >= 0 else _at(zero, k0)
+                grad3_same(pa, pb, pc, kk, _at(dy3, drow + k0), kk, _at(partial, sums + k0),
+                           kk, src_width)
 
 
 @parallel_jit

@@ -280,6 +280,72 @@ def _emit_grad3(e, rows, ps, pdy, dps, pacc, at, npx):
         e.store(final[t], pacc, e.const(t), at)
 
 
+def _emit_grad3_same(e, rows, ps, pdy, dps, pacc, at, npx):
+    """acc[3i + m] += sum over q < npx of dy[q] * row_i[q + m - 1], for the tap rows i
+    (source rows a, b, c, read where they lie) and tap columns m < 3, one vector of
+    channels, with ``same`` padding: row_i[-1] and row_i[npx] are zeros, multiplied (a
+    non-finite dy at a row's end makes its padding tap's sum NaN, as the reference's).
+
+    ``grad3_same(pa, pb, pc, ps, pdy, dps, pacc, at, npx)``: the source rows at pixel 0,
+    pixels ``ps`` elements apart (npx of them are read); ``pdy``: dy at output pixel 0,
+    pixels ``dps`` apart; ``pacc``: tap 0's sums, taps ``at`` apart (loaded, added to,
+    stored); npx >= 2. Each source pixel is loaded once and kept for the three outputs that
+    read it: 4 loads and 9 FMAs per output vector (:func:`grad3_row` loads 10).
+    """
+    builder = e.builder
+    zero = ir.Constant(e.vec, None)
+    acc = [e.load(pacc, e.const(t), at) for t in range(9)]
+    # Output 0: tap column 0 reads the padding, 1 and 2 pixels 0 and 1.
+    g = e.load(pdy, e.const(0), dps)
+    older = [e.load(p, e.const(0), ps) for p in rows]
+    newer = [e.load(p, e.const(1), ps) for p in rows]
+    for i in range(3):
+        acc[3 * i] = e.madd(g, zero, acc[3 * i])
+        acc[3 * i + 1] = e.madd(g, older[i], acc[3 * i + 1])
+        acc[3 * i + 2] = e.madd(g, newer[i], acc[3 * i + 2])
+    # Outputs 1 .. npx - 2: pixel q + 1 loaded, q - 1 and q carried.
+    last = builder.sub(npx, e.const(1))
+    entry, loop, done = e.open_loop("grad3s", builder.sub(npx, e.const(2)))
+    q = builder.phi(e.i64)
+    sums = [builder.phi(e.vec) for _ in range(9)]
+    carried_older = [builder.phi(e.vec) for _ in range(3)]
+    carried_newer = [builder.phi(e.vec) for _ in range(3)]
+    g = e.load(pdy, q, dps)
+    q_next = builder.add(q, e.const(1))
+    ahead = [e.load(p, q_next, ps) for p in rows]
+    updated = []
+    for i in range(3):
+        for m, src in enumerate((carried_older[i], carried_newer[i], ahead[i])):
+            updated.append(e.madd(g, src, sums[3 * i + m]))
+    q.add_incoming(e.const(1), entry)
+    q.add_incoming(q_next, loop)
+    for phis, first, again in ((sums, acc, updated), (carried_older, older, carried_newer),
+                               (carried_newer, newer, ahead)):
+        for phi, a, b in zip(phis, first, again):
+            phi.add_incoming(a, entry)
+            phi.add_incoming(b, loop)
+    builder.cbranch(builder.icmp_signed("<", q_next, last), loop, done)
+    builder.position_at_end(done)
+
+    def merged(first, again):
+        phi = builder.phi(e.vec)
+        phi.add_incoming(first, entry)
+        phi.add_incoming(again, loop)
+        return phi
+
+    acc = [merged(a, b) for a, b in zip(acc, updated)]
+    older = [merged(a, b) for a, b in zip(older, carried_newer)]
+    newer = [merged(a, b) for a, b in zip(newer, ahead)]
+    # Output npx - 1: tap column 2 reads the padding.
+    g = e.load(pdy, last, dps)
+    for i in range(3):
+        acc[3 * i] = e.madd(g, older[i], acc[3 * i])
+        acc[3 * i + 1] = e.madd(g, newer[i], acc[3 * i + 1])
+        acc[3 * i + 2] = e.madd(g, zero, acc[3 * i + 2])
+    for t in range(9):
+        e.store(acc[t], pacc, e.const(t), at)
+
+
 #: The forward-form row (see :func:`_emit_conv3`).
 conv3_row = _row_kernel(_emit_conv3)
 #: Forward-form rows of ``same`` padding, read and written where they lie, 1, 2, 4 or 8
@@ -294,6 +360,9 @@ conv3_lanes16, conv3_lanes8, conv3_lanes4, conv3_lanes2, conv3_lanes1 = (
     for lanes in (16, 8, 4, 2, 1))
 #: The weight-gradient row (see :func:`_emit_grad3`).
 grad3_row = _row_kernel(_emit_grad3)
+#: The weight-gradient row of ``same`` padding, read where it lies (see
+#: :func:`_emit_grad3_same`).
+grad3_same = _row_kernel(_emit_grad3_same)
 #: The weight-gradient row on vectors of 16, 8, 4, 2 and 1 lanes (any dtype), whatever the
 #: CPU's width: the channels-first planes' column strips narrow down to the row's end
 #: (:func:`._direct_cf_plane._cf_same3_weight`).
