@@ -11,7 +11,9 @@ whole row instead, the nine weights staying in registers:
   output pixels that read them, as running sums: 3 loads, 9 FMAs and 1 store per output
   vector.
 - :func:`grad3_row` (the weight gradient): the nine tap sums of one vector of channels are
-  carried through the row, each output pixel's dy times its nine window values.
+  carried through the row, each output pixel's dy times its nine window values;
+  :func:`grad3_same` on rows of ``same`` padding read where they lie, each source pixel
+  loaded once for the three taps that read it (:func:`._direct_cl._cl_same3_weight`).
 - ``conv3_same1`` .. ``conv3_same8``: :func:`conv3_row` on rows of ``same`` padding read
   where they lie (the padding pixels are left out, not read), 1 to 8 vectors of channels
   side by side (:data:`SAME_ROW_BYTES`), for :func:`._direct_cl._cl_same3`;
