@@ -535,6 +535,19 @@ def test_cpu_matches_reference_with_every_feature(mode, dropout, steps, monkeypa
     check_cpu_against_reference(mode, dropout)
 
 
+def test_small_batches_step_in_two_chains_in_all():
+    """A batch narrower than a tile's columns is still cut into two chains (a single chain
+    would step with a barrier among the threads at every step), in all: two directions are
+    two chains already. The cut follows the shape alone."""
+    from numbaconv.cpu import rnn_forward
+    nr = rnn_forward.chain_rows(np.float32)
+    assert rnn_forward.batch_chains(8, np.float32) == [(0, 4), (4, 8)]
+    assert rnn_forward.batch_chains(8, np.float32, 2) == [(0, 8)]
+    assert rnn_forward.batch_chains(1, np.float32) == [(0, 1)]
+    assert len(rnn_forward.batch_chains(2 * nr, np.float32)) == 2
+    assert len(rnn_forward.batch_chains(3 * nr, np.float32, 2)) == 3
+
+
 def check_cpu_against_reference(mode, dropout):
     spec = make_spec(mode, "everything")
     spec = type(spec)(spec.name, spec.mode, {**spec.kwargs, "dropout": dropout, "num_layers": 3},

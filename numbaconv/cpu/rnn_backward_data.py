@@ -37,7 +37,7 @@ def run(problem, operands, out, algorithm):
     dcx = np.empty_like(cx) if mode == "lstm" else None
     dout = dy
     one = dtype.type(1)  # keeps float32 kernels in float32
-    chains = [(d, part) for d in range(d_num) for part in batch_chains(n, dtype)]
+    chains = [(d, part) for d in range(d_num) for part in batch_chains(n, dtype, d_num)]
     for layer in reversed(range(cfg.num_layers)):
         din = np.empty((t_len, n, cfg.layer_input_size(layer)), dtype)
         outputs = layout.outputs(reserve, layer)

@@ -40,6 +40,10 @@ def combined_bias(b_ih, b_hh, size, dtype):
 
 #: At most this many chains per direction (the most cores a recurrence can keep busy).
 CHAIN_PARTS = 8
+#: At least this many chains in all (directions times chains per direction) where the
+#: batch has the rows: a single chain steps with a barrier among the threads at every step,
+#: several step on their own cores without one.
+CHAIN_MIN_PARTS = 2
 
 
 def chain_rows(dtype) -> int:
@@ -48,15 +52,18 @@ def chain_rows(dtype) -> int:
     return RowPanels.tile_columns(dtype)
 
 
-def batch_chains(batch: int, dtype) -> list:
+def batch_chains(batch: int, dtype, directions: int = 1) -> list:
     """[(start, stop), ...]: the batch rows cut into chains, fixed by the shape.
 
     The rows of a recurrence are independent of one another (each row's state depends on
     its own past only), so each chain runs every step of its rows on one core, with no
     barrier between the cores: its own recurrent product and its own gate kernel. A chain
-    per :func:`chain_rows` rows, at most CHAIN_PARTS; the cut does not depend on the thread
-    count, nor then do the bits."""
-    return _tiles.fixed_ranges(batch, min(CHAIN_PARTS, -(-batch // chain_rows(dtype))))
+    per :func:`chain_rows` rows, at most CHAIN_PARTS, and enough that the ``directions``
+    make CHAIN_MIN_PARTS chains in all (fewer rows than a tile's columns then); the cut does
+    not depend on the thread count, nor then do the bits."""
+    least = min(-(-CHAIN_MIN_PARTS // directions), batch)
+    parts = max(-(-batch // chain_rows(dtype)), least)
+    return _tiles.fixed_ranges(batch, min(CHAIN_PARTS, parts))
 
 
 def share_chains(chains) -> bool:
@@ -196,7 +203,7 @@ def run(problem, operands, out, algorithm):
     scratch = None if training else np.empty((d_num, t_len, n, gw), dtype)
     zeros = np.zeros(gh, dtype)
     one = dtype.type(1)  # keeps float32 kernels in float32
-    chains = [(d, rows) for d in range(d_num) for rows in batch_chains(n, dtype)]
+    chains = [(d, rows) for d in range(d_num) for rows in batch_chains(n, dtype, d_num)]
     inp = x
     for layer in range(cfg.num_layers):
         if training:
