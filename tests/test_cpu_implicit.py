@@ -223,11 +223,10 @@ def test_strided_data_gradient_with_non_finite_values_like_the_reference():
                                                    (2, 130, 17), (1, 65, 129)])
 def test_images_transpose_by_blocks_moves_every_value_once(images, rows, columns):
     """Whole blocks and partial ones in both directions, and partial register tiles."""
-    from numbaconv.cpu._implicit import _images_transposed
-    from numbaconv.cpu._microkernel import vector_lanes
+    from numbaconv.cpu._microkernel import images_transposed, vector_lanes
     src = np.arange(images * rows * columns, dtype=np.float32)
     dst = np.full_like(src, np.nan)
-    _images_transposed(src, dst, images, rows, columns, vector_lanes(src.dtype))
+    images_transposed(src, dst, images, rows, columns, vector_lanes(src.dtype))
     want = src.reshape(images, rows, columns).transpose(0, 2, 1).reshape(-1)
     assert np.array_equal(dst, want)
 

@@ -262,6 +262,32 @@ def test_3d_non_finite_values_propagate_like_the_reference(layout):
     assert_non_finite_like(got, want)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("copies", [False, True])
+def test_channels_first_natively_and_on_channels_last_copies(monkeypatch, copies):
+    """Channels-first forwards, data gradients and transposed convolutions run natively or,
+    with AVX-512 up to WINOGRAD_COPIES_MAX_CHANNELS, on channels-last copies of their input
+    and output: each way against the reference (2D and 3D, non-finite values too), whatever
+    this CPU would pick; and the rule itself."""
+    from numbaconv.cpu import _heuristics, _winograd
+    calls = []
+    real = _winograd.images_transposed
+    monkeypatch.setattr(_heuristics, "winograd_via_copies", lambda c, k: copies)
+    monkeypatch.setattr(_winograd, "images_transposed", lambda *a: calls.append(1) or real(*a))
+    for case in CASES:
+        _check_forward_forms(case[0], *_arrays(case, "float64", "channels_first"), "float64")
+    for case in CASES_3D:
+        _check_3d(case, "float64", "channels_first")
+    assert bool(calls) == copies
+    test_non_finite_values_propagate_like_the_reference("channels_first")
+    test_3d_non_finite_values_propagate_like_the_reference("channels_first")
+    monkeypatch.undo()
+    for wide, c, k, want in ((True, 256, 64, True), (True, 16, 512, False),
+                             (False, 16, 16, False)):
+        monkeypatch.setattr(_heuristics, "wide_registers", lambda: wide)
+        assert _heuristics.winograd_via_copies(c, k) == want, (wide, c, k)
+
+
 def test_3d_winograd_is_not_a_weight_gradient_algorithm():
     backend = _backend()
     x = np.zeros((1, 2, 4, 6, 6))

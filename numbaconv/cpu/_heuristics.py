@@ -59,6 +59,10 @@ IMPLICIT_THIN_MAX_DEPTH = 32
 #: forward form) and WINOGRAD_MIN_TILES 2x2 output tiles: fewer, and the transforms dominate.
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_TILES = 128
+#: With AVX-512, channels-first forwards and data gradients of at most this many channels
+#: run on channels-last copies of their input and output: the channels-last transforms
+#: vectorise over channels, and the copies cost less than the difference (at 512, more).
+WINOGRAD_COPIES_MAX_CHANNELS = 256
 #: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
 #: the other algorithms.
 WINOGRAD_3D_MIN_SLICE_TILES = 16
@@ -95,6 +99,14 @@ def winograd_applies(op, problem) -> bool:
     return (op in ("conv", "conv_backward_data", "conv_transpose", "conv_backward_weight")
             and winograd_enabled() and shape and problem.groups == 1
             and all(s == 1 for s in problem.stride) and all(d == 1 for d in problem.dilation))
+
+
+def winograd_via_copies(in_channels: int, out_channels: int) -> bool:
+    """Whether a channels-first ``winograd`` forward (or data gradient, in its forward form)
+    of these channels runs on channels-last copies of its input and output: with AVX-512,
+    up to WINOGRAD_COPIES_MAX_CHANNELS."""
+    return (wide_registers() and
+            max(in_channels, out_channels) <= WINOGRAD_COPIES_MAX_CHANNELS)
 
 
 def direct_applies(problem) -> bool:
@@ -155,9 +167,12 @@ def winograd_reason(op, problem) -> Optional[str]:
     if weights * 16 // 9 * copies > max(WORKSPACE_BYTES, largest):
         return None
     shape = "2D 3x3" if problem.ndim == 2 else "3D 3x3x3 (summed over the depth taps)"
+    copies = ("; channels-first through channels-last copies of its input and output"
+              if op != "conv_backward_weight" and not problem.channels_last and
+              winograd_via_copies(problem.in_channels, problem.out_channels) else "")
     return (f"{shape}, stride 1, one group, {channels}+ channels, {tiles} 2x2 output tiles: "
             f"Winograd F(2x2, 3x3), 2.25 times fewer multiplications than a direct "
-            f"product, in 16 BLAS products per job of tiles")
+            f"product, in 16 BLAS products per job of tiles{copies}")
 
 
 def wide_registers() -> bool:

@@ -49,7 +49,8 @@ from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _heuristics
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose,
-                           micro_tile_rows, strided_shape, tile_shape, vector_lanes)
+                           images_transposed, micro_tile_rows, strided_shape, tile_shape,
+                           vector_lanes)
 from ._sliding import row_pitch
 from ._tiles import SLOTS, add_partials, interruptible_ranges
 
@@ -420,41 +421,18 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
 
 def strided_data_gradient_cf(g: Geom, dy, w, dx, accumulate: bool) -> None:
     """:func:`strided_data_gradient` of a channels-first problem, on channels-last copies of
-    dy and dx (and of dx's values first, to accumulate) made by :func:`_images_transposed`.
+    dy and dx (and of dx's values first, to accumulate) made by :func:`._microkernel.images_transposed`.
     The copies cost less than col2im's scattered adds where a pixel's product is deep
     enough (``_heuristics.IMPLICIT_PHASED_CF_MIN_TAPS``; docs/cpu-algorithms.md)."""
     lanes = vector_lanes(dx.dtype)
     positions, pixels = g.p[0] * g.p[1] * g.p[2], g.s[0] * g.s[1] * g.s[2]
     dy_cl = np.empty(g.n * positions * g.k, dy.dtype)
-    _images_transposed(dy.reshape(-1), dy_cl, g.n, g.k, positions, lanes)
+    images_transposed(dy.reshape(-1), dy_cl, g.n, g.k, positions, lanes)
     dx_cl = np.empty(g.n * pixels * g.c, dx.dtype)
     if accumulate:
-        _images_transposed(dx.reshape(-1), dx_cl, g.n, g.c, pixels, lanes)
+        images_transposed(dx.reshape(-1), dx_cl, g.n, g.c, pixels, lanes)
     strided_data_gradient(g._replace(channels_last=True), dy_cl, w, dx_cl, accumulate)
-    _images_transposed(dx_cl, dx.reshape(-1), g.n, pixels, g.c, lanes)
-
-
-#: The blocks of :func:`_images_transposed`'s tasks, rows x columns of the source: a block
-#: (16 KiB of float32) and its transpose stay in L1 while the register transpose moves it.
-TRANSPOSE_BLOCK = (64, 64)
-
-
-@parallel_jit
-def _images_transposed(src, dst, images, rows, columns, lanes):
-    """dst[n, j, i] = src[n, i, j] for ``images`` row-major (rows x columns) matrices one
-    after another in the flat arrays: a channels-first batch into channels-last (rows the
-    channels) or back (columns the channels), by blocks shared among the threads, each moved
-    by the register transpose (:func:`._microkernel._transpose`)."""
-    block_rows, block_columns = TRANSPOSE_BLOCK
-    down = (rows + block_rows - 1) // block_rows
-    across = (columns + block_columns - 1) // block_columns
-    size = rows * columns
-    for task in prange(images * down * across):
-        n = task // (down * across)
-        i0 = (task // across - n * down) * block_rows
-        j0 = (task % across) * block_columns
-        _transpose(src, n * size + i0 * columns + j0, columns, dst, n * size + j0 * rows + i0,
-                   rows, min(block_rows, rows - i0), min(block_columns, columns - j0), lanes)
+    images_transposed(dx_cl, dx.reshape(-1), g.n, pixels, g.c, lanes)
 
 
 def _row_taps(g: Geom) -> tuple:

@@ -37,11 +37,11 @@ from typing import Optional
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, types
+from numba import carray, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..config import inline_jit, serial_jit
+from ..config import inline_jit, parallel_jit, serial_jit
 
 #: Rows of the shared dimension per packed block (panels of A and B stay in L1/L2).
 KC = 256
@@ -759,6 +759,29 @@ def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
     for i in range(whole_rows, rows):
         for j in range(columns):
             dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
+
+
+#: The blocks of :func:`images_transposed`'s tasks, rows x columns of the source: a block
+#: (16 KiB of float32) and its transpose stay in L1 while the register transpose moves it.
+TRANSPOSE_BLOCK = (64, 64)
+
+
+@parallel_jit
+def images_transposed(src, dst, images, rows, columns, lanes):
+    """dst[n, j, i] = src[n, i, j] for ``images`` row-major (rows x columns) matrices one
+    after another in the flat arrays: a channels-first batch into channels-last (rows the
+    channels) or back (columns the channels), by blocks shared among the threads, each moved
+    by the register transpose (:func:`_transpose`)."""
+    block_rows, block_columns = TRANSPOSE_BLOCK
+    down = (rows + block_rows - 1) // block_rows
+    across = (columns + block_columns - 1) // block_columns
+    size = rows * columns
+    for task in prange(images * down * across):
+        n = task // (down * across)
+        i0 = (task // across - n * down) * block_rows
+        j0 = (task % across) * block_columns
+        _transpose(src, n * size + i0 * columns + j0, columns, dst, n * size + j0 * rows + i0,
+                   rows, min(block_rows, rows - i0), min(block_columns, columns - j0), lanes)
 
 
 @serial_jit

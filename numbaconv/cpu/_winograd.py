@@ -47,6 +47,7 @@ from numba import prange, uint64
 from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _tiles
+from ._microkernel import images_transposed, vector_lanes
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
 #: :func:`._tiles.run_tiles`): Numba marks the arrays of a ``prange`` body's function
@@ -171,6 +172,26 @@ def _store4(vf, o, step, values):
 def _g3(a, b, c, half):
     """G applied to three values (``half``: 0.5 in their type)."""
     return a, (a + b + c) * half, (a - b + c) * half, c
+
+
+def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray) -> bool:
+    """:func:`forward` with the weights ``w`` (as :func:`transformed_weights` takes them).
+    A channels-first problem that runs faster channels-last
+    (``_heuristics.winograd_via_copies``) runs on channels-last copies of x and y, made by
+    :func:`._microkernel.images_transposed`: fresh arrays as large as x and y for the
+    length of the call."""
+    from ._heuristics import winograd_via_copies
+    if g.channels_last or not winograd_via_copies(g.c, g.k):
+        return forward(g, x, transformed_weights(g, w, flipped), y)
+    cl = g._replace(channels_last=True)
+    lanes = vector_lanes(x.dtype)
+    x_cl = np.empty(x.size, x.dtype)
+    images_transposed(x.reshape(-1), x_cl, g.n, g.c, x.size // (g.n * g.c), lanes)
+    y_cl = np.empty(y.size, y.dtype)
+    if not forward(cl, x_cl, transformed_weights(cl, w, flipped), y_cl):
+        return False
+    images_transposed(y_cl, y.reshape(-1), g.n, y.size // (g.n * g.k), g.k, lanes)
+    return True
 
 
 def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:

@@ -37,7 +37,7 @@ def run(problem, operands, out, algorithm):
         _implicit.forward(g, x, _tiles.weight_cl(g, w)[0].T, y, False)
     elif algorithm == "winograd":
         _winograd.require(g)
-        if not _winograd.forward(g, x, _winograd.transformed_weights(g, w, False), y):
+        if not _winograd.convolve(g, x, w, False, y):
             _im2col.forward(g, x, w, y)         # a value not finite: see _winograd
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a forward algorithm")

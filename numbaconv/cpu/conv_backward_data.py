@@ -73,8 +73,7 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
         _winograd.require(g)
         forward = data_gradient_as_forward(g)
         # With accumulate, or where a value is not finite (see _winograd), col2im.
-        if accumulate or not _winograd.forward(
-                forward, dy, _winograd.transformed_weights(forward, w, True), dx):
+        if accumulate or not _winograd.convolve(forward, dy, w, True, dx):
             _im2col.data_gradient(g, dy, w, dx, accumulate)
     else:
         raise ValueError(f"algorithm: {algorithm!r} is not a data-gradient algorithm")
