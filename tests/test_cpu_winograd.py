@@ -329,8 +329,15 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only(monkeypatch):
                                               stride=stride, padding=1, groups=groups)
         return backend.choose(op, p)
 
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: False)
     for c, size in ((64, 56), (128, 28), (256, 14)):
         assert choice("conv_backward_weight", c, size)[0] == "winograd", c
+    # With AVX-512, channels-first ones from 128 channels (channels-last from 64).
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
+    assert choice("conv_backward_weight", 64, 56)[0] == "implicit"
+    assert choice("conv_backward_weight", 128, 28)[0] == "winograd"
+    assert choice("conv_backward_weight", 64, 56, layout="channels_last")[0] == "winograd"
+    monkeypatch.undo()
     assert choice("conv_backward_weight", 512, 7)[0] != "winograd"     # 128 tiles
     assert choice("conv_backward_weight", 32, 56)[0] != "winograd"     # 32 channels
     # With AVX-512, channels-last weight gradients of 16 channels too (not 32, not 1 -> 16;

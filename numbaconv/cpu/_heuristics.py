@@ -74,6 +74,9 @@ WINOGRAD_WGRAD_MIN_TILES = 256
 #: (and at least WINOGRAD_MIN_CHANNELS), where ``implicit``'s 64-wide tiles run mostly
 #: empty (from 32 channels implicit wins).
 WINOGRAD_WGRAD_THIN_CHANNELS = 16
+#: ...but with AVX-512, channels-first ones from this many (``implicit`` wins at 64, ties
+#: at 96).
+WINOGRAD_WGRAD_CF_MIN_CHANNELS = 128
 
 
 def implicit_applies(op, problem) -> bool:
@@ -147,8 +150,9 @@ def winograd_reason(op, problem) -> Optional[str]:
         thin = (problem.channels_last and wide_registers() and
                 WINOGRAD_MIN_CHANNELS <= channels and
                 max(problem.in_channels, problem.out_channels) <= WINOGRAD_WGRAD_THIN_CHANNELS)
-        if (channels < WINOGRAD_WGRAD_MIN_CHANNELS and not thin) or \
-                tiles < WINOGRAD_WGRAD_MIN_TILES:
+        least = WINOGRAD_WGRAD_CF_MIN_CHANNELS \
+            if not problem.channels_last and wide_registers() else WINOGRAD_WGRAD_MIN_CHANNELS
+        if (channels < least and not thin) or tiles < WINOGRAD_WGRAD_MIN_TILES:
             return None
     elif channels < WINOGRAD_MIN_CHANNELS or tiles < WINOGRAD_MIN_TILES:
         return None
