@@ -3,8 +3,8 @@ gradient writes dx instead of zeroing it and adding (the fused channels-last 3x3
 channels-first plane kernels): forward, data gradient (written over garbage and
 accumulated), weight gradient, against the reference; NaN and infinity at the borders;
 bitwise determinism; a NUMBA_BOUNDSCHECK=1 pass; that ``same`` 3x3 windows take their
-kernels (_cl_same3, _cl_same3_weight, _cf_same3, _cf_same3_weight); the sliding rows built for 128- and
-512-bit vectors."""
+kernels (_cl_same3, _cl_same3_weight, _cf_same3, _cf_same3_weight); the sliding rows built
+for 128- and 512-bit vectors."""
 
 
 import numpy as np

@@ -421,7 +421,8 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
 
 def strided_data_gradient_cf(g: Geom, dy, w, dx, accumulate: bool) -> None:
     """:func:`strided_data_gradient` of a channels-first problem, on channels-last copies of
-    dy and dx (and of dx's values first, to accumulate) made by :func:`._microkernel.images_transposed`.
+    dy and dx (and of dx's values first, to accumulate) made by
+    :func:`._microkernel.images_transposed`.
     The copies cost less than col2im's scattered adds where a pixel's product is deep
     enough (``_heuristics.IMPLICIT_PHASED_CF_MIN_TAPS``; docs/cpu-algorithms.md)."""
     lanes = vector_lanes(dx.dtype)

@@ -46,7 +46,7 @@ from numba import prange, uint64
 
 from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
-from . import _tiles
+from . import _heuristics, _tiles
 from ._microkernel import images_transposed, vector_lanes
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
@@ -180,8 +180,7 @@ def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray
     (``_heuristics.winograd_via_copies``) runs on channels-last copies of x and y, made by
     :func:`._microkernel.images_transposed`: fresh arrays as large as x and y for the
     length of the call."""
-    from ._heuristics import winograd_via_copies
-    if g.channels_last or not winograd_via_copies(g.c, g.k):
+    if g.channels_last or not _heuristics.winograd_via_copies(g.c, g.k):
         return forward(g, x, transformed_weights(g, w, flipped), y)
     cl = g._replace(channels_last=True)
     lanes = vector_lanes(x.dtype)
