@@ -191,22 +191,19 @@ def weight_gradient(g, x, dy) -> np.ndarray:
         rows = _row_split(g.p[1], g.n * g.p[0])
         jobs = g.n * g.p[0] * -(-g.p[1] // rows)
         x5 = g.x5(x)
-        if _same_weight_rows(g, form, x5, dy):
-            partial = np.empty((jobs, 1, 9, g.k), dy.dtype)
-            zero = np.zeros(x5.shape[3] * g.k, dy.dtype)
-            for first, last in _pieces(g, jobs):
-                cl._cl_same3_weight(x5, dy.reshape(-1, g.p[2], g.k), partial, zero, out,
-                                    before, stride, dil, row_lanes(dy.dtype), rows, first, last)
-            total = np.empty(9 * g.k, dy.dtype)
-            add_partials(partial.reshape(jobs, -1), total)
-            return np.ascontiguousarray(total.reshape(1, 9, g.k).transpose(2, 0, 1))
-        cmap, identity = _channel_map(g)
         partial = np.empty((jobs, g.cg, g.taps, g.k), dy.dtype)
         dy3 = dy.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
-        for first, last in _pieces(g, jobs):
-            cl._cl_weight_partials(g.x5(x), dy3, partial, cmap, identity, out, size, before,
-                                   stride, dil, r, rows, *_row_kernels(g.k, dy.dtype), first,
-                                   last)
+        if _same_weight_rows(g, form, x5, dy):           # one pass (cg = 1), 9 taps
+            zero = np.zeros(x5.shape[3] * g.k, dy.dtype)
+            for first, last in _pieces(g, jobs):
+                cl._cl_same3_weight(x5, dy3, partial, zero, out, before, stride, dil,
+                                    row_lanes(dy.dtype), rows, first, last)
+        else:
+            cmap, identity = _channel_map(g)
+            for first, last in _pieces(g, jobs):
+                cl._cl_weight_partials(x5, dy3, partial, cmap, identity, out, size, before,
+                                       stride, dil, r, rows, *_row_kernels(g.k, dy.dtype),
+                                       first, last)
         total = np.empty(g.cg * g.taps * g.k, dy.dtype)
         add_partials(partial.reshape(jobs, -1), total)
         return np.ascontiguousarray(total.reshape(g.cg, g.taps, g.k).transpose(2, 0, 1))

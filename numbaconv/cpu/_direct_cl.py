@@ -423,6 +423,26 @@ def _cl_conv(src, wk, dst3, dst2, cmap, identity, transposed, cg, kg, out, size,
                             dst3[drow, p2, grp * cg + c] += total
 
 
+@inline_jit
+def _same_source_rows(plane, a, step, height, row_values):
+    """The flat offsets of source rows a, a + step, a + 2 * step of the plane starting at row
+    ``plane`` (rows of ``row_values`` values), -1 for a row outside the source (padding)."""
+    ra = (plane + a) * row_values if 0 <= a < height else -1
+    rb = (plane + a + step) * row_values if 0 <= a + step < height else -1
+    rc = (plane + a + 2 * step) * row_values if 0 <= a + 2 * step < height else -1
+    return ra, rb, rc
+
+
+@inline_jit
+def _row_pointers(src, zero, ra, rb, rc, k0):
+    """Pointers to channel k0 of the three source rows at offsets ra, rb, rc in src, or into
+    the row of zeros where an offset is -1."""
+    pa = _at(src, ra + k0) if ra >= 0 else _at(zero, k0)
+    pb = _at(src, rb + k0) if rb >= 0 else _at(zero, k0)
+    pc = _at(src, rc + k0) if rc >= 0 else _at(zero, k0)
+    return pa, pb, pc
+
+
 @parallel_jit
 def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units, first_row, last_row):
     """Depthwise 3x3 rows of ``same`` padding and stride 1 along them, channels-last, read
@@ -445,15 +465,11 @@ def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units, first
         n = rest // out_depth
         plane = (n * src_depth + o0) * src_height
         base = job * src_width * kk
-        a = p1 * stride[1] - before[1]
-        ra = (plane + a) * src_width * kk if 0 <= a < src_height else -1
-        rb = (plane + a + dil[1]) * src_width * kk if 0 <= a + dil[1] < src_height else -1
-        rc = (plane + a + 2 * dil[1]) * src_width * kk if 0 <= a + 2 * dil[1] < src_height else -1
+        ra, rb, rc = _same_source_rows(plane, p1 * stride[1] - before[1], dil[1], src_height,
+                                       src_width * kk)
         k0 = 0
         while k0 < kk:
-            pa = _at(src, ra + k0) if ra >= 0 else _at(zero, k0)
-            pb = _at(src, rb + k0) if rb >= 0 else _at(zero, k0)
-            pc = _at(src, rc + k0) if rc >= 0 else _at(zero, k0)
+            pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
             pw, pd = _at(wk, k0), _at(dst3, base + k0)
             left = kk - k0
             if units >= 8 and left >= 8 * lanes:
@@ -498,16 +514,11 @@ def _cl_same3_weight(src, dy3, partial, zero, out, before, stride, dil, lanes, r
             for k in range(kk):
                 partial[job, 0, t, k] = 0
         for p1 in range(blk * rows, min(blk * rows + rows, out_height)):
-            a = p1 * stride[1] - before[1]
-            ra = (plane + a) * src_width * kk if 0 <= a < src_height else -1
-            rb = (plane + a + dil[1]) * src_width * kk if 0 <= a + dil[1] < src_height else -1
-            rc = (plane + a + 2 * dil[1]) * src_width * kk \
-                if 0 <= a + 2 * dil[1] < src_height else -1
+            ra, rb, rc = _same_source_rows(plane, p1 * stride[1] - before[1], dil[1],
+                                           src_height, src_width * kk)
             drow = ((n * out_depth + o0) * out_height + p1) * src_width * kk
             for k0 in range(0, kk, lanes):
-                pa = _at(src, ra + k0) if ra >= 0 else _at(zero, k0)
-                pb = _at(src, rb + k0) if rb >= 0 else _at(zero, k0)
-                pc = _at(src, rc + k0) if rc >= 0 else _at(zero, k0)
+                pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
                 grad3_same(pa, pb, pc, kk, _at(dy3, drow + k0), kk, _at(partial, sums + k0),
                            kk, src_width)
 

@@ -147,6 +147,21 @@ class _Emitter:
         builder.position_at_end(loop)
         return entry, loop, done
 
+    @staticmethod
+    def carry(phis, first, again, entry, loop):
+        """Loop-carried values: each phi takes ``first`` from ``entry``, ``again`` from
+        ``loop``."""
+        for phi, a, b in zip(phis, first, again):
+            phi.add_incoming(a, entry)
+            phi.add_incoming(b, loop)
+
+    def merged(self, first, again, entry, loop):
+        """Vector phis where a loop opened by :meth:`open_loop` is done: ``first`` where it
+        never ran, its last ``again`` otherwise (the builder placed in the done block)."""
+        phis = [self.builder.phi(self.vec) for _ in first]
+        self.carry(phis, first, again, entry, loop)
+        return phis
+
 
 def _row_kernel(emit, lanes=None):
     """An intrinsic ``kernel(pa, pb, pc, ps, p1, s1, p2, s2, npx)`` on one vector of
@@ -231,19 +246,14 @@ def _emit_conv3(e, rows, ps, pw, wt, pd, dps, npx, units=1, same=False):
     j_next = builder.add(j, e.const(1))
     j.add_incoming(e.const(start), entry)
     j.add_incoming(j_next, loop)
-    for phis, first, again in ((carried_older, older, next_older),
-                               (carried_newer, newer, next_newer)):
-        for phi, a, b in zip(phis, first, again):
-            phi.add_incoming(a, entry)
-            phi.add_incoming(b, loop)
+    e.carry(carried_older, older, next_older, entry, loop)
+    e.carry(carried_newer, newer, next_newer, entry, loop)
     builder.cbranch(builder.icmp_signed("<", j_next, end), loop, done)
     builder.position_at_end(done)
     if same:
         # The last output's third tap column is padding: its sum is done as carried.
-        last = [builder.phi(e.vec) for _ in range(units)]
+        last = e.merged(older, next_older, entry, loop)
         for v in range(units):
-            last[v].add_incoming(older[v], entry)
-            last[v].add_incoming(next_older[v], loop)
             e.store(last[v], part(pd, v), builder.sub(npx, e.const(1)), dps)
 
 
@@ -270,15 +280,11 @@ def _emit_grad3(e, rows, ps, pdy, dps, pacc, at, npx):
     q_next = builder.add(q, e.const(1))
     q.add_incoming(e.const(0), entry)
     q.add_incoming(q_next, loop)
-    for phi, first, again in zip(sums, start, updated):
-        phi.add_incoming(first, entry)
-        phi.add_incoming(again, loop)
+    e.carry(sums, start, updated, entry, loop)
     builder.cbranch(builder.icmp_signed("<", q_next, npx), loop, done)
     builder.position_at_end(done)
-    final = [builder.phi(e.vec) for _ in range(9)]
+    final = e.merged(start, updated, entry, loop)
     for t in range(9):
-        final[t].add_incoming(start[t], entry)
-        final[t].add_incoming(updated[t], loop)
         e.store(final[t], pacc, e.const(t), at)
 
 
@@ -321,23 +327,14 @@ def _emit_grad3_same(e, rows, ps, pdy, dps, pacc, at, npx):
             updated.append(e.madd(g, src, sums[3 * i + m]))
     q.add_incoming(e.const(1), entry)
     q.add_incoming(q_next, loop)
-    for phis, first, again in ((sums, acc, updated), (carried_older, older, carried_newer),
-                               (carried_newer, newer, ahead)):
-        for phi, a, b in zip(phis, first, again):
-            phi.add_incoming(a, entry)
-            phi.add_incoming(b, loop)
+    e.carry(sums, acc, updated, entry, loop)
+    e.carry(carried_older, older, carried_newer, entry, loop)
+    e.carry(carried_newer, newer, ahead, entry, loop)
     builder.cbranch(builder.icmp_signed("<", q_next, last), loop, done)
     builder.position_at_end(done)
-
-    def merged(first, again):
-        phi = builder.phi(e.vec)
-        phi.add_incoming(first, entry)
-        phi.add_incoming(again, loop)
-        return phi
-
-    acc = [merged(a, b) for a, b in zip(acc, updated)]
-    older = [merged(a, b) for a, b in zip(older, carried_newer)]
-    newer = [merged(a, b) for a, b in zip(newer, ahead)]
+    acc = e.merged(acc, updated, entry, loop)
+    older = e.merged(older, carried_newer, entry, loop)
+    newer = e.merged(newer, ahead, entry, loop)
     # Output npx - 1: tap column 2 reads the padding.
     g = e.load(pdy, last, dps)
     for i in range(3):
