@@ -85,18 +85,24 @@ def _check_forward_forms(label, x, dy, w, bias, kw, dtype):
 def _check_all_ops(case, dtype, layout):
     x, dy, w, bias, kw = _arrays(case, dtype, layout)
     _check_forward_forms(case[0], x, dy, w, bias, kw, dtype)
+    _check_weight_gradient(case[0], x, dy, w, kw, dtype)
+
+
+def _check_weight_gradient(label, x, dy, w, kw, dtype):
+    """The weight gradient by ``winograd``, and accumulated onto ones, against the
+    reference."""
     backend = _backend()
     with nc.use_backend("reference"):
         dw_ref = nc.conv_backward_weight(x, dy, w.shape, **kw)
-    # The weight gradient, and accumulated onto ones.
     p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    assert "winograd" in backend.algorithms("conv_backward_weight", p)
     dw = backend.run("conv_backward_weight", p, (x, dy), None, "winograd")
-    assert dw.dtype == dtype and relative_error(dw, dw_ref) < TOL[dtype], case[0]
+    assert dw.dtype == dtype and relative_error(dw, dw_ref) < TOL[dtype], label
     p = pb.conv_backward_weight_problem(x, dy, w.shape, out=np.ones_like(w),
                                         accumulate=True, **kw)
     acc = np.ones_like(w)
     backend.run("conv_backward_weight", p, (x, dy), acc, "winograd")
-    assert relative_error(acc, dw_ref + 1) < TOL[dtype], case[0]
+    assert relative_error(acc, dw_ref + 1) < TOL[dtype], label
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -213,8 +219,9 @@ CASES_3D = [
 
 
 def _check_3d(case, dtype, layout):
-    """The forward (with bias), the data gradient (over NaN, and accumulated) and the
-    transposed convolution of a 3D case by ``winograd``."""
+    """The forward (with bias), the data gradient (over NaN, and accumulated), the
+    transposed convolution and the weight gradient (and accumulated) of a 3D case by
+    ``winograd``."""
     _, x_shape, padding, k = case
     rng = np.random.default_rng(1)
     x = rng.standard_normal(x_shape).astype(dtype)
@@ -225,6 +232,7 @@ def _check_3d(case, dtype, layout):
     kw = dict(padding=padding, layout=layout)
     dy = rng.standard_normal(nc.conv_output_shape(x.shape, w.shape, **kw)).astype(dtype)
     _check_forward_forms(case[0], x, dy, w, bias, kw, dtype)
+    _check_weight_gradient(case[0], x, dy, w, kw, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -239,9 +247,21 @@ def test_3d_matches_the_reference(case, layout, dtype):
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 @pytest.mark.parametrize("tiles", [1, 3])
 def test_3d_jobs_split_each_depth_slice(monkeypatch, layout, tiles):
-    from numbaconv.cpu import _winograd
+    """Jobs of 1 and 3 tiles, their workspaces filled with garbage first: a weight gradient
+    job whose depth taps lie partly in the padding must still write all of its part (and
+    not by im2col: garbage that is not finite would send the problem there)."""
+    from numbaconv.cpu import _im2col, _tiles, _winograd
     monkeypatch.setattr(_winograd, "MIN_JOB_TILES", tiles)
     monkeypatch.setattr(_winograd, "JOB_BYTES", 1)
+    workspace = _tiles.workspace
+
+    def poisoned(*args, **kwargs):
+        buffer = workspace(*args, **kwargs)
+        buffer[...] = 7
+        return buffer
+
+    monkeypatch.setattr(_tiles, "workspace", poisoned)
+    monkeypatch.setattr(_im2col, "weight_gradient", None)
     _check_3d(("3d-jobs", (2, 3, 3, 7, 9), 1, 4), "float64", layout)  # 4 x 5 tiles a slice
 
 
@@ -255,11 +275,17 @@ def test_3d_non_finite_values_propagate_like_the_reference(layout):
         x = np.moveaxis(x, 1, -1).copy()
     w = rng.standard_normal((3, 2, 3, 3, 3))
     kw = dict(padding=1, layout=layout)
+    dy = rng.standard_normal(nc.conv_output_shape(x.shape, w.shape, **kw))
     with nc.use_backend("reference"):
         want = nc.conv(x, w, **kw)
+        dw_want = nc.conv_backward_weight(x, dy, w.shape, **kw)
     got = _backend().run("conv", pb.conv_problem(x, w, **kw), (x, w, None), None, "winograd")
     assert np.isinf(want).any() and np.isnan(want).any()
     assert_non_finite_like(got, want)
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    dw = _backend().run("conv_backward_weight", p, (x, dy), None, "winograd")
+    assert np.isinf(dw_want).any()
+    assert_non_finite_like(dw, dw_want)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -267,15 +293,15 @@ def test_3d_non_finite_values_propagate_like_the_reference(layout):
 def test_channels_first_natively_and_on_channels_last_copies(monkeypatch, copies):
     """Channels-first forwards, data gradients and transposed convolutions run natively or,
     with AVX-512 up to WINOGRAD_COPIES_MAX_CHANNELS, on channels-last copies of their input
-    and output: each way against the reference (2D and 3D, non-finite values too), whatever
-    this CPU would pick; and the rule itself."""
+    and output (weight gradients on a copy of x): each way against the reference (2D and 3D,
+    non-finite values too), whatever this CPU would pick; and the rule itself."""
     from numbaconv.cpu import _heuristics, _winograd
     calls = []
     real = _winograd.images_transposed
     monkeypatch.setattr(_heuristics, "winograd_via_copies", lambda c, k: copies)
     monkeypatch.setattr(_winograd, "images_transposed", lambda *a: calls.append(1) or real(*a))
     for case in CASES:
-        _check_forward_forms(case[0], *_arrays(case, "float64", "channels_first"), "float64")
+        _check_all_ops(case, "float64", "channels_first")
     for case in CASES_3D:
         _check_3d(case, "float64", "channels_first")
     assert bool(calls) == copies
@@ -288,16 +314,15 @@ def test_channels_first_natively_and_on_channels_last_copies(monkeypatch, copies
         assert _heuristics.winograd_via_copies(c, k) == want, (wide, c, k)
 
 
-def test_3d_winograd_is_not_a_weight_gradient_algorithm():
+def test_3d_winograd_needs_3x3x3_kernels():
     backend = _backend()
     x = np.zeros((1, 2, 4, 6, 6))
-    w = np.zeros((3, 2, 3, 3, 3))
+    w = np.zeros((3, 2, 3, 3, 5))
     dy = np.zeros(nc.conv_output_shape(x.shape, w.shape, padding=1))
     p = pb.conv_backward_weight_problem(x, dy, w.shape, padding=1)
     assert "winograd" not in backend.algorithms("conv_backward_weight", p)
-    with pytest.raises(ValueError, match="but for the weight gradient, a 3D 3x3x3"):
+    with pytest.raises(ValueError, match="a 2D 3x3 or 3D 3x3x3 kernel"):
         backend.run("conv_backward_weight", p, (x, dy), None, "winograd")
-    w = np.zeros((3, 2, 3, 3, 5))
     p = pb.conv_problem(x, w, padding=1)
     assert "winograd" not in backend.algorithms("conv", p)
     with pytest.raises(ValueError, match="algorithm: 'winograd'"):
@@ -332,9 +357,13 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only(monkeypatch):
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: False)
     for c, size in ((64, 56), (128, 28), (256, 14)):
         assert choice("conv_backward_weight", c, size)[0] == "winograd", c
-    # With AVX-512, channels-first ones from 128 channels (channels-last from 64).
+    # With AVX-512, channels-first ones with rows of 28 pixels or more from 96 channels
+    # (narrower rows, and channels-last, from 64).
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
     assert choice("conv_backward_weight", 64, 56)[0] == "implicit"
+    assert choice("conv_backward_weight", 64, 28)[0] == "implicit"
+    assert choice("conv_backward_weight", 96, 28)[0] == "winograd"
+    assert choice("conv_backward_weight", 64, 16, n=32)[0] == "winograd"
     assert choice("conv_backward_weight", 128, 28)[0] == "winograd"
     assert choice("conv_backward_weight", 64, 56, layout="channels_last")[0] == "winograd"
     monkeypatch.undo()
@@ -370,9 +399,9 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only(monkeypatch):
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
-def test_the_heuristic_picks_winograd_for_3d_layers(layout):
-    """3D 3x3x3 layers of stride 1 from 16 channels, forward and data gradient (not the
-    weight gradient, nor stride 2)."""
+def test_the_heuristic_picks_winograd_for_3d_layers(monkeypatch, layout):
+    """3D 3x3x3 layers of stride 1: the forward and data gradient from 16 channels, the
+    weight gradient from 64 (not stride 2)."""
     backend = _backend()
 
     def problems(stride, c=64):
@@ -387,12 +416,18 @@ def test_the_heuristic_picks_winograd_for_3d_layers(layout):
 
     for op, p in problems(1).items():
         algorithm, why = backend.choose(op, p)
-        assert (algorithm == "winograd") == (op != "conv_backward_weight"), (op, why)
-        if algorithm == "winograd":
-            assert "3D 3x3x3" in why
+        assert algorithm == "winograd" and "3D 3x3x3" in why, (op, why)
     for op, p in problems(2).items():
         assert backend.choose(op, p)[0] != "winograd", op
     assert backend.choose("conv", problems(1, c=8)["conv"])[0] != "winograd"
+    assert backend.choose("conv", problems(1, c=32)["conv"])[0] == "winograd"
+    wgrad = problems(1, c=32)["conv_backward_weight"]
+    assert backend.choose("conv_backward_weight", wgrad)[0] != "winograd"
+    # Nor 16 -> 16 channels-last with AVX-512, unlike 2D (``implicit`` wins in 3D).
+    from numbaconv.cpu import _heuristics
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
+    wgrad = problems(1, c=16)["conv_backward_weight"]
+    assert backend.choose("conv_backward_weight", wgrad)[0] != "winograd"
     x = np.zeros((8, 4, 6, 6, 64) if layout == "channels_last" else (8, 64, 4, 6, 6),
                  np.float32)                                      # 9 tiles a depth slice
     p = pb.conv_problem(x, np.zeros((64, 64, 3, 3, 3), np.float32), padding=1, layout=layout)
@@ -451,14 +486,20 @@ def test_numbaconv_winograd_0_takes_it_off_the_table(monkeypatch):
         backend.algorithms("conv", p)
 
 
-def test_the_weight_gradient_is_the_same_bit_for_bit_on_one_thread_or_two():
+@pytest.mark.parametrize("shape", [(4, 6, 12, 10), (2, 6, 3, 8, 6)], ids=["2d", "3d"])
+def test_the_weight_gradient_is_the_same_bit_for_bit_on_one_thread_or_two(shape):
     import numba
-    x, dy, w, _, kw = _arrays(("det", (4, 6, 12, 10), 1, 5), "float32", "channels_last")
-    x *= 10.0 ** np.random.default_rng(1).integers(-4, 4, x.shape)   # rounding-sensitive
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x *= 10.0 ** rng.integers(-4, 4, x.shape)                       # rounding-sensitive
+    x = np.moveaxis(x, 1, -1).copy()
+    w = np.zeros((5, shape[1]) + (3,) * (len(shape) - 2), np.float32)
+    kw = dict(padding=1, layout="channels_last")
+    dy = rng.standard_normal(nc.conv_output_shape(x.shape, w.shape, **kw)).astype(np.float32)
     p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
     from numbaconv.cpu import _winograd
     previous = numba.get_num_threads(), _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES
-    _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = 5, 1        # 24 jobs into 8 slots
+    _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = 5, 1        # 24 (3D: 18) jobs, 8 slots
     try:
         runs = []
         for threads in (2, 1, 2):

@@ -35,9 +35,8 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     the weight gradient by Winograd F(2x2, 3x3) (:mod:`._winograd`): per 2x2 output tile,
     16 products over channels of transformed 4x4 input patches and transformed weights (or
     transformed dy, for the weight gradient), BLAS products over jobs of tiles shared among
-    the tile workers; 2.25 times fewer multiplications. 3D 3x3x3 kernels likewise for the
-    forward and the data gradient, per depth slice, the three depth taps summed in the
-    products.
+    the tile workers; 2.25 times fewer multiplications. 3D 3x3x3 kernels likewise, per depth
+    slice, the three depth taps side by side in the products.
 ``direct``
     Numba loops without packing, for grouped convolutions with few channels per group
     (depthwise above all), where a GEMM would multiply one-column matrices.

@@ -119,9 +119,8 @@ def _cl_row9(out, orow, buf, ra, rb, rc, step, wk, c, t, kk, npx, vec, slide):
     """
     if step == 1 and vec:
         width, pitch = buf.shape[1], buf.shape[2]
-        taps, pixels, channels = wk.shape[1], out.shape[1], out.shape[2]
+        taps = wk.shape[1]
         wbase = (c * taps + t) * kk
-        obase = orow * pixels * channels
         for k0 in range(0, kk, vec):
             conv3_row(_at(buf, ra * width * pitch + k0), _at(buf, rb * width * pitch + k0),
                       _at(buf, rc * width * pitch + k0), pitch, _at(wk, wbase + k0), kk,

@@ -70,13 +70,15 @@ WINOGRAD_3D_MIN_SLICE_TILES = 16
 #: this many channels and tiles (below, ``implicit`` or im2col win).
 WINOGRAD_WGRAD_MIN_CHANNELS = 64
 WINOGRAD_WGRAD_MIN_TILES = 256
-#: ...and with AVX-512, channels-last ones of at most this many input and output channels
+#: ...and with AVX-512, 2D channels-last ones of at most this many input and output channels
 #: (and at least WINOGRAD_MIN_CHANNELS), where ``implicit``'s 64-wide tiles run mostly
-#: empty (from 32 channels implicit wins).
+#: empty (from 32 channels implicit wins; in 3D too).
 WINOGRAD_WGRAD_THIN_CHANNELS = 16
-#: ...but with AVX-512, channels-first ones from this many (``implicit`` wins at 64, ties
-#: at 96).
-WINOGRAD_WGRAD_CF_MIN_CHANNELS = 128
+#: ...but with AVX-512, 2D channels-first ones with output rows of at least
+#: WINOGRAD_WGRAD_CF_WIDE_ROWS pixels from this many channels: ``implicit`` reads such rows
+#: in place faster (at 64 channels; on narrower rows winograd wins).
+WINOGRAD_WGRAD_CF_MIN_CHANNELS = 96
+WINOGRAD_WGRAD_CF_WIDE_ROWS = 28
 
 
 def implicit_applies(op, problem) -> bool:
@@ -92,13 +94,11 @@ def implicit_applies(op, problem) -> bool:
 
 
 def winograd_applies(op, problem) -> bool:
-    """The ``winograd`` algorithm: a 2D 3x3 kernel, stride and dilation 1, one group, for the
-    forward, the data gradient (a forward convolution of dy) and the weight gradient (any
-    padding); and a 3D 3x3x3 kernel likewise, for the forward and the data gradient; unless
-    ``NUMBACONV_WINOGRAD=0``."""
+    """The ``winograd`` algorithm: a 2D 3x3 or 3D 3x3x3 kernel, stride and dilation 1, one
+    group, for the forward, the data gradient (a forward convolution of dy) and the weight
+    gradient (any padding); unless ``NUMBACONV_WINOGRAD=0``."""
     from ..config import winograd_enabled
-    kernel = tuple(problem.kernel_size)
-    shape = kernel == (3, 3) or (kernel == (3, 3, 3) and op != "conv_backward_weight")
+    shape = tuple(problem.kernel_size) in ((3, 3), (3, 3, 3))
     return (op in ("conv", "conv_backward_data", "conv_transpose", "conv_backward_weight")
             and winograd_enabled() and shape and problem.groups == 1
             and all(s == 1 for s in problem.stride) and all(d == 1 for d in problem.dilation))
@@ -147,11 +147,13 @@ def winograd_reason(op, problem) -> Optional[str]:
         return None
     channels = min(problem.in_channels, problem.out_channels)
     if op == "conv_backward_weight":
-        thin = (problem.channels_last and wide_registers() and
+        flat = problem.ndim == 2
+        thin = (flat and problem.channels_last and wide_registers() and
                 WINOGRAD_MIN_CHANNELS <= channels and
                 max(problem.in_channels, problem.out_channels) <= WINOGRAD_WGRAD_THIN_CHANNELS)
-        least = WINOGRAD_WGRAD_CF_MIN_CHANNELS \
-            if not problem.channels_last and wide_registers() else WINOGRAD_WGRAD_MIN_CHANNELS
+        wide_rows = (flat and not problem.channels_last and wide_registers()
+                     and problem.output_size[-1] >= WINOGRAD_WGRAD_CF_WIDE_ROWS)
+        least = WINOGRAD_WGRAD_CF_MIN_CHANNELS if wide_rows else WINOGRAD_WGRAD_MIN_CHANNELS
         if (channels < least and not thin) or tiles < WINOGRAD_WGRAD_MIN_TILES:
             return None
     elif channels < WINOGRAD_MIN_CHANNELS or tiles < WINOGRAD_MIN_TILES:

@@ -1,7 +1,6 @@
-"""Winograd F(2x2, 3x3): 2D 3x3 convolutions with stride and dilation 1, one group (the
-forward, the data gradient and the weight gradient), and 3D 3x3x3 ones (the forward and the
-data gradient: F(2x2, 3x3) on each depth slice, summed over the three depth taps in one
-product, see :func:`_forward3`).
+"""Winograd F(2x2, 3x3): 2D 3x3 and 3D 3x3x3 convolutions with stride and dilation 1, one
+group: the forward, the data gradient and the weight gradient (3D: F(2x2, 3x3) on each depth
+slice, summed over the three depth taps in one product, see :func:`_forward3`).
 
 Each 2x2 block of output pixels (a *tile*) needs the 4x4 input patch above it. With the
 transforms of Lavin & Gray (2015), U = B^T d B of the patch and V = G g G^T of each 3x3
@@ -68,21 +67,19 @@ JOB_BYTES = 2 * 2**20
 MIN_JOB_TILES = 64
 
 
-def applies(g: Geom, weight_gradient: bool = False) -> bool:
-    """Whether the forward-form geometry ``g`` is a 2D 3x3 convolution, or (not for the
-    weight gradient) a 3D 3x3x3 one (see :func:`forward`), with stride and dilation 1 and
-    one group (any padding)."""
+def applies(g: Geom) -> bool:
+    """Whether the forward-form geometry ``g`` is a 2D 3x3 convolution, or a 3D 3x3x3 one
+    (see :func:`_forward3`), with stride and dilation 1 and one group (any padding)."""
     return (g.groups == 1 and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
-            and (g.r == (1, 3, 3) and g.s[0] == 1 and g.p[0] == 1
-                 or g.r == (3, 3, 3) and not weight_gradient))
+            and (g.r == (1, 3, 3) and g.s[0] == 1 and g.p[0] == 1 or g.r == (3, 3, 3)))
 
 
-def require(g: Geom, weight_gradient: bool = False) -> None:
+def require(g: Geom) -> None:
     """The ValueError of ``winograd`` forced on a geometry where it does not apply (the
     data gradient's geometry applies exactly where its forward form over dy does)."""
-    if not applies(g, weight_gradient):
-        raise ValueError("algorithm: 'winograd' needs a 2D 3x3 kernel (or, but for the weight "
-                         "gradient, a 3D 3x3x3 one), stride and dilation 1 and one group")
+    if not applies(g):
+        raise ValueError("algorithm: 'winograd' needs a 2D 3x3 or 3D 3x3x3 kernel, stride "
+                         "and dilation 1 and one group")
 
 
 def tile_grid(g: Geom) -> tuple:
@@ -177,20 +174,26 @@ def _g3(a, b, c, half):
 def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray) -> bool:
     """:func:`forward` with the weights ``w`` (as :func:`transformed_weights` takes them).
     A channels-first problem that runs faster channels-last
-    (``_heuristics.winograd_via_copies``) runs on channels-last copies of x and y, made by
-    :func:`._microkernel.images_transposed`: fresh arrays as large as x and y for the
-    length of the call."""
+    (``_heuristics.winograd_via_copies``) runs on channels-last copies of x and y
+    (:func:`_channels_last`): fresh arrays as large as x and y for the length of the call."""
     if g.channels_last or not _heuristics.winograd_via_copies(g.c, g.k):
         return forward(g, x, transformed_weights(g, w, flipped), y)
     cl = g._replace(channels_last=True)
-    lanes = vector_lanes(x.dtype)
-    x_cl = np.empty(x.size, x.dtype)
-    images_transposed(x.reshape(-1), x_cl, g.n, g.c, x.size // (g.n * g.c), lanes)
     y_cl = np.empty(y.size, y.dtype)
-    if not forward(cl, x_cl, transformed_weights(cl, w, flipped), y_cl):
+    if not forward(cl, _channels_last(x, g.c), transformed_weights(cl, w, flipped), y_cl):
         return False
-    images_transposed(y_cl, y.reshape(-1), g.n, y.size // (g.n * g.k), g.k, lanes)
+    images_transposed(y_cl, y.reshape(-1), g.n, y.size // (g.n * g.k), g.k,
+                      vector_lanes(y.dtype))
     return True
+
+
+def _channels_last(a: np.ndarray, channels: int) -> np.ndarray:
+    """A channels-last copy (flat) of the channels-first batch ``a`` (N, channels, ...)."""
+    images = a.shape[0]
+    copy = np.empty(a.size, a.dtype)
+    images_transposed(a.reshape(-1), copy, images, channels, a.size // (images * channels),
+                      vector_lanes(a.dtype))
+    return copy
 
 
 def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
@@ -220,10 +223,17 @@ def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
 
 def _jobs(g: Geom, itemsize: int) -> tuple:
     """Tile rows and columns of an image, and the jobs: (t0, t1) runs of consecutive tiles
-    over the batch (:func:`job_tiles` each)."""
+    over the batch, as few as hold :func:`job_tiles` each at most, an even number of them
+    where they stay MIN_JOB_TILES long, all as long as each other but the last (the split
+    depends on the shape alone: the weight gradient's sums follow it)."""
     th, tw = tile_grid(g)
     total = g.n * th * tw
-    per_job = job_tiles(g, itemsize)
+    count = -(-total // job_tiles(g, itemsize))
+    # Two tile workers on this machine kind: jobs of 128, 128, 128 and 8 tiles keep one
+    # busy for 256 tiles and the other for 136 (docs/cpu-algorithms.md, "Winograd jobs").
+    if count % 2 and count > 1 and total // (count + 1) >= MIN_JOB_TILES:
+        count += 1
+    per_job = -(-total // count)
     return th, tw, [(t0, min(total, t0 + per_job)) for t0 in range(0, total, per_job)]
 
 
@@ -236,39 +246,20 @@ def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     (16, tiles, 3 * C), channels-first (16, 3 * C, tiles), so the products are one per job
     and position over the taps inside x: U (tiles, 3C) @ V (3C, K), or V (K, 3C) @ U (3C,
     tiles)."""
-    th, tw = tile_grid(g)
-    per_slice = th * tw
-    # A job's U holds all three taps' channels: job_tiles as if there were 3 * C of them.
-    parts = -(-per_slice // job_tiles(g._replace(c=3 * g.c), x.itemsize))
-    step = -(-per_slice // parts)
-    depth, out_depth, pad = g.s[0], g.p[0], g.before[0]
-    jobs = [(s, s * per_slice + a, s * per_slice + min(per_slice, a + step))
-            for s in range(g.n * out_depth) for a in range(0, per_slice, step)]
+    th, tw, jobs = _jobs3(g, x.itemsize)
     big = np.finfo(x.dtype).max
-    xf, yf = x.reshape(-1), y.reshape(-1)
+    yf = y.reshape(-1)
     c = g.c
-    args = _input_args(g, th, tw, x.dtype)
 
     def job(span, pick):
         s, t0, t1 = span
         tiles = t1 - t0
-        n, od = divmod(s, out_depth)
-        lo, hi = max(0, pad - od), min(3, depth + pad - od)
         shape = (tiles, g.k) if g.channels_last else (g.k, tiles)
         m, mf, mstep = _planes(shape, x.dtype, "rows")
+        u, lo, hi = _transformed_slices(g, x, span, th, tw, pick)
         if lo >= hi:                                    # every depth tap in the padding
             m[...] = 0
         else:
-            shape = (tiles, 3 * c) if g.channels_last else (3 * c, tiles)
-            u, uf, ustep = _planes(shape, x.dtype, "packed")
-            for kd in range(lo, hi):
-                shift = (n * depth + od + kd - pad - s) * per_slice
-                if g.channels_last:
-                    pick(_input_cl)(xf, uf[kd * c:], ustep, t0 + shift, t1 + shift, *args,
-                                    3 * c)
-                else:
-                    pick(_input_cf)(xf, uf[kd * c * tiles:], ustep, t0 + shift, t1 + shift,
-                                    *args, depth)
             taps = slice(lo * c, hi * c)
             if g.channels_last:
                 np.matmul(u[:, :, taps], v[:, taps], out=m)
@@ -277,9 +268,46 @@ def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
         out = (mf, mstep, yf, t0, t1, th, tw, g.p[1], g.p[2], g.k, big)
         if g.channels_last:
             return pick(_output_cl)(*out)
-        return pick(_output_cf)(*out, out_depth)
+        return pick(_output_cf)(*out, g.p[0])
 
     return sum(_tiles.run_tiles(job, jobs)) == 0
+
+
+def _jobs3(g: Geom, itemsize: int) -> tuple:
+    """:func:`_jobs` of a 3D geometry: (s, t0, t1), a run [t0, t1) of the tiles of output
+    depth slice s (n * Do + od; tiles numbered over the N * Do slices), the slice's tiles
+    cut into runs as long as each other, of :func:`job_tiles` at most (counted for the
+    three depth taps' channels, as U holds them)."""
+    th, tw = tile_grid(g)
+    per_slice = th * tw
+    parts = -(-per_slice // job_tiles(g._replace(c=3 * g.c), itemsize))
+    step = -(-per_slice // parts)
+    return th, tw, [(s, s * per_slice + a, s * per_slice + min(per_slice, a + step))
+                    for s in range(g.n * g.p[0]) for a in range(0, per_slice, step)]
+
+
+def _transformed_slices(g: Geom, x: np.ndarray, span: tuple, th: int, tw: int, pick):
+    """U of a 3D job's tiles (:func:`_jobs3`) for each depth tap kd in [lo, hi), the taps
+    whose input slice od + kd - pad lies in x, in its third of the "packed" workspace:
+    channels-last (16, tiles, 3 * C), channels-first (16, 3 * C, tiles); and lo, hi."""
+    s, t0, t1 = span
+    tiles, c = t1 - t0, g.c
+    depth, out_depth, pad = g.s[0], g.p[0], g.before[0]
+    n, od = divmod(s, out_depth)
+    lo, hi = max(0, pad - od), min(3, depth + pad - od)
+    shape = (tiles, 3 * c) if g.channels_last else (3 * c, tiles)
+    u, uf, ustep = _planes(shape, x.dtype, "packed")
+    xf = x.reshape(-1)
+    args = _input_args(g, th, tw, x.dtype)
+    per_slice = th * tw
+    for kd in range(lo, hi):
+        shift = (n * depth + od + kd - pad - s) * per_slice
+        if g.channels_last:
+            pick(_input_cl)(xf, uf[kd * c:], ustep, t0 + shift, t1 + shift, *args, 3 * c)
+        else:
+            pick(_input_cf)(xf, uf[kd * c * tiles:], ustep, t0 + shift, t1 + shift, *args,
+                            depth)
+    return u, lo, hi
 
 
 def _input_args(g: Geom, th: int, tw: int, dtype) -> tuple:
@@ -597,32 +625,59 @@ def _output_cf(mf, step, yf, t0, t1, th, tw, ph, pw, channels, big, depth):
 # --- the weight gradient -----------------------------------------------------------------
 
 def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
-    """dw (K, C, 3, 3) of the geometry ``g`` (see :func:`applies`), or None where some value
-    of it is not finite (then compute it another way; see the module's docstring).
+    """dw (K, C, 3, 3), or (K, C, 3, 3, 3), of the geometry ``g`` (see :func:`applies`), or
+    None where some value of it is not finite (then compute it another way; see the
+    module's docstring).
 
     By the chain rule through Y = A^T (U ⊙ V) A and V = G g G^T: each tile's dy (2x2) is
     transformed into A dy A^T (4x4, D), the 16 products dV[xi] = sum over tiles of
-    U[xi]^T D[xi] (C x K) are BLAS products per job, and dw = G^T dV G. Jobs are dealt
-    round-robin into ``slots`` partial sums (fewer when there are fewer jobs), each summed
-    in job order, then added in slot order: the same dw, bit for bit, on every run.
+    U[xi]^T D[xi] (C x K) are BLAS products per job, and dw = G^T dV G. A 3D geometry's
+    jobs are :func:`_forward3`'s: dV of depth tap kd sums U of input slice od + kd - pad
+    against D of output slice od, the three taps side by side in one product per job (as
+    V's are there), and G^T dV G is taken per tap. Jobs are dealt round-robin into
+    ``slots`` partial sums (fewer when there are fewer jobs), each summed in job order,
+    then added in slot order: the same dw, bit for bit, on every run.
     """
-    th, tw, jobs = _jobs(g, x.itemsize)
+    three = g.r[0] == 3
+    th, tw, jobs = _jobs3(g, x.itemsize) if three else _jobs(g, x.itemsize)
     slots = min(slots, len(jobs))
     one, zero = x.dtype.type(1), x.dtype.type(0)
+    # Channels-first, x's transforms run on a channels-last copy where the forward's do
+    # (``_heuristics.winograd_via_copies``); dy's (4 values read per 16 written) on dy.
+    gx = g
+    if not g.channels_last and _heuristics.winograd_via_copies(g.c, g.k):
+        gx, x = g._replace(channels_last=True), _channels_last(x, g.c)
     xf, dyf = x.reshape(-1), dy.reshape(-1)
-    # dV as channels-last (16, C, K), channels-first (16, K, C): V's layouts.
-    shape = (16, g.c, g.k) if g.channels_last else (16, g.k, g.c)
+    c = 3 * g.c if three else g.c               # 3D: the three depth taps' channels
+    # dV as channels-last (16, C, K), channels-first (16, K, C): V's layouts (dy's).
+    shape = (16, c, g.k) if g.channels_last else (16, g.k, c)
 
     def job(span, pick, out):
-        t0, t1 = span
-        u = _transformed_input(g, xf, span, th, tw, pick)
+        t0, t1 = span[-2:]
+        if three:
+            u, lo, hi = _transformed_slices(gx, x, span, th, tw, pick)
+        else:
+            u, lo, hi = _transformed_input(gx, xf, span, th, tw, pick), 0, 1
+        if lo >= hi:                            # every depth tap in the padding
+            out[...] = 0
+            return out
+        taps = slice(lo * g.c, hi * g.c)
         if g.channels_last:
             d, df, dstep = _planes((t1 - t0, g.k), x.dtype, "rows")
             pick(_grad_cl)(dyf, df, dstep, t0, t1, th, tw, g.p[1], g.p[2], g.k, one, zero)
-            return np.matmul(u.transpose(0, 2, 1), d, out=out)
+            np.matmul(u[:, :, taps].transpose(0, 2, 1), d, out=out[:, taps])
+            out[:, :taps.start] = 0
+            out[:, taps.stop:] = 0
+            return out
         d, df, dstep = _planes((g.k, t1 - t0), x.dtype, "rows")
-        pick(_grad_cf)(dyf, df, dstep, t0, t1, th, tw, g.p[1], g.p[2], g.k, one, zero)
-        return np.matmul(d, u.transpose(0, 2, 1), out=out)
+        pick(_grad_cf)(dyf, df, dstep, t0, t1, th, tw, g.p[1], g.p[2], g.k, one, zero,
+                       g.p[0] if three else 1)
+        # U (16, tiles, C) from the copy, else (16, C, tiles).
+        u = u[:, :, taps] if gx.channels_last else u[:, taps].transpose(0, 2, 1)
+        np.matmul(d, u, out=out[:, :, taps])
+        out[:, :, :taps.start] = 0
+        out[:, :, taps.stop:] = 0
+        return out
 
     def slot(first, pick):
         part = job(jobs[first], pick, np.empty(shape, x.dtype))
@@ -633,16 +688,18 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         return part
 
     dv = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
-    dw = np.empty((g.k, g.c, 3, 3), x.dtype)
+    dw = np.empty((g.k, c, 3, 3), x.dtype)      # 3D: (K, 3 (kd), C, 3, 3)
     # Through the tile workers like every other kernel here (shared out only when large):
     # launched from this thread as a parallel region, it left an OpenMP thread spinning
     # beside the next call's workers wherever that runtime spins (PyTorch's, loaded
     # first): ResNet 64c 56x56, 10.8 -> 15.9 ms channels-first (Zen 4, 2 cores).
     def part(span, pick):
-        pick(_weights_back)(dv.reshape(-1), dw.reshape(-1), *span, g.k, g.c, g.channels_last,
+        pick(_weights_back)(dv.reshape(-1), dw.reshape(-1), *span, g.k, c, g.channels_last,
                             x.dtype.type(0.5))
 
     _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
+    if three:
+        dw = np.ascontiguousarray(dw.reshape(g.k, 3, g.c, 3, 3).transpose(0, 2, 1, 3, 4))
     return dw if np.isfinite(dw).all() else None
 
 
@@ -697,8 +754,9 @@ def _grad_cl(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
 
 
 @parallel_jit
-def _grad_cf(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
-    """D (16, K, tiles) of the tiles [t0, t1), channels-first dy (N, K, P1, P2), both flat."""
+def _grad_cf(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero, depth):
+    """D (16, K, tiles) of the tiles [t0, t1), channels-first dy (N, K, P1, P2), both flat,
+    or dy (N, K, depth, P1, P2) (see :func:`_input_cf`)."""
     tiles = t1 - t0
     full_columns = pw // 2                          # tile columns with both columns in dy
     for k in prange(channels):
@@ -706,8 +764,9 @@ def _grad_cf(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
         while j < t1:
             n, ty, tx0, tx1 = _segment(j, t1, th, tw)
             i0, i1, r0, r1 = _clamped2(2 * ty, ph, one, zero)
-            top = uint64(((n * channels + k) * ph + i0) * pw)
-            bottom = uint64(((n * channels + k) * ph + i1) * pw)
+            plane = ((n // depth * channels + k) * depth + n % depth) * ph
+            top = uint64((plane + i0) * pw)
+            bottom = uint64((plane + i1) * pw)
             out = uint64(k * tiles + j - t0 - tx0)
             full = max(min(tx1, full_columns), tx0)
             for tx in range(uint64(tx0), uint64(full)):
@@ -723,23 +782,35 @@ def _grad_cf(dyf, df, step, t0, t1, th, tw, ph, pw, channels, one, zero):
 @parallel_jit
 def _weights_back(vf, wf, first, last, kernels, channels, channels_last, half):
     """dw[k, c] = G^T dV[:, k, c] G for k in [first, last) (dV channels-last: (16, C, K);
-    else (16, K, C)), with G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]]."""
+    else (16, K, C)), with G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]].
+    dV is read along its rows (channels-last k innermost, else c), each plane in order."""
     plane = uint64(kernels * channels)
-    for k in prange(first, last):
-        for c in range(channels):
-            at = uint64(c * kernels + k) if channels_last else uint64(k * channels + c)
-            # G^T along dV's rows (i), for each of its columns j, then along the columns.
-            t = _gt_at(vf, at, _4 * plane, half)
-            u = _gt_at(vf, at + plane, _4 * plane, half)
-            v = _gt_at(vf, at + _2 * plane, _4 * plane, half)
-            z = _gt_at(vf, at + _3 * plane, _4 * plane, half)
-            o = uint64((k * channels + c) * 9)
-            r = _gt(t[0], u[0], v[0], z[0], half)
-            wf[o], wf[o + _1], wf[o + _2] = r[0], r[1], r[2]
-            r = _gt(t[1], u[1], v[1], z[1], half)
-            wf[o + _3], wf[o + _4], wf[o + uint64(5)] = r[0], r[1], r[2]
-            r = _gt(t[2], u[2], v[2], z[2], half)
-            wf[o + uint64(6)], wf[o + uint64(7)], wf[o + _8] = r[0], r[1], r[2]
+    if channels_last:
+        for c in prange(channels):
+            for k in range(first, last):
+                _back_one(vf, uint64(c * kernels + k), plane, wf,
+                          uint64((k * channels + c) * 9), half)
+    else:
+        for k in prange(first, last):
+            for c in range(channels):
+                at = uint64(k * channels + c)
+                _back_one(vf, at, plane, wf, at * uint64(9), half)
+
+
+@serial_jit
+def _back_one(vf, at, plane, wf, o, half):
+    """wf[o:o + 9] = G^T dV G of the 16 values vf[at + xi * plane]."""
+    # G^T along dV's rows (i), for each of its columns j, then along the columns.
+    t = _gt_at(vf, at, _4 * plane, half)
+    u = _gt_at(vf, at + plane, _4 * plane, half)
+    v = _gt_at(vf, at + _2 * plane, _4 * plane, half)
+    z = _gt_at(vf, at + _3 * plane, _4 * plane, half)
+    r = _gt(t[0], u[0], v[0], z[0], half)
+    wf[o], wf[o + _1], wf[o + _2] = r[0], r[1], r[2]
+    r = _gt(t[1], u[1], v[1], z[1], half)
+    wf[o + _3], wf[o + _4], wf[o + uint64(5)] = r[0], r[1], r[2]
+    r = _gt(t[2], u[2], v[2], z[2], half)
+    wf[o + uint64(6)], wf[o + uint64(7)], wf[o + _8] = r[0], r[1], r[2]
 
 
 @serial_jit

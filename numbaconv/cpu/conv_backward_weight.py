@@ -44,7 +44,7 @@ def _weight_gradient(problem, operands, algorithm):
             raise ValueError("algorithm: 'implicit' needs one group")
         dw = _implicit.weight_gradient(g, x, dy)
     elif algorithm == "winograd":
-        _winograd.require(g, weight_gradient=True)
+        _winograd.require(g)
         dw = _winograd.weight_gradient(g, x, dy, _tiles.SLOTS)
         if dw is None:                          # a value not finite: see _winograd
             dw = _im2col.weight_gradient(g, x, dy)
