@@ -455,8 +455,13 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert choice((1, 20, 20, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"
     assert choice((1, 9, 9, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"    # narrow
     assert choice((1, 9, 9, 96), (32, 96, 3, 3), padding=1)[0] == "im2col"    # short rows
-    assert choice((1, 40, 40, 32), (32, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
-    assert choice((1, 40, 40, 64), (32, 64, 3, 3), stride=2, padding=1)[0] == "im2col"
+    # Channels-last with stride 2 and long runs: from 16 input channels, to 256 channels.
+    algorithm, reason = choice((1, 40, 40, 64), (32, 64, 3, 3), stride=2, padding=1)
+    assert algorithm == "implicit" and "64 input channels" in reason
+    assert choice((1, 40, 40, 32), (256, 32, 3, 3), stride=2, padding=1)[0] == "implicit"
+    assert choice((1, 40, 40, 32), (512, 32, 3, 3), stride=2, padding=1)[0] == "im2col"
+    assert choice((1, 40, 40, 512), (32, 512, 3, 3), stride=2, padding=1)[0] == "im2col"
+    assert choice((1, 40, 40, 12), (32, 12, 3, 3), stride=2, padding=1)[0] == "im2col"
     assert choice((1, 20, 20, 64), (64, 32, 3, 3), padding=1, groups=2)[0] == "im2col"
     x = np.zeros((1, 8, 20, 20), np.float32)
     problem = pb.conv_backward_weight_problem(x, np.zeros((1, 32, 20, 20), np.float32),
@@ -492,10 +497,12 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert forward((1, 16, 20, 20), (64, 16, 3, 3), padding=1) == "im2col"
     assert data((1, 64, 20, 20), (32, 64, 3, 3), padding=1) == "im2col"
     assert choice((1, 20, 20, 8), (32, 8, 3, 3), padding=1)[0] == "implicit"
-    # ... and channels-last strided weight gradients take it with 16 input channels or more.
+    # ... and channels-last strided weight gradients take it with 16 input channels or more,
+    # without an upper bound.
     algorithm, reason = choice((1, 40, 40, 64), (32, 64, 3, 3), stride=2, padding=1)
     assert algorithm == "implicit" and "64 input channels" in reason
     assert choice((1, 40, 40, 16), (32, 16, 3, 3), stride=2, padding=1)[0] == "implicit"
+    assert choice((1, 40, 40, 32), (512, 32, 3, 3), stride=2, padding=1)[0] == "implicit"
     assert choice((1, 40, 40, 12), (32, 12, 3, 3), stride=2, padding=1)[0] == "im2col"
 
 

@@ -22,12 +22,14 @@ IMPLICIT_MIN_WIDTH = 16
 #: ...except a weight gradient whose input and output channels are all at most this many:
 #: BLAS multiplies matrices that thin more slowly still (at 128 they tie).
 IMPLICIT_NARROW_MAX_CHANNELS = 64
-#: Channels-last weight gradients with a stride along the rows take ``implicit`` only for
-#: windows of at most this many values per tap row (KW * C): longer runs pack fast enough.
+#: Channels-last weight gradients with a stride along the rows take ``implicit`` for windows
+#: of at most this many values per tap row (KW * C), whatever their channels...
 IMPLICIT_MAX_RUN = 32
-#: Without AVX-512, channels-last strided weight gradients with longer runs take ``implicit``
-#: from this many input channels (with AVX-512 they lose to im2col).
+#: Channels-last strided weight gradients with longer runs take ``implicit`` from this many
+#: input channels...
 IMPLICIT_STRIDED_MIN_CHANNELS = 16
+#: ...and with AVX-512 up to this many input and output channels (at 512 im2col wins).
+IMPLICIT_STRIDED_MAX_CHANNELS = 256
 #: The channels-first ``implicit`` forward and data gradient need this many input channels
 #: (fewer leave the micro-kernel's register transposes to a scalar loop) and rows of pixels
 #: in at least 2 dimensions (1D rows lose to im2col's products).
@@ -210,8 +212,10 @@ def implicit_reason(op, problem) -> Optional[str]:
             why = "channels-last with stride 1 along the rows"
         elif run <= IMPLICIT_MAX_RUN:
             why = f"channels-last with windows of {run} values per tap row"
-        elif not wide_registers() and problem.in_channels >= IMPLICIT_STRIDED_MIN_CHANNELS:
-            why = f"channels-last with {problem.in_channels} input channels (no AVX-512)"
+        elif problem.in_channels >= IMPLICIT_STRIDED_MIN_CHANNELS and (
+                not wide_registers() or max(problem.in_channels, problem.out_channels)
+                <= IMPLICIT_STRIDED_MAX_CHANNELS):
+            why = f"channels-last with {problem.in_channels} input channels"
         else:
             return None
         return (f"one group, output rows of {width} pixels, {why}: windows read in place "
