@@ -221,8 +221,8 @@ def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, wid
 @serial_jit
 def _fill(a, start, count):
     """a[start:start + count] = 0 (count may be 0). Indices are uint64: with signed ones
-    Numba checks each for a negative index, and LLVM no longer vectorises the loop (a row
-    of 528 floats copied 7.5 times slower)."""
+    Numba checks each for a negative index, and LLVM no longer vectorises the loop
+    (docs/cpu-algorithms.md, ``IMPLICIT_STRIDED_MAX_CHANNELS``)."""
     at = uint64(start)
     for e in range(uint64(max(count, 0))):
         a[at + e] = 0
