@@ -120,6 +120,10 @@ STRIDED = [c for c in CASES if c[3] != 1] + [
     # are not neighbours in the kernel (kx 3 and 0) multiplied as one.
     ("2d-s2-dilated-gaps", (1, 16, 11, 21), (3, 3), 2, 4, (1, 4), 8),
     ("2d-s3-k5-pairs", (1, 16, 9, 23), (1, 5), 3, (0, 2), 1, 7),
+    # dx channels the narrow tiles fill (with AVX-512: 32 float32 columns, 16 float64), and
+    # not the 64-wide ones.
+    ("2d-s2-narrow-tiles", (1, 96, 7, 9), (3, 3), 2, 1, 1, 8),
+    ("3d-s2-narrow-tiles", (1, 32, 5, 6, 7), (3, 3, 3), 2, 1, 1, 6),
 ]
 
 
@@ -172,6 +176,18 @@ def test_implicit_strided_data_gradient_matches_the_reference(case, dtype, layou
     assert "implicit" in backend.algorithms("conv_transpose", problem)
     got = backend.run("conv_transpose", problem, (dy, w, bias), None, "implicit")
     assert got.shape == x.shape and relative_error(got, expected) < TOL[dtype]
+
+
+def test_narrow_tiles_where_they_fill_their_columns_and_wide_ones_would_not():
+    from numbaconv.cpu._microkernel import narrow_strided_shape, narrow_tiles, vector_lanes
+    if narrow_strided_shape(np.float32) is None:            # no AVX-512: 16-wide tiles
+        assert not any(narrow_tiles(c, np.float32) for c in (16, 32, 96))
+        return
+    assert vector_lanes(np.float32) == 16
+    for channels, want in ((32, True), (96, True), (480, True), (64, False), (128, False),
+                           (16, False), (48, False), (544, False)):
+        assert narrow_tiles(channels, np.float32) == want, channels
+    assert narrow_tiles(16, np.float64) and not narrow_tiles(32, np.float64)
 
 
 def test_a_phases_neighbouring_row_taps_are_one_product():
@@ -276,17 +292,17 @@ def test_the_heuristic_picks_stride_phases_for_shallow_strided_data_gradients(mo
                              ((8, 256, 28, 28), (256, 256, 3, 3))):     # deep dy
         assert choice(x_shape, w_shape, layout="channels_first", stride=2,
                       padding=1)[0] != "implicit", (x_shape, w_shape)
-    # With AVX-512, only for dx channels that fill the micro-kernel's 64-wide tiles.
+    # With AVX-512, only for dx channels that fill the micro-kernel's 64-wide tiles, or its
+    # 32-wide narrow ones.
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
     for layout, x_shape in (("channels_last", (8, 56, 56, 64)),
                             ("channels_first", (8, 64, 56, 56))):
-        assert choice(x_shape, (32, 64, 3, 3), layout=layout, stride=2,
-                      padding=1)[0] == "implicit"
-        for dx_channels in (16, 32, 96):
+        for dx_channels, want in ((64, "implicit"), (32, "implicit"), (96, "implicit"),
+                                  (16, "im2col"), (48, "im2col")):
             shape = x_shape[:-1] + (dx_channels,) if layout == "channels_last" else \
                 (8, dx_channels) + x_shape[2:]
             assert choice(shape, (32, dx_channels, 3, 3), layout=layout, stride=2,
-                          padding=1)[0] == "im2col", (layout, dx_channels)
+                          padding=1)[0] == want, (layout, dx_channels)
 
 
 def test_short_runs_take_seven_row_tiles_where_they_pad_less():

@@ -40,8 +40,8 @@ IMPLICIT_OUTPUT_BLOCK = 64
 #: The channels-last strided data gradient runs by stride phases for dy of at most this many
 #: channels (short depths are slow in BLAS, and col2im then moves the most), dx of at least
 #: IMPLICIT_PHASED_MIN_OUTPUTS channels (a micro-kernel tile is 16 wide with AVX2; with
-#: AVX-512, dx's channels fill IMPLICIT_OUTPUT_BLOCK-wide tiles, as the forward's) and at
-#: least IMPLICIT_PHASED_MIN_PIXELS pixels over the batch.
+#: AVX-512, dx's channels fill IMPLICIT_OUTPUT_BLOCK-wide tiles, as the forward's, or the
+#: narrow tiles half as wide) and at least IMPLICIT_PHASED_MIN_PIXELS pixels over the batch.
 IMPLICIT_PHASED_MAX_DEPTH = 64
 IMPLICIT_PHASED_MIN_OUTPUTS = 16
 IMPLICIT_PHASED_MIN_PIXELS = 2**14
@@ -227,7 +227,7 @@ def implicit_reason(op, problem) -> Optional[str]:
         least = 2 if problem.channels_last else IMPLICIT_PHASED_CF_MIN_TAPS
         if depth > IMPLICIT_PHASED_MAX_DEPTH or outputs < IMPLICIT_PHASED_MIN_OUTPUTS or \
                 pixels < IMPLICIT_PHASED_MIN_PIXELS or taps < least or \
-                (wide_registers() and not _fills_output_tiles(outputs)):
+                (wide_registers() and not _fills_output_tiles(outputs, narrow=True)):
             return None
         layout = ("channels-last" if problem.channels_last else
                   f"channels-first ({taps} taps; through channels-last copies of dy and dx)")
@@ -256,10 +256,13 @@ def implicit_reason(op, problem) -> Optional[str]:
             f"micro-kernel, no im2col matrix")
 
 
-def _fills_output_tiles(outputs: int) -> bool:
+def _fills_output_tiles(outputs: int, narrow: bool = False) -> bool:
     """Whether ``outputs`` channels fill the micro-kernel's IMPLICIT_OUTPUT_BLOCK-wide tiles
-    (AVX-512): a multiple of the block, or at least 8 blocks."""
-    return outputs % IMPLICIT_OUTPUT_BLOCK == 0 or outputs >= 8 * IMPLICIT_OUTPUT_BLOCK
+    (AVX-512): a multiple of the block, or at least 8 blocks; with ``narrow`` (the stride
+    phases, which have half as wide tiles too: ``_microkernel.narrow_tiles``) a multiple of
+    half the block."""
+    return (outputs % IMPLICIT_OUTPUT_BLOCK == 0 or outputs >= 8 * IMPLICIT_OUTPUT_BLOCK
+            or narrow and outputs % (IMPLICIT_OUTPUT_BLOCK // 2) == 0)
 
 
 def gemm_reason(problem) -> Optional[str]:

@@ -48,9 +48,10 @@ from numba import prange, uint64
 from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _heuristics
-from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _transpose,
-                           images_transposed, micro_tile_rows, strided_shape, tile_shape,
-                           vector_lanes)
+from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
+                           _micro_tile_strided_narrow, _transpose, images_transposed,
+                           micro_tile_rows, narrow_strided_shape, narrow_tiles, strided_shape,
+                           tile_shape, vector_lanes)
 from ._sliding import row_pitch
 from ._tiles import SLOTS, add_partials, interruptible_ranges
 
@@ -402,7 +403,8 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     is their count times K, with their weights stacked in that order (:func:`_row_taps`),
     and the accumulators are loaded and stored once for them all."""
     dtype = dx.dtype
-    mr, nv = strided_shape(dtype)
+    narrow = narrow_tiles(g.c, dtype)
+    mr, nv = narrow_strided_shape(dtype) if narrow else strided_shape(dtype)
     nr = nv * vector_lanes(dtype)
     padded_c = -(-g.c // nr) * nr
     groups, order = _row_taps(g)
@@ -425,12 +427,25 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     s, r, p, stride, dil, before = g.geometry_args()
     rows = g.n * g.s[0] * g.s[1]
     overrun = np.zeros(rows, np.int64)
+    kernel = _strided_rows_narrow() if narrow else _strided_rows
     for first, last in _pieces(g, rows):
-        _strided_rows(dyp.reshape(-1), wt.reshape(-1), dx.reshape(-1), groups, overrun, first,
-                      last, s, r, p, stride, dil, before, g.k, g.c, padded_c, pitch, width,
-                      left, accumulate, mr, nr)
+        kernel(dyp.reshape(-1), wt.reshape(-1), dx.reshape(-1), groups, overrun, first, last, s,
+               r, p, stride, dil, before, g.k, g.c, padded_c, pitch, width, left, accumulate,
+               mr, nr)
     if overrun.any():
         raise IndexError("implicit data gradient: a product would reach past its arrays")
+
+
+@functools.lru_cache(maxsize=None)
+def _strided_rows_narrow():
+    """:func:`_strided_rows` on the narrow strided tiles, a twin under its own name (Numba's
+    disk cache files compilations by name)."""
+    func = _strided_rows.py_func
+    scope = dict(func.__globals__, _micro_tile_strided=_micro_tile_strided_narrow)
+    twin = types.FunctionType(func.__code__, scope, f"{func.__name__}_narrow",
+                              func.__defaults__, func.__closure__)
+    twin.__qualname__ = twin.__name__
+    return parallel_jit(twin)
 
 
 def strided_data_gradient_cf(g: Geom, dy, w, dx, accumulate: bool) -> None:

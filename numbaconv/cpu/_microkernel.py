@@ -118,23 +118,57 @@ def strided_shape(dtype) -> tuple:
     return (6, 4) if vector_lanes(dtype) * np.dtype(dtype).itemsize == 64 else (6, 2)
 
 
-@intrinsic
-def _micro_tile_strided(typingctx, ap, ai, bp, cp, kc, ldc, add, lda, ldb):
-    """:func:`_micro_tile` with A's MR values of one step ``ai`` elements apart instead of
-    adjacent: A[k, i] at ``ap + k * lda + i * ai`` (the forward convolution's windows, whose
-    positions lie a pixel apart and whose features are the depth), on a tile of
-    :func:`strided_shape`."""
-    if not (isinstance(ap, types.CPointer) and ap.dtype in (types.float32, types.float64)):
-        return None
-    dtype = np.dtype(str(ap.dtype))
+@functools.lru_cache(maxsize=None)
+def narrow_strided_shape(dtype) -> Optional[tuple]:
+    """(MR, NV) of the narrow strided tile, half as wide as :func:`strided_shape`'s with
+    AVX-512 (8 x 2 vectors: 32 float32 columns), for outputs of 32 channels that a 64-wide
+    tile would compute half empty; None without AVX-512 (its tile is 16 wide already)."""
+    return (8, 2) if vector_lanes(dtype) * np.dtype(dtype).itemsize == 64 else None
 
-    def codegen(context, builder, signature, args):
-        ap, ai, bp, cp, kc, ldc, add, lda, ldb = args
-        _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb,
-                   strided_shape(dtype))
-        return context.get_dummy_value()
 
-    return types.void(ap, ai, bp, cp, kc, ldc, add, lda, ldb), codegen
+def narrow_tiles(outputs: int, dtype) -> bool:
+    """Whether products into ``outputs`` channels take the narrow strided tiles: where those
+    fill their columns and :func:`strided_shape`'s would not (32 float32 channels, or 32 past
+    a multiple of 64, below 8 wide tiles)."""
+    dtype = np.dtype(dtype)
+    shape = narrow_strided_shape(dtype)
+    if shape is None:
+        return False
+    narrow = shape[1] * vector_lanes(dtype)
+    wide = strided_shape(dtype)[1] * vector_lanes(dtype)
+    return outputs % wide != 0 and outputs % narrow == 0 and outputs < 8 * wide
+
+
+def _strided_intrinsic(narrow: bool):
+    """The strided micro-kernel (see :data:`_micro_tile_strided`) on tiles of
+    :func:`strided_shape`, or with ``narrow`` of :func:`narrow_strided_shape`."""
+
+    @intrinsic
+    def micro_tile_strided(typingctx, ap, ai, bp, cp, kc, ldc, add, lda, ldb):
+        if not (isinstance(ap, types.CPointer) and ap.dtype in (types.float32, types.float64)):
+            return None
+        dtype = np.dtype(str(ap.dtype))
+        shape = narrow_strided_shape(dtype) if narrow else strided_shape(dtype)
+        if shape is None:
+            return None
+
+        def codegen(context, builder, signature, args):
+            ap, ai, bp, cp, kc, ldc, add, lda, ldb = args
+            _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, shape)
+            return context.get_dummy_value()
+
+        return types.void(ap, ai, bp, cp, kc, ldc, add, lda, ldb), codegen
+
+    return micro_tile_strided
+
+
+#: ``_micro_tile_strided(ap, ai, bp, cp, kc, ldc, add, lda, ldb)``: :data:`_micro_tile` with
+#: A's MR values of one step ``ai`` elements apart instead of adjacent: A[k, i] at ``ap + k *
+#: lda + i * ai`` (the forward convolution's windows, whose positions lie a pixel apart and
+#: whose features are the depth), on a tile of :func:`strided_shape`;
+#: ``_micro_tile_strided_narrow`` on one of :func:`narrow_strided_shape`.
+_micro_tile_strided = _strided_intrinsic(False)
+_micro_tile_strided_narrow = _strided_intrinsic(True)
 
 
 def _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, shape=None):
