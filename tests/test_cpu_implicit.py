@@ -106,6 +106,10 @@ def test_implicit_weight_gradient_splits_long_rows(layout, monkeypatch):
 STRIDE_1 = [c for c in CASES if c[3] == 1] + [
     ("2d-wide-strided-positions", (2, 24, 5, 29), (3, 3), 1, 1, 1, 70),
     ("2d-one-pixel-rows", (2, 17, 6, 1), (3, 1), 1, (1, 0), 1, "nr"),
+    # Output channels the narrow tiles fill (with AVX-512: 32 float32 columns, 16 float64):
+    # the forward's 32 and 96, the data gradient's 32 (x's channels).
+    ("2d-narrow-tiles", (2, 32, 6, 19), (3, 3), 1, 1, 1, 32),
+    ("1d-narrow-tiles", (2, 16, 37), (5,), 1, 2, 1, 96),
 ]
 #: Strided data gradients (channels-last, by stride phases): dx channels (C, the tiles'
 #: columns) in whole tiles and not, phase runs that end inside a micro-kernel tile, rows and
@@ -484,7 +488,7 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
                                               (32, 8, 3, 3), padding=1)
     assert backend.choose("conv_backward_weight", problem)[0] == "implicit"
     # Forward and data gradient: stride 1, rows of 16 pixels or more, channels-first with
-    # 16 input channels of the forward form or more, output channels in whole 64s.
+    # 16 input channels of the forward form or more, output channels in whole 64s (or 32s).
     def forward(x_shape, w_shape, **kw):
         problem = pb.conv_problem(np.zeros(x_shape, np.float32), np.zeros(w_shape, np.float32),
                                   None, **kw)
@@ -499,10 +503,13 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert forward((1, 16, 20, 20), (64, 16, 3, 3), padding=1) == "implicit"
     assert forward((1, 8, 20, 20), (64, 8, 3, 3), padding=1) == "im2col"     # 8 channels cf
     assert forward((1, 16, 20, 20), (48, 16, 3, 3), padding=1) == "im2col"   # 48 outputs
+    assert forward((1, 16, 20, 20), (32, 16, 3, 3), padding=1) == "implicit"  # narrow tiles
+    assert forward((1, 16, 20, 20), (96, 16, 3, 3), padding=1) == "implicit"
     assert forward((1, 16, 20, 20), (64, 16, 3, 3), padding=1, stride=2) == "im2col"
     assert data((1, 64, 20, 20), (32, 64, 3, 3), padding=1) == "implicit"
     assert data((1, 64, 9, 9), (32, 64, 3, 3), padding=1) == "im2col"        # short rows
     assert data((1, 16, 20, 20), (32, 16, 3, 3), padding=1) == "im2col"      # dx: 16
+    assert data((1, 32, 20, 20), (32, 32, 3, 3), padding=1) == "implicit"    # narrow tiles
     # Channels-first 1D rows lose to im2col; 2D kernels of other shapes keep implicit.
     assert forward((1, 64, 40), (64, 64, 5), padding=2) == "im2col"
     assert data((1, 64, 40), (64, 64, 5), padding=2) == "im2col"

@@ -35,7 +35,8 @@ IMPLICIT_STRIDED_MAX_CHANNELS = 256
 #: in at least 2 dimensions (1D rows lose to im2col's products).
 IMPLICIT_MIN_CHANNELS_FIRST = 16
 #: Their output channels fill micro-kernel tiles this wide (float32, AVX-512): a multiple of
-#: it, or at least 8 times it (at most 1/9 of the tiles' columns wasted).
+#: it, or at least 8 times it (at most 1/9 of the tiles' columns wasted), or a multiple of
+#: half of it (the narrow tiles, ``_microkernel.narrow_tiles``).
 IMPLICIT_OUTPUT_BLOCK = 64
 #: The channels-last strided data gradient runs by stride phases for dy of at most this many
 #: channels (short depths are slow in BLAS, and col2im then moves the most), dx of at least
@@ -227,7 +228,7 @@ def implicit_reason(op, problem) -> Optional[str]:
         least = 2 if problem.channels_last else IMPLICIT_PHASED_CF_MIN_TAPS
         if depth > IMPLICIT_PHASED_MAX_DEPTH or outputs < IMPLICIT_PHASED_MIN_OUTPUTS or \
                 pixels < IMPLICIT_PHASED_MIN_PIXELS or taps < least or \
-                (wide_registers() and not _fills_output_tiles(outputs, narrow=True)):
+                (wide_registers() and not _fills_output_tiles(outputs)):
             return None
         layout = ("channels-last" if problem.channels_last else
                   f"channels-first ({taps} taps; through channels-last copies of dy and dx)")
@@ -256,13 +257,11 @@ def implicit_reason(op, problem) -> Optional[str]:
             f"micro-kernel, no im2col matrix")
 
 
-def _fills_output_tiles(outputs: int, narrow: bool = False) -> bool:
+def _fills_output_tiles(outputs: int) -> bool:
     """Whether ``outputs`` channels fill the micro-kernel's IMPLICIT_OUTPUT_BLOCK-wide tiles
-    (AVX-512): a multiple of the block, or at least 8 blocks; with ``narrow`` (the stride
-    phases, which have half as wide tiles too: ``_microkernel.narrow_tiles``) a multiple of
-    half the block."""
-    return (outputs % IMPLICIT_OUTPUT_BLOCK == 0 or outputs >= 8 * IMPLICIT_OUTPUT_BLOCK
-            or narrow and outputs % (IMPLICIT_OUTPUT_BLOCK // 2) == 0)
+    (AVX-512): a multiple of the block, or at least 8 blocks; or its narrow tiles, half as
+    wide (``_microkernel.narrow_tiles``): a multiple of half the block."""
+    return outputs % (IMPLICIT_OUTPUT_BLOCK // 2) == 0 or outputs >= 8 * IMPLICIT_OUTPUT_BLOCK
 
 
 def gemm_reason(problem) -> Optional[str]:

@@ -112,7 +112,8 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
     if g.stride != (1, 1, 1):
         raise ValueError("implicit forward: stride 1 only")
     dtype = y.dtype
-    mr, nv = strided_shape(dtype)
+    narrow = narrow_tiles(g.k, dtype)
+    mr, nv = narrow_strided_shape(dtype) if narrow else strided_shape(dtype)
     lanes = vector_lanes(dtype)
     nr = nv * lanes
     runs, length = _runs(g)
@@ -124,9 +125,10 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
     overrun = np.zeros(tiles, np.int64)
     args = (np.ascontiguousarray(x).reshape(-1), np.array(g.strides_of(g.s, g.c)),
             weights.reshape(-1), y.reshape(-1), np.array(g.strides_of(g.p, g.k)), overrun)
+    kernel = _narrow_twin(_forward_rows) if narrow else _forward_rows
     for first, last in _pieces(g, tiles):
-        _forward_rows(*args, first, last, s, p, g.c, g.k, r, stride, dil, before, rows,
-                      runs, length, padded_k, accumulate, mr, nr, lanes)
+        kernel(*args, first, last, s, p, g.c, g.k, r, stride, dil, before, rows, runs, length,
+               padded_k, accumulate, mr, nr, lanes)
     if overrun.any():
         raise IndexError("implicit forward: a product would reach past its arrays")
 
@@ -427,7 +429,7 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     s, r, p, stride, dil, before = g.geometry_args()
     rows = g.n * g.s[0] * g.s[1]
     overrun = np.zeros(rows, np.int64)
-    kernel = _strided_rows_narrow() if narrow else _strided_rows
+    kernel = _narrow_twin(_strided_rows) if narrow else _strided_rows
     for first, last in _pieces(g, rows):
         kernel(dyp.reshape(-1), wt.reshape(-1), dx.reshape(-1), groups, overrun, first, last, s,
                r, p, stride, dil, before, g.k, g.c, padded_c, pitch, width, left, accumulate,
@@ -437,10 +439,11 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _strided_rows_narrow():
-    """:func:`_strided_rows` on the narrow strided tiles, a twin under its own name (Numba's
-    disk cache files compilations by name)."""
-    func = _strided_rows.py_func
+def _narrow_twin(kernel):
+    """``kernel`` (:func:`_forward_rows`, :func:`_strided_rows`) on the narrow strided tiles
+    (:func:`._microkernel.narrow_tiles`), a twin under its own name (Numba's disk cache files
+    compilations by name)."""
+    func = kernel.py_func
     scope = dict(func.__globals__, _micro_tile_strided=_micro_tile_strided_narrow)
     twin = types.FunctionType(func.__code__, scope, f"{func.__name__}_narrow",
                               func.__defaults__, func.__closure__)
