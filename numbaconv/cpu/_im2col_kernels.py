@@ -19,6 +19,7 @@ import numpy as np
 from numba import prange, uint64
 
 from ..config import inline_jit, parallel_jit, serial_jit
+from ._rows import copy_run, zero_run
 
 #: Job- and row-level helpers are called (``serial_jit``), not inlined: inlined into the
 #: kernels' parallel loops they compile slower and run no faster (docs/cpu-algorithms.md,
@@ -63,10 +64,10 @@ def _copy_row_runs(xf, plane, cf, line, q0, q1, t0, t1, t2, lo2, hi2, s, p, dil,
         va = max(pa, -off1)
         vb = max(va, min(pb, s[1] - off1))     # rows whose input row exists
         if i0 < 0 or i0 >= s[0] or va >= vb:
-            _zero_run(cf, out, size)
+            zero_run(cf, out, size)
         else:
-            _zero_run(cf, out, (va - pa) * width)
-            _zero_run(cf, out + (vb - pa) * width, size - (vb - pa) * width)
+            zero_run(cf, out, (va - pa) * width)
+            zero_run(cf, out + (vb - pa) * width, size - (vb - pa) * width)
             rows = out + (va - pa) * width
             # From the input plane i0, the first copied element at (va + off1, off2).
             _clipped_copy(cf, rows, xf, plane + i0 * area, (va + off1) * width + off2,
@@ -82,9 +83,7 @@ def _clipped_copy(cf, out, src, base, first, count, limit):
     that the caller zeroes (:func:`_zero_fringes`)."""
     lo = max(0, -first)
     hi = max(lo, min(count, limit - first))
-    fd, fs = uint64(out + lo), uint64(base + first + lo)
-    for k in range(uint64(hi - lo)):
-        cf[fd + k] = src[fs + k]
+    copy_run(src, base + first + lo, cf, out + lo, hi - lo)
 
 
 @inline_jit
@@ -92,8 +91,8 @@ def _zero_fringes(cf, out, rows, width, lo2, hi2):
     """Zero columns [0, lo2) and [hi2, width) of ``rows`` packed rows from ``out`` (the
     columns whose tap falls outside the input)."""
     for v in range(rows):
-        _zero_run(cf, out + v * width, lo2)
-        _zero_run(cf, out + v * width + hi2, width - hi2)
+        zero_run(cf, out + v * width, lo2)
+        zero_run(cf, out + v * width + hi2, width - hi2)
 
 
 @inline_jit
@@ -111,14 +110,6 @@ def _packed_at(row, b, nb, rows, rows_first, length):
     """Offset of packed row ``row`` of tile image ``b`` in the flat col of im2col_cf:
     (nb, rows, length), or (rows, nb, length) when ``rows_first``."""
     return ((row * nb + b) if rows_first else (b * rows + row)) * length
-
-
-@serial_jit
-def _zero_run(a, start, count):
-    """a[start:start + count] = 0 (a flat; nothing where count <= 0)."""
-    f = uint64(start)
-    for k in range(uint64(max(count, 0))):
-        a[f + k] = 0
 
 
 @parallel_jit
@@ -174,9 +165,9 @@ def _fill_rows(cf, line, src, start, pitch, row0, step, q0, q1, t0, t1, lo2, hi2
             out = line + (p0 * p[1] + p1 - q0) * width
             i1 = p1 * stride[1] - before[1] + t1 * dil[1]
             if i0 < 0 or i0 >= s[0] or i1 < 0 or i1 >= s[1] or count <= 0:
-                _zero_run(cf, out, width)
+                zero_run(cf, out, width)
                 continue
-            _zero_run(cf, out, lo2)
+            zero_run(cf, out, lo2)
             fd = uint64(out + lo2)
             fs = uint64(start + (i0 * s[1] + i1 - row0) * pitch)
             if step == 1:   # a contiguous run (the phased kernel's rows): it vectorises
@@ -185,7 +176,7 @@ def _fill_rows(cf, line, src, start, pitch, row0, step, q0, q1, t0, t1, lo2, hi2
             else:
                 for k in range(uint64(count)):
                     cf[fd + k] = src[fs + k * uint64(step)]
-            _zero_run(cf, out + hi2, width - hi2)
+            zero_run(cf, out + hi2, width - hi2)
 
 
 @parallel_jit
@@ -284,10 +275,10 @@ def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, 
         out = _packed_at(c * taps + t, b, nb, c_total * taps, rows_first, length)
         va, vb = max(q0, lo1), min(q1, hi1)       # output rows inside the input
         if va >= vb or lo2 >= hi2:
-            _zero_run(cf, out, (q1 - q0) * w2)
+            zero_run(cf, out, (q1 - q0) * w2)
             continue
-        _zero_run(cf, out, (va - q0) * w2)
-        _zero_run(cf, out + (vb - q0) * w2, (q1 - vb) * w2)
+        zero_run(cf, out, (va - q0) * w2)
+        zero_run(cf, out + (vb - q0) * w2, (q1 - vb) * w2)
         # One copy of rows [va, vb) from phase plane (a1, a2), then their fringe columns.
         rows = out + (va - q0) * w2
         _clipped_copy(cf, rows, ph, 0, (a1 * st2 + a2) * area + (va + e1 - j1lo) * w2 + e2,

@@ -43,7 +43,7 @@ import functools
 import types
 
 import numpy as np
-from numba import prange, uint64
+from numba import prange
 
 from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
@@ -52,6 +52,7 @@ from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
                            _micro_tile_strided_narrow, _transpose, images_transposed,
                            micro_tile_rows, narrow_strided_shape, narrow_tiles, strided_shape,
                            tile_shape, vector_lanes)
+from ._rows import copy_run, zero_run
 from ._sliding import row_pitch
 from ._tiles import SLOTS, add_partials, interruptible_ranges
 
@@ -112,10 +113,8 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
     if g.stride != (1, 1, 1):
         raise ValueError("implicit forward: stride 1 only")
     dtype = y.dtype
-    narrow = narrow_tiles(g.k, dtype)
-    mr, nv = narrow_strided_shape(dtype) if narrow else strided_shape(dtype)
+    kernel, mr, nr = _strided_tiles(_forward_rows, g.k, dtype)
     lanes = vector_lanes(dtype)
-    nr = nv * lanes
     runs, length = _runs(g)
     padded_k = -(-g.k // nr) * nr
     weights = np.zeros((wmat.shape[0], padded_k), dtype)
@@ -125,7 +124,6 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
     overrun = np.zeros(tiles, np.int64)
     args = (np.ascontiguousarray(x).reshape(-1), np.array(g.strides_of(g.s, g.c)),
             weights.reshape(-1), y.reshape(-1), np.array(g.strides_of(g.p, g.k)), overrun)
-    kernel = _narrow_twin(_forward_rows) if narrow else _forward_rows
     for first, last in _pieces(g, tiles):
         kernel(*args, first, last, s, p, g.c, g.k, r, stride, dil, before, rows, runs, length,
                padded_k, accumulate, mr, nr, lanes)
@@ -197,7 +195,8 @@ def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, wid
     """The input rows that output rows [o0, o1) of plane (n, od) read, for every kd, into
     ``window`` (KD, rows_in, width pixels, c), zero where they fall outside x. x is flat,
     ``xs`` its element strides along (N, D, H, W, C) (channels-last or channels-first).
-    The copies and fills index with uint64 (:func:`_fill`, :func:`_copy`)."""
+    The runs are zeroed and copied with uint64 indices (:func:`._rows.zero_run`,
+    :func:`._rows.copy_run`)."""
     pitch = width * c
     plane_values = rows_in * pitch
     lo = min(max(before[2], 0), width)        # padded columns [lo, hi) hold input pixels
@@ -210,33 +209,15 @@ def _copy_window(x, xs, window, n, od, o0, o1, s, c, r, stride, dil, before, wid
             ih = ih0 + rr
             base = kd * plane_values + rr * pitch
             if i_d < 0 or i_d >= s[0] or ih < 0 or ih >= s[1]:
-                _fill(window, base, pitch)
+                zero_run(window, base, pitch)
                 continue
-            _fill(window, base, lo * c)
+            zero_run(window, base, lo * c)
             src = n * xs[0] + i_d * xs[1] + ih * xs[2] + (lo - before[2]) * xs[3]
             if xs[4] == 1:                      # channels-last: one run
-                _copy(x, src, window, base + lo * c, (hi - lo) * c)
+                copy_run(x, src, window, base + lo * c, (hi - lo) * c)
             else:                               # channels-first: interleave rows
                 _transpose(x, src, xs[4], window, base + lo * c, c, c, hi - lo, lanes)
-            _fill(window, base + hi * c, pitch - hi * c)
-
-
-@serial_jit
-def _fill(a, start, count):
-    """a[start:start + count] = 0 (count may be 0). Indices are uint64: with signed ones
-    Numba checks each for a negative index, and LLVM no longer vectorises the loop
-    (docs/cpu-algorithms.md, ``IMPLICIT_STRIDED_MAX_CHANNELS``)."""
-    at = uint64(start)
-    for e in range(uint64(max(count, 0))):
-        a[at + e] = 0
-
-
-@serial_jit
-def _copy(src, start, dst, to, count):
-    """dst[to:to + count] = src[start:start + count], uint64 indices (see :func:`_fill`)."""
-    s, d = uint64(start), uint64(to)
-    for e in range(uint64(max(count, 0))):
-        dst[d + e] = src[s + e]
+            zero_run(window, base + hi * c, pitch - hi * c)
 
 
 @parallel_jit
@@ -305,17 +286,22 @@ def _forward_rows(x, xs, weights, y, ys, overrun, first_tile, last_tile, s, p, c
                             y[at] = tile[i * nr + j]
 
 
-@functools.lru_cache(maxsize=None)
 def _weight_kernel(rows: int, default_rows: int):
     """_weight_partials with micro-kernel tiles of ``rows`` rows: itself for the default,
-    else a twin compiled with :func:`._microkernel.micro_tile_rows` as its tile, under its
-    own name (Numba's disk cache files compilations by name)."""
+    else its twin with :func:`._microkernel.micro_tile_rows` as its tile."""
     if rows == default_rows:
         return _weight_partials
-    func = _weight_partials.py_func
-    scope = dict(func.__globals__, _micro_tile=micro_tile_rows(rows))
-    twin = types.FunctionType(func.__code__, scope, f"{func.__name__}_rows{rows}",
-                              func.__defaults__, func.__closure__)
+    return _twin(_weight_partials, f"rows{rows}", _micro_tile=micro_tile_rows(rows))
+
+
+@functools.lru_cache(maxsize=None)
+def _twin(kernel, suffix: str, **tiles):
+    """The parallel ``kernel`` compiled again with the globals ``tiles`` (micro-kernel
+    intrinsics) in place of its own, under its name plus ``_suffix`` (Numba's disk cache
+    files compilations by name); made once per kernel and tiles."""
+    func = kernel.py_func
+    twin = types.FunctionType(func.__code__, dict(func.__globals__, **tiles),
+                              f"{func.__name__}_{suffix}", func.__defaults__, func.__closure__)
     twin.__qualname__ = twin.__name__
     return parallel_jit(twin)
 
@@ -358,7 +344,7 @@ def _weight_partials(x, dy, parts, overrun, xs, ys, first_tile, last_tile, n_ima
                     dst = o * p[2] * padded_k
                     if ys[4] == 1:
                         for q in range(p[2]):
-                            _copy(dy, src + q * k, grads, dst + q * padded_k, k)
+                            copy_run(dy, src + q * k, grads, dst + q * padded_k, k)
                     else:
                         _transpose(dy, src, ys[4], grads, dst, padded_k, k, p[2], lanes)
             source = grads if copy_dy else dy
@@ -405,9 +391,7 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     is their count times K, with their weights stacked in that order (:func:`_row_taps`),
     and the accumulators are loaded and stored once for them all."""
     dtype = dx.dtype
-    narrow = narrow_tiles(g.c, dtype)
-    mr, nv = narrow_strided_shape(dtype) if narrow else strided_shape(dtype)
-    nr = nv * vector_lanes(dtype)
+    kernel, mr, nr = _strided_tiles(_strided_rows, g.c, dtype)
     padded_c = -(-g.c // nr) * nr
     groups, order = _row_taps(g)
     # (taps, K, pitch): the tiles' columns C' padded to whole tiles (zero columns), rows an
@@ -429,7 +413,6 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     s, r, p, stride, dil, before = g.geometry_args()
     rows = g.n * g.s[0] * g.s[1]
     overrun = np.zeros(rows, np.int64)
-    kernel = _narrow_twin(_strided_rows) if narrow else _strided_rows
     for first, last in _pieces(g, rows):
         kernel(dyp.reshape(-1), wt.reshape(-1), dx.reshape(-1), groups, overrun, first, last, s,
                r, p, stride, dil, before, g.k, g.c, padded_c, pitch, width, left, accumulate,
@@ -438,17 +421,17 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
         raise IndexError("implicit data gradient: a product would reach past its arrays")
 
 
-@functools.lru_cache(maxsize=None)
-def _narrow_twin(kernel):
-    """``kernel`` (:func:`_forward_rows`, :func:`_strided_rows`) on the narrow strided tiles
-    (:func:`._microkernel.narrow_tiles`), a twin under its own name (Numba's disk cache files
-    compilations by name)."""
-    func = kernel.py_func
-    scope = dict(func.__globals__, _micro_tile_strided=_micro_tile_strided_narrow)
-    twin = types.FunctionType(func.__code__, scope, f"{func.__name__}_narrow",
-                              func.__defaults__, func.__closure__)
-    twin.__qualname__ = twin.__name__
-    return parallel_jit(twin)
+def _strided_tiles(kernel, outputs: int, dtype) -> tuple:
+    """(kernel, MR, NR) for products into ``outputs`` channels on the strided micro-kernel:
+    ``kernel`` (:func:`_forward_rows`, :func:`_strided_rows`) on :func:`strided_shape`'s
+    tiles, or its twin on the narrow ones where they fill their columns
+    (:func:`._microkernel.narrow_tiles`)."""
+    if narrow_tiles(outputs, dtype):
+        mr, nv = narrow_strided_shape(dtype)
+        kernel = _twin(kernel, "narrow", _micro_tile_strided=_micro_tile_strided_narrow)
+    else:
+        mr, nv = strided_shape(dtype)
+    return kernel, mr, nv * vector_lanes(dtype)
 
 
 def strided_data_gradient_cf(g: Geom, dy, w, dx, accumulate: bool) -> None:

@@ -1,12 +1,33 @@
 """Kernels over rows that several algorithms share: zeroing, adding a bias along rows, and
 the fixed-order sum of per-job partials (deterministic reductions; see
-:func:`._tiles.add_partials`)."""
+:func:`._tiles.add_partials`); and the runs the packing kernels zero and copy inside theirs
+(:func:`zero_run`, :func:`copy_run`)."""
 
 from __future__ import annotations
 
-from numba import prange
+from numba import prange, uint64
 
-from ..config import parallel_jit
+from ..config import inline_jit, parallel_jit, serial_jit
+
+
+@serial_jit
+def zero_run(a, start, count):
+    """a[start:start + count] = 0 (a flat; nothing where count <= 0). Indices are uint64:
+    with signed ones Numba checks each for a negative value, and LLVM no longer vectorises
+    the loop (docs/cpu-algorithms.md, ``IMPLICIT_STRIDED_MAX_CHANNELS``)."""
+    f = uint64(start)
+    for k in range(uint64(max(count, 0))):
+        a[f + k] = 0
+
+
+@inline_jit
+def copy_run(src, start, dst, to, count):
+    """dst[to:to + count] = src[start:start + count] (both flat; nothing where count <= 0),
+    uint64 indices (see :func:`zero_run`); inlined into its callers, as im2col's row copy
+    was (through a call it measured slower)."""
+    s, d = uint64(start), uint64(to)
+    for k in range(uint64(max(count, 0))):
+        dst[d + k] = src[s + k]
 
 
 @parallel_jit
