@@ -10,7 +10,9 @@ The standard shapes fall into groups (:data:`GROUPS`: ResNet 3x3, pointwise 1x1,
 PyTorch's time over a backend's per group and op and judges it against
 :data:`GROUP_TARGETS`. :func:`gemm_peak`
 measures the machine's matrix-product peak, each row's GFLOP/s being read as a fraction of
-it; :func:`first_call_latency` times the first call of each op (JIT compilation) in fresh
+it; :func:`copy_floors` times a parallel copy of as many bytes as each memory-bound op must
+move (:data:`MEMORY_BOUND_GROUPS`), the op's time being read as a fraction of the copy's;
+:func:`first_call_latency` times the first call of each op (JIT compilation) in fresh
 processes, cold and from Numba's on-disk cache. :func:`blas_info` and
 :func:`openblas_coretype_warning` record which BLAS kernel the run used and whether
 ``OPENBLAS_CORETYPE`` forced an older one; :func:`plot_ratios` draws the ratios (matplotlib,
@@ -43,14 +45,15 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from . import dispatch
 from .bench_cases import (BIG_SHAPE_NAMES, DEFAULT_SETTLE, ENV_VARS, GROUP_TARGETS, GROUPS,
-                          PYTORCH, QUICK_SHAPES, SHAPES, TARGET_OPS, TINY, BenchCase, Call, Row,
-                          cpu_backends, flops, group_of, make_call, supports)
+                          MEMORY_BOUND_GROUPS, PYTORCH, QUICK_SHAPES, SHAPES, TARGET_OPS, TINY,
+                          BenchCase, Call, Row, cpu_backends, flops, group_of, make_call,
+                          supports, traffic_bytes)
 from .bench_latency import (FIRST_CALL_CASE, TRAINING_STEP, dispatch_callables,
                             dispatch_overhead, first_call_latency)
 from .bench_machine import (ISA_NAMES, OPENBLAS_KERNEL_ISA, blas_info, blas_limits,
-                            cpu_isa_level, describe_threadpools, environment, gemm_name,
-                            gemm_peak, openblas_coretype_warning, openblas_natural_kernel,
-                            threadpools)
+                            copy_seconds, cpu_isa_level, describe_threadpools, environment,
+                            gemm_name, gemm_peak, openblas_coretype_warning,
+                            openblas_natural_kernel, threadpools)
 from .bench_plot import MATPLOTLIB_MISSING, plot_ratios, require_matplotlib
 from .bench_process import ChildFailed, child_messages, print_message
 from .bench_timing import Timing, format_seconds, geometric_mean, time_call
@@ -62,6 +65,7 @@ from .testing import ConvCase, case_arrays
 # bench_latency and bench_plot; this module runs the table and re-exports them all.
 __all__ = ["PYTORCH", "GROUPS", "GROUP_TARGETS", "TARGET_OPS", "BenchCase", "group_of",
            "SHAPES", "QUICK_SHAPES", "TINY", "BIG_SHAPE_NAMES", "DEFAULT_SETTLE", "ENV_VARS",
+           "MEMORY_BOUND_GROUPS", "traffic_bytes", "copy_seconds", "copy_floors",
            "DEFAULT_BLOCK_TIMEOUT", "Timing", "time_call", "Call", "make_call", "flops",
            "cpu_backends", "supports", "import_torch", "torch_callable", "torch_version", "Row",
            "resolve_layouts", "run_benchmarks", "gemm_name", "gemm_peak", "geometric_mean",
@@ -100,6 +104,7 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
                    layout="channels_first", dtype: str = "float32",
                    torch=None, skip_reference_on: Iterable[str] = (),
                    settle: float = DEFAULT_SETTLE, peak_gflops: Optional[float] = None,
+                   copies: Optional[dict] = None,
                    report: Optional[Callable[[Row], None]] = None,
                    progress: Optional[Callable[[int, int, str], None]] = None,
                    in_process: bool = False, threads: Optional[int] = None,
@@ -148,6 +153,9 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
         threads are gone.
     peak_gflops : float, optional
         The GEMM peak of this run (:func:`gemm_peak`); rows get ``peak_fraction`` from it.
+    copies : dict, optional
+        :func:`copy_floors` of this run: the rows of its (shape, op) pairs get
+        ``traffic_bytes`` and ``copy_fraction`` from it.
     report : callable, optional
         Called with each :class:`Row` once its shape and layout is done on every engine
         (progress for long runs).
@@ -211,7 +219,8 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
         found.setdefault(index, {}).update(((row.op, engine), row) for row in engine_rows)
         # Each block is reported once every engine has timed it.
         while next_block in found and len(found[next_block]) == len(set(ops)) * len(engines):
-            rows += _compare(found.pop(next_block), ops, engines, peak_gflops, report)
+            rows += _compare(found.pop(next_block), ops, engines, peak_gflops, copies or {},
+                             report)
             next_block += 1
     if progress is not None:
         total = len(blocks) * len(engines) * rounds     # rounds is 1 in_process
@@ -219,8 +228,9 @@ def run_benchmarks(shapes: Sequence[ConvCase], backends: Sequence[str], *,
     return rows
 
 
-def _compare(measured: dict, ops, engines, peak_gflops, report) -> list:
-    """One block's rows in the table's order, with PyTorch's time and the peak fraction."""
+def _compare(measured: dict, ops, engines, peak_gflops, copies, report) -> list:
+    """One block's rows in the table's order, with PyTorch's time, the peak fraction and,
+    on memory-bound rows, the copy fraction."""
     rows = []
     for op in ops:
         baseline = measured.get((op, PYTORCH))
@@ -233,10 +243,43 @@ def _compare(measured: dict, ops, engines, peak_gflops, report) -> list:
                     row.vs_pytorch = baseline.median_s / row.median_s
             if peak_gflops and row.gflops is not None:
                 row.peak_fraction = row.gflops / peak_gflops
+            floor = copies.get((row.shape, op))
+            if floor is not None:
+                row.traffic_bytes = floor["traffic_bytes"]
+                if row.median_s:
+                    row.copy_fraction = floor["copy_s"] / row.median_s
             rows.append(row)
             if report is not None:
                 report(row)
     return rows
+
+
+def copy_floors(shapes: Sequence[ConvCase], ops: Sequence[str] = CONV_OPS, *,
+                dtype: str = "float32", threads: Optional[int] = None,
+                repeat: int = 5) -> dict:
+    """The copy floor of each op on each shape of :data:`MEMORY_BOUND_GROUPS`: the bytes it
+    must move (:func:`traffic_bytes`, the same in either layout) and the best time of a
+    parallel copy of as many bytes (:func:`copy_seconds`, timed once per distinct size).
+
+    Returns
+    -------
+    dict
+        ``(shape name, op) -> {"traffic_bytes": int, "copy_s": float}``; empty when no
+        shape is memory-bound.
+    """
+    floors: dict = {}
+    timed: dict = {}  # bytes -> seconds
+    for case in shapes:
+        if group_of(case) not in MEMORY_BOUND_GROUPS:
+            continue
+        arrays = case_arrays(case, "channels_first", dtype)
+        for op in dict.fromkeys(ops):
+            moved = traffic_bytes(make_call(op, case, "channels_first", dtype, arrays))
+            if moved not in timed:
+                timed[moved] = copy_seconds(moved, threads=threads, repeat=repeat)
+            floors[case.name, op] = dict(traffic_bytes=moved, copy_s=timed[moved])
+        del arrays
+    return floors
 
 
 def _measure_in_process(blocks, engines, *, ops, repeat, dtype, threads, skip_reference_on,

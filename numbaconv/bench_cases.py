@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
+
 from . import dispatch
 from . import problem as pb
 from .conv import (conv, conv_backward_bias, conv_backward_data, conv_backward_weight,
@@ -29,6 +31,10 @@ GROUP_TARGETS = {"resnet3x3": 1.0, "pointwise": 1.0, "depthwise": 1.5, "stem": 1
 
 #: The ops the targets apply to (the data and weight gradients).
 TARGET_OPS = ("conv_backward_data", "conv_backward_weight")
+
+#: Groups whose ops are bound by memory, not arithmetic: each of their rows is also read as
+#: a fraction of the copy bandwidth (:func:`traffic_bytes`, ``Row.copy_fraction``).
+MEMORY_BOUND_GROUPS = ("depthwise",)
 
 
 @dataclass(frozen=True)
@@ -258,6 +264,15 @@ def flops(call: Call) -> int:
     return int(call.problem.flops)
 
 
+def traffic_bytes(call: Call) -> int:
+    """Bytes the call must move at the least: its operands read once and its result written
+    once (the floor of a memory-bound op)."""
+    result = call.problem.result_shape
+    itemsize = np.dtype(call.problem.dtype).itemsize
+    return (sum(a.nbytes for a in call.operands if a is not None)
+            + int(np.prod(result, dtype=np.int64)) * itemsize)
+
+
 def cpu_backends(include_reference: bool = True) -> list:
     """Names of the available CPU backends, by descending priority (discovered, never assumed).
 
@@ -318,6 +333,13 @@ class Row:
     pytorch_s : float or None
         PyTorch's median time on the same op, shape and layout (the baseline of
         ``vs_pytorch``), on the backends' rows.
+    traffic_bytes : int or None
+        On the rows of :data:`MEMORY_BOUND_GROUPS` (when the run measured copies):
+        :func:`traffic_bytes`.
+    copy_fraction : float or None
+        On those rows: the time of a parallel copy that moves as many bytes (half read,
+        half written; :func:`numbaconv.bench_machine.copy_seconds`, measured in the same
+        run) over ``median_s``: the fraction of the copy bandwidth the row reaches.
     """
 
     shape: str
@@ -334,6 +356,8 @@ class Row:
     group: str = "other"
     peak_fraction: Optional[float] = None
     pytorch_s: Optional[float] = None
+    traffic_bytes: Optional[int] = None
+    copy_fraction: Optional[float] = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

@@ -1,9 +1,11 @@
 """The machine a benchmark ran on: its GEMM peak (each row's GFLOP/s is read as a fraction
-of it), the environment record (versions, CPU, thread pools, the variables that change what
-is measured), which BLAS kernel ran and whether ``OPENBLAS_CORETYPE`` forced an older one."""
+of it), its copy rate (a memory-bound row's time is read as a fraction of a copy's), the
+environment record (versions, CPU, thread pools, the variables that change what is
+measured), which BLAS kernel ran and whether ``OPENBLAS_CORETYPE`` forced an older one."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -57,6 +59,61 @@ def gemm_peak(size: int = 2048, dtype: str = "float32", *, repeat: int = 5) -> d
                 median_s=timing.median, best_s=timing.best,
                 gflops=work / timing.best / 1e9, repeat=timing.repeat,
                 number=timing.number)
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_kernel():
+    """The parallel copy of :func:`copy_seconds`, compiled on first use (so that importing
+    the bench loads no Numba: the ``reference`` engine's process runs without it)."""
+    from numba import prange
+
+    from .config import parallel_jit
+
+    @parallel_jit
+    def copy_runs(src, dst, runs):
+        """dst[:] = src[:] in ``runs`` contiguous runs, one per prange iteration."""
+        size = src.size
+        for i in prange(runs):
+            lo, hi = size * i // runs, size * (i + 1) // runs
+            dst[lo:hi] = src[lo:hi]
+
+    return copy_runs
+
+
+def copy_seconds(nbytes: int, *, threads: Optional[int] = None, repeat: int = 5) -> float:
+    """The best time of a parallel copy that moves ``nbytes``: ``nbytes / 2`` read from one
+    buffer and written into another, in one contiguous run per thread (Numba's threads,
+    ``threads`` of them when given). The floor of an op that must move that many bytes,
+    measured at its own size (a copy that fits in the last-level cache runs several times
+    faster than one that does not).
+
+    Parameters
+    ----------
+    nbytes : int
+        Bytes moved (read and written together), at least 2.
+    threads : int, optional
+        Numba threads for the copy; by default Numba's setting.
+    repeat : int
+        Samples; the best is kept, as :func:`gemm_peak` keeps its best.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    import numba
+    if nbytes < 2:
+        raise ValueError(f"nbytes: expected at least 2, got {nbytes}")
+    src = np.ones(nbytes // 2, np.uint8)
+    dst = np.empty_like(src)
+    before = numba.get_num_threads()
+    runs = min(threads, numba.config.NUMBA_NUM_THREADS) if threads else before
+    numba.set_num_threads(runs)
+    try:
+        kernel = _copy_kernel()
+        return time_call(lambda: kernel(src, dst, runs), repeat=repeat).best
+    finally:
+        numba.set_num_threads(before)
 
 
 # --- environment -------------------------------------------------------------------------

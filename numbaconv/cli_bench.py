@@ -219,6 +219,10 @@ def cmd_bench(args) -> int:
     _print(f"{peak['name']} peak: {peak['gflops']:.1f} GFLOP/s (np.matmul, {peak_size}x"
            f"{peak_size} {peak['dtype']}, {threads} BLAS thread(s), best of {peak['repeat']}: "
            f"{bench.format_seconds(peak['best_s'])}); 'of peak' = GFLOP/s / this")
+    progress.update(0, 0, "copy floors")
+    copies = bench.copy_floors(shapes, ops, dtype=args.dtype, threads=args.threads,
+                               repeat=repeat)
+    progress.clear()
     _print()
 
     headers = ("shape", "layout", "op", "backend", "median", "GFLOP/s", "of peak",
@@ -258,7 +262,8 @@ def cmd_bench(args) -> int:
                                         layout=layouts, dtype=args.dtype, torch=torch,
                                         skip_reference_on=skip_reference,
                                         settle=args.settle, peak_gflops=peak["gflops"],
-                                        report=report, progress=progress.update,
+                                        copies=copies, report=report,
+                                        progress=progress.update,
                                         in_process=args.in_process, threads=threads,
                                         processes=processes, rounds=rounds)
             progress.update(0, 0, "dispatch overhead")
@@ -268,6 +273,7 @@ def cmd_bench(args) -> int:
         finally:
             progress.clear()
 
+    _print_copy_fractions(rows, threads)
     _print()
     _print("dispatch overhead (tiny problem: public call minus the backend's run() on "
            "pre-validated operands):")
@@ -317,7 +323,9 @@ def cmd_bench(args) -> int:
                       rounds=rounds, groups=list(dict.fromkeys(args.group or ())) or None,
                       processes=processes or None,
                       blas=blas, warnings=warnings, plot=args.plot if plotted else None,
-                      gemm_peak=peak, shapes=[_case_dict(c) for c in shapes],
+                      gemm_peak=peak, copies=[dict(shape=shape, op=op, **floor)
+                                              for (shape, op), floor in copies.items()],
+                      shapes=[_case_dict(c) for c in shapes],
                       results=[r.as_dict() for r in rows], dispatch_overhead=overhead,
                       summary=summary, targets=dict(groups=bench.GROUP_TARGETS,
                                                     ops=list(bench.TARGET_OPS)))
@@ -528,6 +536,29 @@ def _percent(fraction) -> str:
     if fraction is None:
         return "-"
     return f"{fraction * 100:.1f}%" if fraction < 0.1 else f"{fraction * 100:.0f}%"
+
+
+def _print_copy_fractions(rows: list, threads) -> None:
+    """The memory-bound rows (those with a copy fraction) as bandwidth: the bytes each op
+    must move, its GB/s, a copy's GB/s at that size, and the fraction."""
+    from numbaconv import bench
+    bound = [r for r in rows if r.copy_fraction is not None]
+    if not bound:
+        return
+    _print()
+    _print(f"memory-bound rows ({', '.join(bench.MEMORY_BOUND_GROUPS)}): the bytes each op "
+           f"must move (operands read once, result written once), its rate, and the "
+           f"fraction of a parallel copy's rate at that size ({threads} thread(s), best of "
+           f"its samples, this run):")
+    table = []
+    for r in bound:
+        rate = r.traffic_bytes / r.median_s / 1e9
+        table.append((r.shape, r.layout, r.op, r.backend, f"{r.traffic_bytes / 1e6:.1f} MB",
+                      f"{rate:.1f}", f"{rate / r.copy_fraction:.1f}",
+                      _percent(r.copy_fraction)))
+    for line in _table(("shape", "layout", "op", "backend", "moves", "GB/s", "copy GB/s",
+                        "of copy"), table, (4, 5, 6, 7)):
+        _print(f"  {line}")
 
 
 def _print_summary(summary: list, peak: dict, compared: bool) -> None:

@@ -192,6 +192,78 @@ def test_run_benchmarks_reports_progress_and_pytorch_time():
         assert theirs.pytorch_s is None  # the baseline's own row has no baseline column
 
 
+# --- memory-bound rows: the copy floor ----------------------------------------------------
+
+def test_traffic_bytes_are_the_operands_and_the_result():
+    case = next(c for c in bench.QUICK_SHAPES if c.group == "depthwise")
+    arrays = numbaconv.testing.case_arrays(case, "channels_last", "float32")
+    data = bench.make_call("conv_backward_data", case, "channels_last", arrays=arrays)
+    assert bench.traffic_bytes(data) == (arrays["dy"].nbytes + arrays["w"].nbytes
+                                         + arrays["x"].nbytes)
+    weight = bench.make_call("conv_backward_weight", case, "channels_last", arrays=arrays)
+    assert bench.traffic_bytes(weight) == (arrays["x"].nbytes + arrays["dy"].nbytes
+                                           + arrays["w"].nbytes)
+    forward = bench.make_call("conv", case, "channels_first")
+    assert bench.traffic_bytes(forward) == sum(
+        a.nbytes for a in forward.operands if a is not None) + 4 * int(
+            np.prod(forward.problem.y_shape))
+
+
+def test_copy_seconds_times_a_copy_and_refuses_nothing_to_move():
+    small, large = bench.copy_seconds(2**16, repeat=2), bench.copy_seconds(2**25, repeat=2)
+    assert 0 < small < large
+    assert bench.copy_seconds(2**16, threads=1, repeat=1) > 0
+    with pytest.raises(ValueError, match="nbytes"):
+        bench.copy_seconds(1)
+
+
+def test_copy_floors_cover_the_memory_bound_shapes_only():
+    shapes = [c for c in bench.QUICK_SHAPES if c.group in ("depthwise", "conv1d")]
+    floors = bench.copy_floors(shapes, ["conv_backward_data", "conv_backward_weight"],
+                               repeat=1)
+    depthwise = [c.name for c in shapes if c.group in bench.MEMORY_BOUND_GROUPS]
+    assert depthwise and set(floors) == {(name, op) for name in depthwise
+                                         for op in ("conv_backward_data",
+                                                    "conv_backward_weight")}
+    for (name, op), floor in floors.items():
+        case = next(c for c in shapes if c.name == name)
+        assert floor["traffic_bytes"] == bench.traffic_bytes(bench.make_call(op, case))
+        assert floor["copy_s"] > 0
+
+
+def test_memory_bound_rows_get_their_copy_fraction():
+    shapes = [next(c for c in bench.QUICK_SHAPES if c.group == g)
+              for g in ("depthwise", "conv1d")]
+    copies = {(shapes[0].name, "conv_backward_data"): dict(traffic_bytes=1000, copy_s=1e-6)}
+    rows = bench.run_benchmarks(shapes, ["reference"], ops=["conv_backward_data", "conv"],
+                                repeat=1, settle=0, in_process=True, copies=copies)
+    for row in rows:
+        if (row.shape, row.op) in copies:
+            assert row.traffic_bytes == 1000
+            assert row.copy_fraction == pytest.approx(1e-6 / row.median_s)
+        else:
+            assert row.traffic_bytes is None and row.copy_fraction is None
+
+
+def test_bench_prints_and_records_the_copy_fractions(capsys, tmp_path):
+    record_path = tmp_path / "bench.json"
+    status, out, _ = run_cli(capsys, "bench", "--quick", "--no-torch", "--backend",
+                             "reference", "--group", "depthwise", "--group", "conv1d",
+                             "--op", "conv_backward_data", "--repeat", "1", "--settle", "0",
+                             "--json", str(record_path))
+    assert status == 0, out
+    record = json.loads(record_path.read_text())
+    bound = [r for r in record["results"] if r["copy_fraction"] is not None]
+    assert bound and {r["group"] for r in bound} == {"depthwise"}
+    assert all(r["copy_fraction"] is None for r in record["results"]
+               if r["group"] != "depthwise")
+    assert {(c["shape"], c["op"]) for c in record["copies"]} == {
+        (r["shape"], r["op"]) for r in bound}
+    table = out[out.index("memory-bound rows (depthwise)"):]
+    for r in bound:
+        assert f"{r['copy_fraction'] * 100:.0f}%" in table and r["shape"] in table
+
+
 # --- run_benchmarks: each engine in its own process -----------------------------------------
 
 #: Two shapes, two ops: each engine's process times them in about a second.

@@ -90,6 +90,19 @@ def test_the_conv_section_has_command_date_versions_and_a_row_per_measurement():
         assert f"| {shape} | {layout} | {op} |" in text
 
 
+def test_the_conv_section_renders_the_copy_fractions():
+    render = render_module()
+    [path] = sorted((ROOT / "docs" / "benchmarks").glob("*.json"))[:1]
+    record = json.loads(path.read_text(encoding="utf-8"))
+    row = dict(record["results"][0], status="ok", median_s=2e-3, traffic_bytes=10**7,
+               copy_fraction=0.25)
+    text = render.render_record("m", dict(record, results=[row]), "docs/benchmarks/m.json")
+    assert "Memory-bound rows" in text
+    # 10 MB in 2 ms is 5 GB/s; a quarter of the copy's rate, 20 GB/s.
+    assert "| 10.0 MB | 5.0 GB/s | 20.0 GB/s | 25% |" in text
+    assert "Memory-bound rows" not in render.render_record("m", record, "m.json")
+
+
 def test_the_conv_section_says_how_the_engines_ran():
     render = render_module()
     [path] = sorted((ROOT / "docs" / "benchmarks").glob("*.json"))[:1]

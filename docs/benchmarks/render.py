@@ -227,6 +227,21 @@ def conv_section(record: dict) -> list:
                   "with the bench's target for the gradients:", ""]
         lines += table(["group", "op"] + [f"`{b}`" for b in backends] + ["target"], rows,
                        "ll" + "r" * (len(backends) + 1))
+    bound = [r for r in results if r.get("copy_fraction") is not None]
+    if bound:
+        lines += ["", "Memory-bound rows: the bytes each op must move (operands read once, "
+                  "result written once), its rate, and its fraction of the rate of a "
+                  "parallel copy of as many bytes, timed in the same run:", ""]
+        body = []
+        for r in bound:
+            rate = r["traffic_bytes"] / r["median_s"] / 1e9
+            body.append([r["shape"], r["layout"], r["op"], f"`{r['backend']}`"
+                         if r["backend"] != "pytorch" else "PyTorch",
+                         f"{r['traffic_bytes'] / 1e6:.1f} MB", f"{rate:.1f} GB/s",
+                         f"{rate / r['copy_fraction']:.1f} GB/s",
+                         f"{r['copy_fraction'] * 100:.0f}%"])
+        lines += table(["shape", "layout", "op", "engine", "moves", "rate", "copy",
+                        "of copy"], body, "llllrrrr")
     return lines
 
 
