@@ -66,6 +66,19 @@ WINOGRAD_MIN_TILES = 128
 #: run on channels-last copies of their input and output: the channels-last transforms
 #: vectorise over channels, and the copies cost less than the difference (at 512, more).
 WINOGRAD_COPIES_MAX_CHANNELS = 256
+#: Channels-last 2D forwards and data gradients (and channels-first ones through their
+#: channels-last copies) take F(4x4, 3x3) (docs/cpu-algorithms.md, "Larger tiles"): from
+#: this many channels on either side,
+WINOGRAD_LARGE_MIN_CHANNELS = 64
+#: up to this many summed (input) channels (F(4x4, 3x3)'s float32 error grows with them, 6-9
+#: times the direct sum's, within the tests' 2e-5 up to here),
+WINOGRAD_LARGE_MAX_DEPTH = 512
+#: with this many 4x4 tiles in the call at least (V, 36 values per weight, costs as much as
+#: the products it saves on fewer: 256 channels at 14x14 and 8 images, 128 tiles, lost),
+WINOGRAD_LARGE_MIN_TILES = 192
+#: and where it does this many times fewer multiplications than F(2x2, 3x3) at least, the
+#: partial tiles at the edges counted (14x14: 1.36, lost; 28x28, 56x56, 8x8: 1.78).
+WINOGRAD_LARGE_MIN_SAVING = 1.5
 #: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
 #: the other algorithms.
 WINOGRAD_3D_MIN_SLICE_TILES = 16
@@ -113,6 +126,18 @@ def winograd_via_copies(in_channels: int, out_channels: int) -> bool:
     up to WINOGRAD_COPIES_MAX_CHANNELS."""
     return (wide_registers() and
             max(in_channels, out_channels) <= WINOGRAD_COPIES_MAX_CHANNELS)
+
+
+def winograd_large_tiles(g) -> bool:
+    """Whether the channels-last 2D ``winograd`` forward form ``g`` runs F(4x4, 3x3)."""
+    if not (g.channels_last and g.r == (1, 3, 3) and g.s[0] == 1
+            and min(g.c, g.k) >= WINOGRAD_LARGE_MIN_CHANNELS
+            and g.c <= WINOGRAD_LARGE_MAX_DEPTH):
+        return False
+    small = -(-g.p[1] // 2) * -(-g.p[2] // 2)
+    large = -(-g.p[1] // 4) * -(-g.p[2] // 4)
+    return (g.n * large >= WINOGRAD_LARGE_MIN_TILES
+            and 16 * small >= WINOGRAD_LARGE_MIN_SAVING * 36 * large)
 
 
 def direct_applies(problem) -> bool:

@@ -1,6 +1,8 @@
 """Winograd F(2x2, 3x3): 2D 3x3 and 3D 3x3x3 convolutions with stride and dilation 1, one
 group: the forward, the data gradient and the weight gradient (3D: F(2x2, 3x3) on each depth
-slice, summed over the three depth taps in one product, see :func:`_forward3`).
+slice, summed over the three depth taps in one product, see :func:`_forward3`). 2D forwards
+and data gradients of wide enough images take larger tiles, F(4x4, 3x3) (:func:`forward_large`,
+kernels in :mod:`._winograd_f4`; ``_heuristics.winograd_large_tiles`` decides).
 
 Each 2x2 block of output pixels (a *tile*) needs the 4x4 input patch above it. With the
 transforms of Lavin & Gray (2015), U = B^T d B of the patch and V = G g G^T of each 3x3
@@ -46,7 +48,9 @@ from numba import prange, uint64
 from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
+from . import _winograd_f4 as f4
 from ._microkernel import images_transposed, vector_lanes
+from ._winograd_f4 import _out, _tile
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
 #: :func:`._tiles.run_tiles`): Numba marks the arrays of a ``prange`` body's function
@@ -65,6 +69,9 @@ _4, _8 = np.uint64(4), np.uint64(8)
 JOB_BYTES = 2 * 2**20
 #: But at least this many tiles per job (the products' rows).
 MIN_JOB_TILES = 64
+#: F(4x4, 3x3)'s jobs: at least this many tiles, as each product packs a plane of V, 36 a
+#: job (64-tile jobs ran 256 channels at 14x14 and 28x28 15-20% slower than 128).
+LARGE_MIN_JOB_TILES = 128
 
 
 def applies(g: Geom) -> bool:
@@ -82,15 +89,17 @@ def require(g: Geom) -> None:
                          "and dilation 1 and one group")
 
 
-def tile_grid(g: Geom) -> tuple:
-    """Tile rows and tile columns of one image: ceil(output size / 2) each."""
-    return -(-g.p[1] // 2), -(-g.p[2] // 2)
+def tile_grid(g: Geom, size: int = 2) -> tuple:
+    """Tile rows and tile columns of one image: ceil(output size / ``size``) each."""
+    return -(-g.p[1] // size), -(-g.p[2] // size)
 
 
-def job_tiles(g: Geom, itemsize: int) -> int:
-    """Tiles per job: JOB_BYTES of U (or of M, whichever is larger), at least MIN_JOB_TILES."""
-    per_tile = 16 * max(g.c, g.k) * itemsize
-    return max(MIN_JOB_TILES, JOB_BYTES // per_tile)
+def job_tiles(g: Geom, itemsize: int, size: int = 2) -> int:
+    """Tiles per job: JOB_BYTES of U (or of M, whichever is larger), at least MIN_JOB_TILES
+    (of ``size`` x ``size`` outputs: (size + 2)^2 values per tile and channel)."""
+    per_tile = (size + 2) ** 2 * max(g.c, g.k) * itemsize
+    least = MIN_JOB_TILES if size == 2 else LARGE_MIN_JOB_TILES
+    return max(least, JOB_BYTES // per_tile)
 
 
 def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
@@ -177,14 +186,71 @@ def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray
     (``_heuristics.winograd_via_copies``) runs on channels-last copies of x and y
     (:func:`_channels_last`): fresh arrays as large as x and y for the length of the call."""
     if g.channels_last or not _heuristics.winograd_via_copies(g.c, g.k):
-        return forward(g, x, transformed_weights(g, w, flipped), y)
+        return _convolve(g, x, w, flipped, y)
     cl = g._replace(channels_last=True)
     y_cl = np.empty(y.size, y.dtype)
-    if not forward(cl, _channels_last(x, g.c), transformed_weights(cl, w, flipped), y_cl):
+    if not _convolve(cl, _channels_last(x, g.c), w, flipped, y_cl):
         return False
     images_transposed(y_cl, y.reshape(-1), g.n, y.size // (g.n * g.k), g.k,
                       vector_lanes(y.dtype))
     return True
+
+
+def _convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray) -> bool:
+    """:func:`convolve` in ``g``'s own layout: F(4x4, 3x3) where
+    ``_heuristics.winograd_large_tiles`` says so (:func:`forward_large`), else F(2x2, 3x3)."""
+    if _heuristics.winograd_large_tiles(g):
+        return forward_large(g, x, large_weights(g, w, flipped), y)
+    return forward(g, x, transformed_weights(g, w, flipped), y)
+
+
+def large_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
+    """V (36, C, K) of F(4x4, 3x3) for the channels-last 2D geometry ``g`` (``w`` and
+    ``flipped`` as :func:`transformed_weights` takes them)."""
+    v = np.empty((36, g.c, g.k), w.dtype)
+
+    def part(span, pick):
+        pick(f4._weights)(w.reshape(-1), v.reshape(-1), *span, g.k, not flipped, flipped,
+                          f4.weight_constants(w.dtype))
+
+    _tiles.run_tiles(part, _tiles.worker_ranges(g.c, w.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
+    return v
+
+
+def forward_large(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
+    """:func:`forward` by F(4x4, 3x3) (:mod:`._winograd_f4`) for a channels-last 2D
+    geometry, V from :func:`large_weights`: per job, U (36, tiles, C) of its 4x4 tiles' 6x6
+    patches, 36 products U @ V, the output transform of M (36, tiles, K). The patches are
+    read from a zero-padded copy of x, and y is written through a copy of whole tiles where
+    its size is not a multiple of 4 (fresh arrays for the length of the call), so that the
+    transforms need no bounds or masks and vectorise. Returns False, as :func:`forward`,
+    when some output is not finite."""
+    th, tw, jobs = _jobs(g, x.itemsize, 4)
+    big = np.finfo(x.dtype).max
+    consts = f4.constants(x.dtype)
+    yf = y.reshape(-1)
+    # x with its padding: rows and columns enough for every tile's 6x6 patch.
+    ph, pw = 4 * th + 2, 4 * tw + 2
+    pf = np.empty(g.n * ph * pw * g.c, x.dtype)
+    f4._padded_cl(x.reshape(-1), pf, g.n, g.s[1], g.s[2], g.c, g.before[1], g.before[2],
+                  ph, pw)
+
+    def job(span, pick):
+        t0, t1 = span
+        u, uf, ustep = _planes((t1 - t0, g.c), x.dtype, "packed", 36)
+        pick(f4._input_cl)(pf, uf, ustep, t0, t1, th, tw, ph, pw, g.c, g.c, consts)
+        m, mf, mstep = _planes((t1 - t0, g.k), x.dtype, "rows", 36)
+        np.matmul(u, v, out=m)
+        return pick(f4._output_cl)(mf, mstep, tf, t0, t1, th, tw, g.k, big, consts)
+
+    # Outputs of whole tiles only: y itself where its rows and columns are multiples of 4,
+    # else a larger copy cropped into y at the end.
+    exact = g.p[1] == 4 * th and g.p[2] == 4 * tw
+    tf = yf if exact else np.empty(g.n * 16 * th * tw * g.k, x.dtype)
+    bad = sum(_tiles.run_tiles(job, jobs))
+    if not exact:
+        bad = f4._cropped_cl(tf, yf, g.n, th, tw, g.p[1], g.p[2], g.k, big)
+    return bad == 0
 
 
 def _channels_last(a: np.ndarray, channels: int) -> np.ndarray:
@@ -221,14 +287,14 @@ def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     return sum(_tiles.run_tiles(job, jobs)) == 0
 
 
-def _jobs(g: Geom, itemsize: int) -> tuple:
+def _jobs(g: Geom, itemsize: int, size: int = 2) -> tuple:
     """Tile rows and columns of an image, and the jobs: (t0, t1) runs of consecutive tiles
     over the batch, as few as hold :func:`job_tiles` each at most, an even number of them
     where they stay MIN_JOB_TILES long, all as long as each other but the last (the split
     depends on the shape alone: the weight gradient's sums follow it)."""
-    th, tw = tile_grid(g)
+    th, tw = tile_grid(g, size)
     total = g.n * th * tw
-    count = -(-total // job_tiles(g, itemsize))
+    count = -(-total // job_tiles(g, itemsize, size))
     # Two tile workers on this machine kind: jobs of 128, 128, 128 and 8 tiles keep one
     # busy for 256 tiles and the other for 136 (docs/cpu-algorithms.md, "Winograd jobs").
     if count % 2 and count > 1 and total // (count + 1) >= MIN_JOB_TILES:
@@ -340,26 +406,16 @@ def _transformed_input(g: Geom, xf: np.ndarray, span: tuple, th: int, tw: int, p
 PLANE_SKEW = 64
 
 
-def _planes(shape: tuple, dtype, slot: str) -> tuple:
-    """A (16, *shape) array from the workspace ``slot``, its planes PLANE_SKEW bytes past a
-    multiple of 4 KiB apart, with its flat view and its plane stride (in elements)."""
+def _planes(shape: tuple, dtype, slot: str, count: int = 16) -> tuple:
+    """A (count, *shape) array from the workspace ``slot``, its planes PLANE_SKEW bytes past
+    a multiple of 4 KiB apart, with its flat view and its plane stride (in elements)."""
     itemsize = np.dtype(dtype).itemsize
     size = shape[0] * shape[1]
     step = (-(-size * itemsize // 4096) * 4096 + PLANE_SKEW) // itemsize
-    flat = _tiles.workspace((16 * step,), dtype, slot)
-    planes = np.lib.stride_tricks.as_strided(flat, (16,) + shape,
+    flat = _tiles.workspace((count * step,), dtype, slot)
+    planes = np.lib.stride_tricks.as_strided(flat, (count,) + shape,
                                              (step * itemsize, shape[1] * itemsize, itemsize))
     return planes, flat, np.uint64(step)
-
-
-@serial_jit
-def _tile(j, th, tw):
-    """Image, tile row and tile column of global tile j."""
-    per_image = th * tw
-    n = j // per_image
-    rest = j - n * per_image
-    ty = rest // tw
-    return n, ty, rest - ty * tw
 
 
 @serial_jit
@@ -516,12 +572,6 @@ def _load4(mf, at, step):
     c = mf[at]
     at += step
     return a, b, c, mf[at], at + step
-
-
-@serial_jit
-def _out(value, big):
-    """1 where ``value`` is not finite (NaN fails the comparison too), else 0."""
-    return 0 if abs(value) <= big else 1
 
 
 @serial_jit

@@ -4,7 +4,8 @@ Algorithms: ``gemm`` (the convolution is a matrix product over x itself: 1x1 ker
 stride 1 and no padding, or kernels as large as the unpadded input), ``im2col`` (pack windows,
 then one BLAS product per tile; any problem), ``implicit`` (stride 1, one group: the
 micro-kernel reads the windows in a padded copy of x's rows, see ``_implicit``),
-``winograd`` (2D 3x3, stride 1, one group: Winograd F(2x2, 3x3), see ``_winograd``) and
+``winograd`` (3x3, stride 1, one group: Winograd F(2x2, 3x3), or F(4x4, 3x3) on wide
+images, see ``_winograd``) and
 ``direct`` (Numba loops for grouped convolutions with few channels per group, where GEMM
 wastes work).
 """
