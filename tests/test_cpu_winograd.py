@@ -358,10 +358,13 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only(monkeypatch):
     for c, size in ((64, 56), (128, 28), (256, 14)):
         assert choice("conv_backward_weight", c, size)[0] == "winograd", c
     # With AVX-512, channels-first ones with rows of 28 pixels or more from 96 channels
-    # (narrower rows, and channels-last, from 64).
+    # (narrower rows, and channels-last, from 64), unless they take F(4x4, 3x3).
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
-    assert choice("conv_backward_weight", 64, 56)[0] == "implicit"
-    assert choice("conv_backward_weight", 64, 28)[0] == "implicit"
+    assert choice("conv_backward_weight", 64, 28, n=2)[0] == "implicit"
+    assert choice("conv_backward_weight", 64, 32, n=2)[0] == "implicit"
+    for n, size in ((8, 56), (8, 28)):
+        algorithm, why = choice("conv_backward_weight", 64, size, n=n)
+        assert algorithm == "winograd" and "F(4x4, 3x3)" in why, (size, why)
     assert choice("conv_backward_weight", 96, 28)[0] == "winograd"
     assert choice("conv_backward_weight", 64, 16, n=32)[0] == "winograd"
     assert choice("conv_backward_weight", 128, 28)[0] == "winograd"

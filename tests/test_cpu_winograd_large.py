@@ -1,11 +1,14 @@
-"""The ``winograd`` algorithm's larger tiles, F(4x4, 3x3) (``_winograd.forward_large``,
-kernels in ``_winograd_f4``): the forward, the data gradient (over NaN, and accumulated) and
-the transposed convolution against the reference on every case of test_cpu_winograd, in
-both layouts (channels-first through channels-last copies) and both dtypes, with the
-heuristic's thresholds lowered so that every case takes them; jobs that cut tile rows and
-images; outputs that are not whole tiles (a larger copy cropped); non-finite values
-(recomputed by im2col); the transformed weights; the float32 error at the deepest sum the
-heuristic allows, against float64; the heuristic's choice; a NUMBA_BOUNDSCHECK=1 pass.
+"""The ``winograd`` algorithm's larger tiles, F(4x4, 3x3) (``_winograd.forward_large`` and
+``weight_gradient_large``, kernels in ``_winograd_f4``): the forward, the data gradient
+(over NaN, and accumulated), the transposed convolution and the weight gradient (and
+accumulated) against the reference on every case of test_cpu_winograd, in both layouts
+(channels-first through channels-last copies) and both dtypes, with the heuristic's
+thresholds lowered so that every case takes them; jobs that cut tile rows and images;
+outputs that are not whole tiles (a larger copy cropped, a zero-padded copy of dy);
+non-finite values (recomputed by im2col); the transformed weights; the float32 error at the
+deepest sum the heuristic allows, and on a long sum of tiles, against float64; the weight
+gradient bit for bit the same on one thread or two; the heuristic's choice; a
+NUMBA_BOUNDSCHECK=1 pass.
 """
 
 import numpy as np
@@ -16,7 +19,7 @@ from numbaconv import problem as pb
 from numbaconv.testing import relative_error
 
 import background
-from test_cpu_winograd import (CASES, TOL, _arrays, _check_forward_forms,
+from test_cpu_winograd import (CASES, TOL, _check_all_ops,
                                test_non_finite_values_propagate_like_the_reference)
 
 
@@ -29,8 +32,10 @@ def force_large_tiles(monkeypatch):
         monkeypatch.setattr(_heuristics, name, value)
     monkeypatch.setattr(_heuristics, "winograd_via_copies", lambda c, k: True)
     runs = []
-    real = _winograd.forward_large
-    monkeypatch.setattr(_winograd, "forward_large", lambda *a: runs.append(1) or real(*a))
+    for name in ("forward_large", "weight_gradient_large"):
+        real = getattr(_winograd, name)
+        monkeypatch.setattr(_winograd, name,
+                            lambda *a, real=real, name=name: runs.append(name) or real(*a))
     return runs
 
 
@@ -39,9 +44,9 @@ def force_large_tiles(monkeypatch):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_large_tiles_match_the_reference(monkeypatch, case, layout, dtype):
     runs = force_large_tiles(monkeypatch)
-    x, dy, w, bias, kw = _arrays(case, dtype, layout)
-    _check_forward_forms(case[0], x, dy, w, bias, kw, dtype)
-    assert len(runs) == 3        # forward, data gradient, transposed (accumulate: col2im)
+    _check_all_ops(case, dtype, layout)
+    # Forward, data gradient, transposed (accumulated: col2im); weight gradient, twice.
+    assert runs == ["forward_large"] * 3 + ["weight_gradient_large"] * 2
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
@@ -53,9 +58,8 @@ def test_large_tile_jobs_cut_tile_rows_and_images(monkeypatch, layout, tiles):
     monkeypatch.setattr(_winograd, "JOB_BYTES", 1)
     # 3 x 4 tiles an image (9 x 13 outputs, partial tiles at both edges): jobs of 5 tiles
     # end inside tile rows and images.
-    x, dy, w, bias, kw = _arrays(("jobs", (3, 4, 9, 13), 1, 5), "float64", layout)
-    _check_forward_forms("jobs", x, dy, w, bias, kw, "float64")
-    assert runs
+    _check_all_ops(("jobs", (3, 4, 9, 13), 1, 5), "float64", layout)
+    assert "weight_gradient_large" in runs and "forward_large" in runs
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -81,6 +85,62 @@ def test_the_large_transformed_weights_are_g_w_g_transposed():
     flipped = np.einsum("ai,kcij,bj->abkc", G, w[..., ::-1, ::-1], G).reshape(36, 5, 3)
     np.testing.assert_allclose(_winograd.large_weights(g._replace(c=5, k=3), w, True),
                                flipped, rtol=1e-14, atol=1e-14)
+
+
+def test_weight_gradient_float32_error_over_many_tiles(monkeypatch):
+    """The weight gradient sums U ⊙ D over every tile (here 2 x 16 x 16 4x4 tiles) before
+    G^T dV G: its float32 error against float64 stays within the tests' tolerance."""
+    runs = force_large_tiles(monkeypatch)
+    rng = np.random.default_rng(6)
+    x, dy = rng.standard_normal((2, 64, 64, 8)), rng.standard_normal((2, 64, 64, 8))
+    kw = dict(padding=1, layout="channels_last")
+    backend = dispatch.get_backend("cpu")
+    exact = backend.run("conv_backward_weight", pb.conv_backward_weight_problem(
+        x, dy, (8, 8, 3, 3), **kw), (x, dy), None, "im2col")
+    x32, dy32 = x.astype(np.float32), dy.astype(np.float32)
+    got = backend.run("conv_backward_weight", pb.conv_backward_weight_problem(
+        x32, dy32, (8, 8, 3, 3), **kw), (x32, dy32), None, "winograd")
+    assert runs == ["weight_gradient_large"]
+    assert relative_error(got, exact) < TOL["float32"]
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_the_large_weight_gradient_is_the_same_bit_for_bit_on_one_thread_or_two(layout):
+    """The partial sums follow the shape, not the thread count (run in two interpreters,
+    NUMBA_NUM_THREADS 1 and 2, so that both the Numba and the tile-worker counts change)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    code = ("import json, sys, numpy as np, pytest\n"
+            "sys.path.insert(0, sys.argv[1])\n"
+            "from test_cpu_winograd_large import force_large_tiles\n"
+            "from numbaconv import dispatch, problem as pb\n"
+            "rng = np.random.default_rng(7)\n"
+            "layout = sys.argv[2]\n"
+            "shape = (4, 14, 18, 6) if layout == 'channels_last' else (4, 6, 14, 18)\n"
+            "x = rng.standard_normal(shape).astype(np.float32)\n"
+            "dy = rng.standard_normal(shape[:-1] + (10,) if layout == 'channels_last' else "
+            "(4, 10) + shape[2:]).astype(np.float32)\n"
+            "with pytest.MonkeyPatch.context() as mp:\n"
+            "    runs = force_large_tiles(mp)\n"
+            "    from numbaconv.cpu import _winograd\n"
+            "    mp.setattr(_winograd, 'LARGE_MIN_JOB_TILES', 2)\n"
+            "    mp.setattr(_winograd, 'JOB_BYTES', 1)\n"
+            "    p = pb.conv_backward_weight_problem(x, dy, (10, 6, 3, 3), padding=1, "
+            "layout=layout)\n"
+            "    dw = dispatch.get_backend('cpu').run('conv_backward_weight', p, (x, dy), "
+            "None, 'winograd')\n"
+            "    assert runs == ['weight_gradient_large'], runs\n"
+            "print(json.dumps(dw.ravel().view(np.uint32).tolist()))\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    bits = []
+    for threads in ("1", "2"):
+        env = dict(os.environ, NUMBA_NUM_THREADS=threads)
+        out = subprocess.run([sys.executable, "-c", code, here, layout], env=env,
+                             capture_output=True, text=True, check=True, timeout=600)
+        bits.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert bits[0] == bits[1]
 
 
 @pytest.mark.parametrize("op", ["conv", "conv_backward_data"])
@@ -128,7 +188,7 @@ def test_the_heuristic_takes_large_tiles_on_wide_images_only():
         x = np.zeros((n, size, size, c) if layout == "channels_last" else (n, c, size, size),
                      np.float32)
         return _heuristics.winograd_large_tiles(geom(pb.conv_problem(
-            x, np.zeros((k, c, 3, 3), np.float32), padding=1, layout=layout)))
+            x, np.zeros((k, c, 3, 3), np.float32), padding=1, layout=layout)), 4)
 
     assert large(8, 64, 56) and large(8, 128, 28) and large(128, 64, 8) and large(1, 64, 56)
     assert not large(8, 256, 14)           # 1.36 times fewer multiplications only
@@ -139,13 +199,21 @@ def test_the_heuristic_takes_large_tiles_on_wide_images_only():
     assert not large(8, 64, 56, layout="channels_first")  # only through channels-last copies
     x3 = np.zeros((2, 8, 28, 28, 64), np.float32)
     assert not _heuristics.winograd_large_tiles(geom(pb.conv_problem(
-        x3, np.zeros((64, 64, 3, 3, 3), np.float32), padding=1, layout="channels_last")))
+        x3, np.zeros((64, 64, 3, 3, 3), np.float32), padding=1, layout="channels_last")), 4)
+    # The weight gradient's 16 partial sums of 36 values per pair of channels count against
+    # the workspace bound (64 MiB here): 128 x 128 fits, 192 x 192 does not.
+    g = geom(pb.conv_problem(np.zeros((8, 28, 28, 128), np.float32),
+                             np.zeros((128, 128, 3, 3), np.float32), padding=1,
+                             layout="channels_last"))
+    assert _heuristics.winograd_large_tiles(g, 4, 16)
+    assert not _heuristics.winograd_large_tiles(g._replace(c=192, k=192), 4, 16)
+    assert _heuristics.winograd_large_tiles(g._replace(c=192, k=192), 4)
 
 
 BOUNDSCHECK = background.boundscheck(
     "winograd F(4x4, 3x3) kernels under NUMBA_BOUNDSCHECK",
     "import pytest\n"
-    "from test_cpu_winograd import CASES, _arrays, _check_forward_forms\n"
+    "from test_cpu_winograd import CASES, _check_all_ops\n"
     "from test_cpu_winograd_large import force_large_tiles\n"
     "from numbaconv.cpu import _winograd\n"
     "with pytest.MonkeyPatch.context() as monkeypatch:\n"
@@ -156,8 +224,7 @@ BOUNDSCHECK = background.boundscheck(
     "            monkeypatch.setattr(_winograd, 'JOB_BYTES', 1)\n"
     "        for c in CASES:\n"
     "            for layout in ('channels_first', 'channels_last'):\n"
-    "                x, dy, w, bias, kw = _arrays(c, 'float64', layout)\n"
-    "                _check_forward_forms(c[0], x, dy, w, bias, kw, 'float64')\n"
+    "                _check_all_ops(c, 'float64', layout)\n"
     "    assert runs\n")
 
 

@@ -91,8 +91,9 @@ WINOGRAD_WGRAD_MIN_TILES = 256
 #: empty (from 32 channels implicit wins; in 3D too).
 WINOGRAD_WGRAD_THIN_CHANNELS = 16
 #: ...but with AVX-512, 2D channels-first ones with output rows of at least
-#: WINOGRAD_WGRAD_CF_WIDE_ROWS pixels from this many channels: ``implicit`` reads such rows
-#: in place faster (at 64 channels; on narrower rows winograd wins).
+#: WINOGRAD_WGRAD_CF_WIDE_ROWS pixels from this many channels, unless they take F(4x4, 3x3):
+#: ``implicit`` reads such rows in place faster than F(2x2, 3x3) (at 64 channels; on
+#: narrower rows winograd wins).
 WINOGRAD_WGRAD_CF_MIN_CHANNELS = 96
 WINOGRAD_WGRAD_CF_WIDE_ROWS = 28
 
@@ -128,15 +129,33 @@ def winograd_via_copies(in_channels: int, out_channels: int) -> bool:
             max(in_channels, out_channels) <= WINOGRAD_COPIES_MAX_CHANNELS)
 
 
-def winograd_large_tiles(g) -> bool:
-    """Whether the channels-last 2D ``winograd`` forward form ``g`` runs F(4x4, 3x3)."""
-    if not (g.channels_last and g.r == (1, 3, 3) and g.s[0] == 1
-            and min(g.c, g.k) >= WINOGRAD_LARGE_MIN_CHANNELS
-            and g.c <= WINOGRAD_LARGE_MAX_DEPTH):
+def winograd_large_tiles(g, itemsize: int, copies: int = 1) -> bool:
+    """Whether the channels-last 2D ``winograd`` forward form ``g`` (of a forward, a data
+    gradient or, with ``copies`` 2 * SLOTS, a weight gradient) runs F(4x4, 3x3)."""
+    largest = itemsize * g.n * max(g.c * math.prod(g.s), g.k * math.prod(g.p))
+    return (g.channels_last and g.r == (1, 3, 3) and g.s[0] == 1
+            and large_tiles_pay(g.n, g.c, g.k, g.p[1:])
+            and large_tiles_fit(g.c, g.k, itemsize, largest, copies))
+
+
+def large_tiles_fit(depth: int, outputs: int, itemsize: int, largest: int,
+                    copies: int) -> bool:
+    """Whether F(4x4, 3x3)'s V (36 values per pair of channels), ``copies`` of it (the
+    weight gradient's partial sums, counted as :func:`winograd_reason` counts F(2x2, 3x3)'s),
+    stays within the workspace bound, max(WORKSPACE_BYTES, ``largest`` operand)."""
+    from ._tiles import WORKSPACE_BYTES
+    return 36 * depth * outputs * itemsize * copies <= max(WORKSPACE_BYTES, largest)
+
+
+def large_tiles_pay(images: int, depth: int, outputs: int, size) -> bool:
+    """Whether F(4x4, 3x3) pays on a 2D forward form of ``images`` images, ``depth`` input
+    and ``outputs`` output channels and an output of ``size`` (rows, columns)."""
+    if not (min(depth, outputs) >= WINOGRAD_LARGE_MIN_CHANNELS
+            and depth <= WINOGRAD_LARGE_MAX_DEPTH):
         return False
-    small = -(-g.p[1] // 2) * -(-g.p[2] // 2)
-    large = -(-g.p[1] // 4) * -(-g.p[2] // 4)
-    return (g.n * large >= WINOGRAD_LARGE_MIN_TILES
+    small = -(-size[0] // 2) * -(-size[1] // 2)
+    large = -(-size[0] // 4) * -(-size[1] // 4)
+    return (images * large >= WINOGRAD_LARGE_MIN_TILES
             and 16 * small >= WINOGRAD_LARGE_MIN_SAVING * 36 * large)
 
 
@@ -174,12 +193,28 @@ def winograd_reason(op, problem) -> Optional[str]:
     if len(sizes) == 3 and per_slice < WINOGRAD_3D_MIN_SLICE_TILES:
         return None
     channels = min(problem.in_channels, problem.out_channels)
+    itemsize = problem.numpy_dtype.itemsize
+    largest = itemsize * problem.batch * max(
+        problem.in_channels * math.prod(problem.input_size),
+        problem.out_channels * math.prod(problem.output_size))
+    # F(4x4, 3x3): 2D, channels-last or through channels-last copies (forward form: C in, K
+    # out over the output; the data gradient's is the other way round, over the input).
+    forward_form = ((problem.out_channels, problem.in_channels, problem.input_size)
+                    if op in ("conv_backward_data", "conv_transpose") else
+                    (problem.in_channels, problem.out_channels, problem.output_size))
+    from ._tiles import SLOTS, WORKSPACE_BYTES
+    copies = 2 * SLOTS if op == "conv_backward_weight" else 1
+    large = (problem.ndim == 2 and (problem.channels_last or winograd_via_copies(
+        problem.in_channels, problem.out_channels)) and large_tiles_pay(
+            problem.batch, forward_form[0], forward_form[1], forward_form[2][-2:])
+        and large_tiles_fit(forward_form[0], forward_form[1], itemsize, largest, copies))
     if op == "conv_backward_weight":
         flat = problem.ndim == 2
         thin = (flat and problem.channels_last and wide_registers() and
                 WINOGRAD_MIN_CHANNELS <= channels and
                 max(problem.in_channels, problem.out_channels) <= WINOGRAD_WGRAD_THIN_CHANNELS)
-        wide_rows = (flat and not problem.channels_last and wide_registers()
+        # F(4x4, 3x3) (through copies of x and dy) outruns implicit on wide rows too.
+        wide_rows = (flat and not problem.channels_last and wide_registers() and not large
                      and problem.output_size[-1] >= WINOGRAD_WGRAD_CF_WIDE_ROWS)
         least = WINOGRAD_WGRAD_CF_MIN_CHANNELS if wide_rows else WINOGRAD_WGRAD_MIN_CHANNELS
         if (channels < least and not thin) or tiles < WINOGRAD_WGRAD_MIN_TILES:
@@ -190,20 +225,20 @@ def winograd_reason(op, problem) -> Optional[str]:
     # or for the weight gradient once per partial sum and once per worker's buffer, as many
     # workers as partial sums at most: counted so, the choice does not depend on the thread
     # count (which would change the weight gradient's bits).
-    from ._tiles import SLOTS, WORKSPACE_BYTES
-    itemsize = problem.numpy_dtype.itemsize
     weights = problem.in_channels * problem.out_channels * math.prod(problem.kernel_size) \
         * itemsize
-    largest = max(weights, itemsize * problem.batch * max(
-        problem.in_channels * math.prod(problem.input_size),
-        problem.out_channels * math.prod(problem.output_size)))
-    copies = 2 * SLOTS if op == "conv_backward_weight" else 1
+    largest = max(weights, largest)
     if weights * 16 // 9 * copies > max(WORKSPACE_BYTES, largest):
         return None
     shape = "2D 3x3" if problem.ndim == 2 else "3D 3x3x3 (summed over the depth taps)"
     copies = ("; channels-first through channels-last copies of its input and output"
-              if op != "conv_backward_weight" and not problem.channels_last and
+              if (op != "conv_backward_weight" or large) and not problem.channels_last and
               winograd_via_copies(problem.in_channels, problem.out_channels) else "")
+    if large:
+        return (f"{shape}, stride 1, one group, {channels}+ channels, "
+                f"{problem.batch * math.prod(-(-s // 4) for s in forward_form[2][-2:])} "
+                f"4x4 output tiles: Winograd F(4x4, 3x3), 4 times fewer multiplications "
+                f"than a direct product, in 36 BLAS products per job of tiles{copies}")
     return (f"{shape}, stride 1, one group, {channels}+ channels, {tiles} 2x2 output tiles: "
             f"Winograd F(2x2, 3x3), 2.25 times fewer multiplications than a direct "
             f"product, in 16 BLAS products per job of tiles{copies}")

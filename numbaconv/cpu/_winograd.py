@@ -199,7 +199,7 @@ def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray
 def _convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray) -> bool:
     """:func:`convolve` in ``g``'s own layout: F(4x4, 3x3) where
     ``_heuristics.winograd_large_tiles`` says so (:func:`forward_large`), else F(2x2, 3x3)."""
-    if _heuristics.winograd_large_tiles(g):
+    if _heuristics.winograd_large_tiles(g, x.itemsize):
         return forward_large(g, x, large_weights(g, w, flipped), y)
     return forward(g, x, transformed_weights(g, w, flipped), y)
 
@@ -688,6 +688,14 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
     ``slots`` partial sums (fewer when there are fewer jobs), each summed in job order,
     then added in slot order: the same dw, bit for bit, on every run.
     """
+    cl = g._replace(channels_last=True)
+    large = _heuristics.winograd_large_tiles(cl, x.itemsize, 2 * _tiles.SLOTS)
+    if large and g.channels_last:
+        return weight_gradient_large(g, x, dy, slots)
+    if large and _heuristics.winograd_via_copies(g.c, g.k):
+        # Channels-first through channels-last copies of x and dy, as the forward's.
+        return weight_gradient_large(cl, _channels_last(x, g.c), _channels_last(dy, g.k),
+                                     slots)
     three = g.r[0] == 3
     th, tw, jobs = _jobs3(g, x.itemsize) if three else _jobs(g, x.itemsize)
     slots = min(slots, len(jobs))
@@ -750,6 +758,51 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
     _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
     if three:
         dw = np.ascontiguousarray(dw.reshape(g.k, 3, g.c, 3, 3).transpose(0, 2, 1, 3, 4))
+    return dw if np.isfinite(dw).all() else None
+
+
+def weight_gradient_large(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
+    """:func:`weight_gradient` by F(4x4, 3x3) for a channels-last 2D geometry: U of x's 6x6
+    patches (from a zero-padded copy, as :func:`forward_large`), D = A dy A^T of dy's 4x4
+    tiles (6x6; from a zero-padded copy where dy's size is not a multiple of 4), the 36
+    products dV[xi] = U[xi]^T D[xi] per job, summed in slots as there, dw = G^T dV G."""
+    th, tw, jobs = _jobs(g, x.itemsize, 4)
+    slots = min(slots, len(jobs))
+    consts = f4.constants(x.dtype)
+    ph, pw = 4 * th + 2, 4 * tw + 2
+    pf = np.empty(g.n * ph * pw * g.c, x.dtype)
+    f4._padded_cl(x.reshape(-1), pf, g.n, g.s[1], g.s[2], g.c, g.before[1], g.before[2],
+                  ph, pw)
+    if g.p[1] == 4 * th and g.p[2] == 4 * tw:
+        dyf = dy.reshape(-1)
+    else:
+        dyf = np.empty(g.n * 16 * th * tw * g.k, x.dtype)
+        f4._padded_cl(dy.reshape(-1), dyf, g.n, g.p[1], g.p[2], g.k, 0, 0, 4 * th, 4 * tw)
+    shape = (36, g.c, g.k)
+
+    def job(span, pick, out):
+        t0, t1 = span
+        u, uf, ustep = _planes((t1 - t0, g.c), x.dtype, "packed", 36)
+        pick(f4._input_cl)(pf, uf, ustep, t0, t1, th, tw, ph, pw, g.c, g.c, consts)
+        d, df, dstep = _planes((t1 - t0, g.k), x.dtype, "rows", 36)
+        pick(f4._grad_cl)(dyf, df, dstep, t0, t1, th, tw, g.k, consts)
+        return np.matmul(u.transpose(0, 2, 1), d, out=out)
+
+    def slot(first, pick):
+        part = job(jobs[first], pick, np.empty(shape, x.dtype))
+        for span in jobs[first + slots::slots]:
+            _tiles.stop_if_interrupted()
+            part += job(span, pick, _tiles.workspace(shape, x.dtype, "product"))
+        return part
+
+    dv = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
+    dw = np.empty((g.k, g.c, 3, 3), x.dtype)
+    wk = f4.weight_constants(x.dtype)
+
+    def part(span, pick):
+        pick(f4._weights_back)(dv.reshape(-1), dw.reshape(-1), *span, g.k, g.c, wk)
+
+    _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
     return dw if np.isfinite(dw).all() else None
 
 

@@ -324,3 +324,98 @@ def _weights(wf, vf, first, last, width, swap, flipped, consts):
             target = xi * plane + out
             for b in range(ws):
                 vf[target + b] = block[row + b]
+
+
+# --- the weight gradient -------------------------------------------------------------------
+
+@serial_jit
+def _a(d0, d1, d2, d3, k):
+    """A (6x4, the transpose of A^T) applied to four values: six (k: :func:`constants`)."""
+    return (d0, d0 + d1 + d2 + d3, d0 - d1 + d2 - d3, d0 + k[1] * d1 + k[4] * d2 + k[6] * d3,
+            d0 - k[3] * d1 + k[5] * d2 - k[7] * d3, d3)
+
+
+@serial_jit
+def _dy_row(df, base, q, k):
+    """A along one row of a tile's 4x4 dy: its four values df[base + q[i]]."""
+    return _a(df[base + q[0]], df[base + q[1]], df[base + q[2]], df[base + q[3]], k)
+
+
+@serial_jit
+def _d(dyf, rows, kk, q, k, j):
+    """Column j of D = A dy A^T for output channel kk of a tile (rows: its four rows'
+    offsets): A across the entries j of the four rows' A."""
+    a = _dy_row(dyf, rows[0] + kk, q, k)
+    b = _dy_row(dyf, rows[1] + kk, q, k)
+    c = _dy_row(dyf, rows[2] + kk, q, k)
+    d = _dy_row(dyf, rows[3] + kk, q, k)
+    return _a(a[j], b[j], c[j], d[j], k)
+
+
+@parallel_jit
+def _grad_cl(dyf, df, step, t0, t1, th, tw, channels, consts):
+    """D (36, tiles, K) of the tiles [t0, t1) from dy (N, 4 * th, 4 * tw, K) channels-last
+    (whole tiles: a zero-padded copy where dy is smaller), both flat; D's planes ``step``
+    apart. One column of D a loop, as :func:`_input_cl` writes U."""
+    ks = uint64(channels)
+    k = _values(consts)
+    rs = uint64(4 * tw) * ks
+    for at in prange(t1 - t0):
+        n, ty, tx = _tile(t0 + at, th, tw)
+        col = uint64(4 * tx) * ks
+        q = (col, col + ks, col + uint64(2) * ks, col + uint64(3) * ks)
+        row0 = uint64((n * 4 * th + 4 * ty) * 4 * tw) * ks
+        rows = (row0, row0 + rs, row0 + uint64(2) * rs, row0 + uint64(3) * rs)
+        out = uint64(at) * ks
+        for kk in range(ks):
+            _column(df, out + kk, step, uint64(0), _d(dyf, rows, kk, q, k, 0))
+        for kk in range(ks):
+            _column(df, out + kk, step, uint64(1), _d(dyf, rows, kk, q, k, 1))
+        for kk in range(ks):
+            _column(df, out + kk, step, uint64(2), _d(dyf, rows, kk, q, k, 2))
+        for kk in range(ks):
+            _column(df, out + kk, step, uint64(3), _d(dyf, rows, kk, q, k, 3))
+        for kk in range(ks):
+            _column(df, out + kk, step, uint64(4), _d(dyf, rows, kk, q, k, 4))
+        for kk in range(ks):
+            _column(df, out + kk, step, uint64(5), _d(dyf, rows, kk, q, k, 5))
+
+
+@serial_jit
+def _gt(v0, v1, v2, v3, v4, v5, k):
+    """G^T applied to six values: three (k: :func:`weight_constants`)."""
+    return (v0 + (v2 - v1) * k[0] + (v3 - k[5] * v4) * k[1],
+            (k[2] * v3 + k[4] * v4) * k[1] - (v1 + v2) * k[0],
+            (v2 - v1) * k[0] + (v3 - v4) * k[3] * k[1] + v5)
+
+
+@serial_jit
+def _gt_row(vf, at, plane, row, k):
+    """G^T along row ``row`` of one weight's 6x6 dV (planes 6 * row + 0..5 at vf[at])."""
+    base = at + uint64(6 * row) * plane
+    return _gt(vf[base], vf[base + plane], vf[base + uint64(2) * plane],
+               vf[base + uint64(3) * plane], vf[base + uint64(4) * plane],
+               vf[base + uint64(5) * plane], k)
+
+
+@parallel_jit
+def _weights_back(vf, wf, first, last, kernels, channels, consts):
+    """dw[k, c] = G^T dV[:, c, k] G for k in [first, last), dV channels-last (36, C, K),
+    read along its rows (k innermost), each plane in order; dw (K, C, 3, 3)."""
+    plane = uint64(kernels * channels)
+    k = (consts[0], consts[1], consts[2], consts[3], consts[4], consts[5])
+    for c in prange(channels):
+        for kk in range(first, last):
+            at = uint64(c * kernels + kk)
+            r0 = _gt_row(vf, at, plane, 0, k)
+            r1 = _gt_row(vf, at, plane, 1, k)
+            r2 = _gt_row(vf, at, plane, 2, k)
+            r3 = _gt_row(vf, at, plane, 3, k)
+            r4 = _gt_row(vf, at, plane, 4, k)
+            r5 = _gt_row(vf, at, plane, 5, k)
+            o = uint64((kk * channels + c) * 9)
+            for b in range(3):
+                v = _gt(r0[b], r1[b], r2[b], r3[b], r4[b], r5[b], k)
+                wf[o + uint64(b)] = v[0]
+                wf[o + uint64(3 + b)] = v[1]
+                wf[o + uint64(6 + b)] = v[2]
