@@ -19,7 +19,7 @@ from numbaconv import problem as pb
 from numbaconv.testing import relative_error
 
 import background
-from test_cpu_winograd import (CASES, TOL, _check_all_ops,
+from test_cpu_winograd import (CASES, CASES_3D, TOL, _check_3d, _check_all_ops,
                                test_non_finite_values_propagate_like_the_reference)
 
 
@@ -28,7 +28,8 @@ def force_large_tiles(monkeypatch):
     takes F(4x4, 3x3); returns the list that records each run of it."""
     from numbaconv.cpu import _heuristics, _winograd
     for name, value in (("WINOGRAD_LARGE_MIN_CHANNELS", 1), ("WINOGRAD_LARGE_MIN_TILES", 1),
-                        ("WINOGRAD_LARGE_MIN_SAVING", 0)):
+                        ("WINOGRAD_LARGE_MIN_SAVING", 0),
+                        ("WINOGRAD_LARGE_3D_MIN_SLICE_TILES", 1)):
         monkeypatch.setattr(_heuristics, name, value)
     monkeypatch.setattr(_heuristics, "winograd_via_copies", lambda c, k: True)
     runs = []
@@ -47,6 +48,38 @@ def test_large_tiles_match_the_reference(monkeypatch, case, layout, dtype):
     _check_all_ops(case, dtype, layout)
     # Forward, data gradient, transposed (accumulated: col2im); weight gradient, twice.
     assert runs == ["forward_large"] * 3 + ["weight_gradient_large"] * 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("case", CASES_3D, ids=[c[0] for c in CASES_3D])
+def test_3d_large_tiles_match_the_reference(monkeypatch, case, layout, dtype):
+    """3x3x3 kernels, F(4x4, 3x3) on each depth slice, summed over the depth taps inside x
+    (padding slices on either side, or every tap in the padding)."""
+    runs = force_large_tiles(monkeypatch)
+    _check_3d(case, dtype, layout)
+    assert runs == ["forward_large"] * 3 + ["weight_gradient_large"] * 2
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("tiles", [1, 3])
+def test_3d_large_tile_jobs_split_each_depth_slice(monkeypatch, layout, tiles):
+    """Jobs of 1 and 3 tiles (of 2 x 3 tiles a slice) with their workspaces filled with
+    garbage first."""
+    from numbaconv.cpu import _tiles, _winograd
+    runs = force_large_tiles(monkeypatch)
+    monkeypatch.setattr(_winograd, "LARGE_MIN_JOB_TILES", tiles)
+    monkeypatch.setattr(_winograd, "JOB_BYTES", 1)
+    real = _tiles.workspace
+
+    def garbage(shape, dtype, slot="packed"):
+        buffer = real(shape, dtype, slot)
+        buffer[...] = np.nan
+        return buffer
+
+    monkeypatch.setattr(_tiles, "workspace", garbage)
+    _check_3d(("3d-jobs", (2, 3, 4, 7, 10), ((2, 0), (1, 1), (1, 1)), 4), "float64", layout)
+    assert "forward_large" in runs and "weight_gradient_large" in runs
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
@@ -197,9 +230,14 @@ def test_the_heuristic_takes_large_tiles_on_wide_images_only():
     assert not large(8, 32, 56) and not large(8, 64, 56, k=32)     # narrow products
     assert not large(8, 1024, 28, k=64)    # the float32 error of a deeper sum
     assert not large(8, 64, 56, layout="channels_first")  # only through channels-last copies
-    x3 = np.zeros((2, 8, 28, 28, 64), np.float32)
-    assert not _heuristics.winograd_large_tiles(geom(pb.conv_problem(
-        x3, np.zeros((64, 64, 3, 3, 3), np.float32), padding=1, layout="channels_last")), 4)
+    def large3(c, size):
+        x3 = np.zeros((2, 8, size, size, c), np.float32)
+        return _heuristics.winograd_large_tiles(geom(pb.conv_problem(
+            x3, np.zeros((c, c, 3, 3, 3), np.float32), padding=1, layout="channels_last")), 4)
+
+    assert large3(64, 28) and large3(128, 28)
+    assert not large3(64, 24)              # 36 tiles a depth slice: thin products
+    assert not large3(256, 28)             # 768 summed channels
     # The weight gradient's 16 partial sums of 36 values per pair of channels count against
     # the workspace bound (64 MiB here): 128 x 128 fits, 192 x 192 does not.
     g = geom(pb.conv_problem(np.zeros((8, 28, 28, 128), np.float32),
@@ -213,7 +251,7 @@ def test_the_heuristic_takes_large_tiles_on_wide_images_only():
 BOUNDSCHECK = background.boundscheck(
     "winograd F(4x4, 3x3) kernels under NUMBA_BOUNDSCHECK",
     "import pytest\n"
-    "from test_cpu_winograd import CASES, _check_all_ops\n"
+    "from test_cpu_winograd import CASES, CASES_3D, _check_3d, _check_all_ops\n"
     "from test_cpu_winograd_large import force_large_tiles\n"
     "from numbaconv.cpu import _winograd\n"
     "with pytest.MonkeyPatch.context() as monkeypatch:\n"
@@ -225,6 +263,9 @@ BOUNDSCHECK = background.boundscheck(
     "        for c in CASES:\n"
     "            for layout in ('channels_first', 'channels_last'):\n"
     "                _check_all_ops(c, 'float64', layout)\n"
+    "        for c in CASES_3D:\n"
+    "            for layout in ('channels_first', 'channels_last'):\n"
+    "                _check_3d(c, 'float64', layout)\n"
     "    assert runs\n")
 
 

@@ -79,6 +79,9 @@ WINOGRAD_LARGE_MIN_TILES = 192
 #: and where it does this many times fewer multiplications than F(2x2, 3x3) at least, the
 #: partial tiles at the edges counted (14x14: 1.36, lost; 28x28, 56x56, 8x8: 1.78).
 WINOGRAD_LARGE_MIN_SAVING = 1.5
+#: 3D: at least this many 4x4 tiles a depth slice (a job's products are one slice's tiles
+#: at most: 64 channels, 20x20 and 24x24 slices' weight gradients lost, 28x28 won).
+WINOGRAD_LARGE_3D_MIN_SLICE_TILES = 42
 #: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
 #: the other algorithms.
 WINOGRAD_3D_MIN_SLICE_TILES = 16
@@ -130,12 +133,15 @@ def winograd_via_copies(in_channels: int, out_channels: int) -> bool:
 
 
 def winograd_large_tiles(g, itemsize: int, copies: int = 1) -> bool:
-    """Whether the channels-last 2D ``winograd`` forward form ``g`` (of a forward, a data
-    gradient or, with ``copies`` 2 * SLOTS, a weight gradient) runs F(4x4, 3x3)."""
+    """Whether the channels-last ``winograd`` forward form ``g`` (of a forward, a data
+    gradient or, with ``copies`` 2 * SLOTS, a weight gradient; 2D, or 3D per depth slice)
+    runs F(4x4, 3x3)."""
+    three = g.r == (3, 3, 3)
     largest = itemsize * g.n * max(g.c * math.prod(g.s), g.k * math.prod(g.p))
-    return (g.channels_last and g.r == (1, 3, 3) and g.s[0] == 1
-            and large_tiles_pay(g.n, g.c, g.k, g.p[1:])
-            and large_tiles_fit(g.c, g.k, itemsize, largest, copies))
+    taps = 3 if three else 1
+    return (g.channels_last and (three or g.r == (1, 3, 3) and g.s[0] == 1)
+            and large_tiles_pay(g.n * g.p[0], g.c, g.k, g.p[1:], taps)
+            and large_tiles_fit(taps * g.c, g.k, itemsize, largest, copies))
 
 
 def large_tiles_fit(depth: int, outputs: int, itemsize: int, largest: int,
@@ -147,15 +153,17 @@ def large_tiles_fit(depth: int, outputs: int, itemsize: int, largest: int,
     return 36 * depth * outputs * itemsize * copies <= max(WORKSPACE_BYTES, largest)
 
 
-def large_tiles_pay(images: int, depth: int, outputs: int, size) -> bool:
-    """Whether F(4x4, 3x3) pays on a 2D forward form of ``images`` images, ``depth`` input
-    and ``outputs`` output channels and an output of ``size`` (rows, columns)."""
+def large_tiles_pay(images: int, depth: int, outputs: int, size, taps: int = 1) -> bool:
+    """Whether F(4x4, 3x3) pays on a forward form of ``images`` 2D images (3D: depth
+    slices, summed over ``taps`` depth taps), ``depth`` input and ``outputs`` output channels
+    and an output of ``size`` (rows, columns)."""
     if not (min(depth, outputs) >= WINOGRAD_LARGE_MIN_CHANNELS
-            and depth <= WINOGRAD_LARGE_MAX_DEPTH):
+            and taps * depth <= WINOGRAD_LARGE_MAX_DEPTH):
         return False
     small = -(-size[0] // 2) * -(-size[1] // 2)
     large = -(-size[0] // 4) * -(-size[1] // 4)
     return (images * large >= WINOGRAD_LARGE_MIN_TILES
+            and (taps == 1 or large >= WINOGRAD_LARGE_3D_MIN_SLICE_TILES)
             and 16 * small >= WINOGRAD_LARGE_MIN_SAVING * 36 * large)
 
 
@@ -204,10 +212,13 @@ def winograd_reason(op, problem) -> Optional[str]:
                     (problem.in_channels, problem.out_channels, problem.output_size))
     from ._tiles import SLOTS, WORKSPACE_BYTES
     copies = 2 * SLOTS if op == "conv_backward_weight" else 1
-    large = (problem.ndim == 2 and (problem.channels_last or winograd_via_copies(
+    taps = 3 if problem.ndim == 3 else 1
+    large = ((problem.channels_last or winograd_via_copies(
         problem.in_channels, problem.out_channels)) and large_tiles_pay(
-            problem.batch, forward_form[0], forward_form[1], forward_form[2][-2:])
-        and large_tiles_fit(forward_form[0], forward_form[1], itemsize, largest, copies))
+            problem.batch * math.prod(forward_form[2][:-2]), forward_form[0],
+            forward_form[1], forward_form[2][-2:], taps)
+        and large_tiles_fit(taps * forward_form[0], forward_form[1], itemsize, largest,
+                            copies))
     if op == "conv_backward_weight":
         flat = problem.ndim == 2
         thin = (flat and problem.channels_last and wide_registers() and
@@ -235,8 +246,9 @@ def winograd_reason(op, problem) -> Optional[str]:
               if (op != "conv_backward_weight" or large) and not problem.channels_last and
               winograd_via_copies(problem.in_channels, problem.out_channels) else "")
     if large:
-        return (f"{shape}, stride 1, one group, {channels}+ channels, "
-                f"{problem.batch * math.prod(-(-s // 4) for s in forward_form[2][-2:])} "
+        tiles = problem.batch * math.prod(forward_form[2][:-2]) * math.prod(
+            -(-s // 4) for s in forward_form[2][-2:])
+        return (f"{shape}, stride 1, one group, {channels}+ channels, {tiles} "
                 f"4x4 output tiles: Winograd F(4x4, 3x3), 4 times fewer multiplications "
                 f"than a direct product, in 36 BLAS products per job of tiles{copies}")
     return (f"{shape}, stride 1, one group, {channels}+ channels, {tiles} 2x2 output tiles: "

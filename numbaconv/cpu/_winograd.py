@@ -205,8 +205,16 @@ def _convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarra
 
 
 def large_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
-    """V (36, C, K) of F(4x4, 3x3) for the channels-last 2D geometry ``g`` (``w`` and
-    ``flipped`` as :func:`transformed_weights` takes them)."""
+    """V (36, C, K) of F(4x4, 3x3) for the channels-last geometry ``g`` (``w`` and
+    ``flipped`` as :func:`transformed_weights` takes them); 3D: the three depth taps' V
+    side by side, (36, 3 * C, K), as there."""
+    if g.r[0] == 3:
+        v3 = np.empty((36, 3 * g.c, g.k), w.dtype)
+        for kd in range(3):
+            plane = np.ascontiguousarray(w[:, :, 2 - kd if flipped else kd])
+            v3[:, kd * g.c:(kd + 1) * g.c] = large_weights(g._replace(r=(1, 3, 3)), plane,
+                                                           flipped)
+        return v3
     v = np.empty((36, g.c, g.k), w.dtype)
 
     def part(span, pick):
@@ -218,39 +226,73 @@ def large_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
 
 
 def forward_large(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
-    """:func:`forward` by F(4x4, 3x3) (:mod:`._winograd_f4`) for a channels-last 2D
-    geometry, V from :func:`large_weights`: per job, U (36, tiles, C) of its 4x4 tiles' 6x6
-    patches, 36 products U @ V, the output transform of M (36, tiles, K). The patches are
-    read from a zero-padded copy of x, and y is written through a copy of whole tiles where
-    its size is not a multiple of 4 (fresh arrays for the length of the call), so that the
-    transforms need no bounds or masks and vectorise. Returns False, as :func:`forward`,
-    when some output is not finite."""
-    th, tw, jobs = _jobs(g, x.itemsize, 4)
+    """:func:`forward` by F(4x4, 3x3) (:mod:`._winograd_f4`) for a channels-last geometry,
+    V from :func:`large_weights`: per job, U (36, tiles, C) of its 4x4 tiles' 6x6 patches,
+    36 products U @ V, the output transform of M (36, tiles, K); 3D as :func:`_forward3`
+    (each depth tap's U in its third of (36, tiles, 3 * C)). The patches are read from a
+    zero-padded copy of x, and y is written through a copy of whole tiles where its size is
+    not a multiple of 4 (fresh arrays for the length of the call), so that the transforms
+    need no bounds or masks and vectorise. Returns False, as :func:`forward`, when some
+    output is not finite."""
+    three = g.r[0] == 3
+    th, tw, jobs = _jobs3(g, x.itemsize, 4) if three else _jobs(g, x.itemsize, 4)
     big = np.finfo(x.dtype).max
     consts = f4.constants(x.dtype)
+    pf, ph, pw = _padded_input(g, x, th, tw)
+    images = g.n * g.p[0]                       # y's 2D images (3D: its depth slices)
+    exact = g.p[1] == 4 * th and g.p[2] == 4 * tw
     yf = y.reshape(-1)
-    # x with its padding: rows and columns enough for every tile's 6x6 patch.
-    ph, pw = 4 * th + 2, 4 * tw + 2
-    pf = np.empty(g.n * ph * pw * g.c, x.dtype)
-    f4._padded_cl(x.reshape(-1), pf, g.n, g.s[1], g.s[2], g.c, g.before[1], g.before[2],
-                  ph, pw)
+    tf = yf if exact else np.empty(images * 16 * th * tw * g.k, x.dtype)
 
     def job(span, pick):
-        t0, t1 = span
-        u, uf, ustep = _planes((t1 - t0, g.c), x.dtype, "packed", 36)
-        pick(f4._input_cl)(pf, uf, ustep, t0, t1, th, tw, ph, pw, g.c, g.c, consts)
+        t0, t1 = span[-2:]
         m, mf, mstep = _planes((t1 - t0, g.k), x.dtype, "rows", 36)
-        np.matmul(u, v, out=m)
+        u, lo, hi = _large_input(g, pf, span, th, tw, ph, pw, consts, pick)
+        if lo >= hi:                                    # every depth tap in the padding
+            m[...] = 0
+        else:
+            taps = slice(lo * g.c, hi * g.c)
+            np.matmul(u[:, :, taps], v[:, taps], out=m)
         return pick(f4._output_cl)(mf, mstep, tf, t0, t1, th, tw, g.k, big, consts)
 
-    # Outputs of whole tiles only: y itself where its rows and columns are multiples of 4,
-    # else a larger copy cropped into y at the end.
-    exact = g.p[1] == 4 * th and g.p[2] == 4 * tw
-    tf = yf if exact else np.empty(g.n * 16 * th * tw * g.k, x.dtype)
     bad = sum(_tiles.run_tiles(job, jobs))
     if not exact:
-        bad = f4._cropped_cl(tf, yf, g.n, th, tw, g.p[1], g.p[2], g.k, big)
+        bad = f4._cropped_cl(tf, yf, images, th, tw, g.p[1], g.p[2], g.k, big)
     return bad == 0
+
+
+def _padded_input(g: Geom, x: np.ndarray, th: int, tw: int) -> tuple:
+    """A zero-padded channels-last copy of x (flat; 3D: its depth slices as images) with
+    rows and columns enough for every 4x4 tile's 6x6 patch, and its rows and columns."""
+    ph, pw = 4 * th + 2, 4 * tw + 2
+    pf = np.empty(g.n * g.s[0] * ph * pw * g.c, x.dtype)
+    f4._padded_cl(x.reshape(-1), pf, g.n * g.s[0], g.s[1], g.s[2], g.c, g.before[1],
+                  g.before[2], ph, pw)
+    return pf, ph, pw
+
+
+def _large_input(g: Geom, pf: np.ndarray, span: tuple, th: int, tw: int, ph: int, pw: int,
+                 consts: np.ndarray, pick) -> tuple:
+    """U of a job's 4x4 tiles from the padded copy ``pf`` (:func:`_padded_input`), in the
+    "packed" workspace, and the depth taps [lo, hi) it holds: 2D (36, tiles, C), taps [0,
+    1); 3D (36, tiles, 3 * C), each tap inside x in its third (:func:`_transformed_slices`'s
+    arrangement)."""
+    t0, t1 = span[-2:]
+    if g.r[0] != 3:
+        u, uf, ustep = _planes((t1 - t0, g.c), pf.dtype, "packed", 36)
+        pick(f4._input_cl)(pf, uf, ustep, t0, t1, th, tw, ph, pw, g.c, g.c, consts)
+        return u, 0, 1
+    s = span[0]
+    depth, out_depth, pad = g.s[0], g.p[0], g.before[0]
+    n, od = divmod(s, out_depth)
+    lo, hi = max(0, pad - od), min(3, depth + pad - od)
+    u, uf, ustep = _planes((t1 - t0, 3 * g.c), pf.dtype, "packed", 36)
+    per_slice = th * tw
+    for kd in range(lo, hi):
+        shift = (n * depth + od + kd - pad - s) * per_slice
+        pick(f4._input_cl)(pf, uf[kd * g.c:], ustep, t0 + shift, t1 + shift, th, tw, ph, pw,
+                           g.c, 3 * g.c, consts)
+    return u, lo, hi
 
 
 def _channels_last(a: np.ndarray, channels: int) -> np.ndarray:
@@ -339,14 +381,14 @@ def _forward3(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
     return sum(_tiles.run_tiles(job, jobs)) == 0
 
 
-def _jobs3(g: Geom, itemsize: int) -> tuple:
+def _jobs3(g: Geom, itemsize: int, size: int = 2) -> tuple:
     """:func:`_jobs` of a 3D geometry: (s, t0, t1), a run [t0, t1) of the tiles of output
     depth slice s (n * Do + od; tiles numbered over the N * Do slices), the slice's tiles
     cut into runs as long as each other, of :func:`job_tiles` at most (counted for the
     three depth taps' channels, as U holds them)."""
-    th, tw = tile_grid(g)
+    th, tw = tile_grid(g, size)
     per_slice = th * tw
-    parts = -(-per_slice // job_tiles(g._replace(c=3 * g.c), itemsize))
+    parts = -(-per_slice // job_tiles(g._replace(c=3 * g.c), itemsize, size))
     step = -(-per_slice // parts)
     return th, tw, [(s, s * per_slice + a, s * per_slice + min(per_slice, a + step))
                     for s in range(g.n * g.p[0]) for a in range(0, per_slice, step)]
@@ -762,31 +804,38 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
 
 
 def weight_gradient_large(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
-    """:func:`weight_gradient` by F(4x4, 3x3) for a channels-last 2D geometry: U of x's 6x6
-    patches (from a zero-padded copy, as :func:`forward_large`), D = A dy A^T of dy's 4x4
-    tiles (6x6; from a zero-padded copy where dy's size is not a multiple of 4), the 36
-    products dV[xi] = U[xi]^T D[xi] per job, summed in slots as there, dw = G^T dV G."""
-    th, tw, jobs = _jobs(g, x.itemsize, 4)
+    """:func:`weight_gradient` by F(4x4, 3x3) for a channels-last geometry: U of x's 6x6
+    patches (as :func:`forward_large`'s), D = A dy A^T of dy's 4x4 tiles (6x6; from a
+    zero-padded copy where dy's size is not a multiple of 4), the 36 products dV[xi] =
+    U[xi]^T D[xi] per job, summed in slots as there, dw = G^T dV G; 3D per depth tap, as
+    :func:`weight_gradient`'s."""
+    three = g.r[0] == 3
+    th, tw, jobs = _jobs3(g, x.itemsize, 4) if three else _jobs(g, x.itemsize, 4)
     slots = min(slots, len(jobs))
     consts = f4.constants(x.dtype)
-    ph, pw = 4 * th + 2, 4 * tw + 2
-    pf = np.empty(g.n * ph * pw * g.c, x.dtype)
-    f4._padded_cl(x.reshape(-1), pf, g.n, g.s[1], g.s[2], g.c, g.before[1], g.before[2],
-                  ph, pw)
+    pf, ph, pw = _padded_input(g, x, th, tw)
+    images = g.n * g.p[0]
     if g.p[1] == 4 * th and g.p[2] == 4 * tw:
         dyf = dy.reshape(-1)
     else:
-        dyf = np.empty(g.n * 16 * th * tw * g.k, x.dtype)
-        f4._padded_cl(dy.reshape(-1), dyf, g.n, g.p[1], g.p[2], g.k, 0, 0, 4 * th, 4 * tw)
-    shape = (36, g.c, g.k)
+        dyf = np.empty(images * 16 * th * tw * g.k, x.dtype)
+        f4._padded_cl(dy.reshape(-1), dyf, images, g.p[1], g.p[2], g.k, 0, 0, 4 * th, 4 * tw)
+    c = 3 * g.c if three else g.c
+    shape = (36, c, g.k)
 
     def job(span, pick, out):
-        t0, t1 = span
-        u, uf, ustep = _planes((t1 - t0, g.c), x.dtype, "packed", 36)
-        pick(f4._input_cl)(pf, uf, ustep, t0, t1, th, tw, ph, pw, g.c, g.c, consts)
+        t0, t1 = span[-2:]
+        u, lo, hi = _large_input(g, pf, span, th, tw, ph, pw, consts, pick)
+        if lo >= hi:                            # every depth tap in the padding
+            out[...] = 0
+            return out
+        taps = slice(lo * g.c, hi * g.c)
         d, df, dstep = _planes((t1 - t0, g.k), x.dtype, "rows", 36)
         pick(f4._grad_cl)(dyf, df, dstep, t0, t1, th, tw, g.k, consts)
-        return np.matmul(u.transpose(0, 2, 1), d, out=out)
+        np.matmul(u[:, :, taps].transpose(0, 2, 1), d, out=out[:, taps])
+        out[:, :taps.start] = 0
+        out[:, taps.stop:] = 0
+        return out
 
     def slot(first, pick):
         part = job(jobs[first], pick, np.empty(shape, x.dtype))
@@ -796,13 +845,15 @@ def weight_gradient_large(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         return part
 
     dv = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
-    dw = np.empty((g.k, g.c, 3, 3), x.dtype)
+    dw = np.empty((g.k, c, 3, 3), x.dtype)      # 3D: (K, 3 (kd), C, 3, 3)
     wk = f4.weight_constants(x.dtype)
 
     def part(span, pick):
-        pick(f4._weights_back)(dv.reshape(-1), dw.reshape(-1), *span, g.k, g.c, wk)
+        pick(f4._weights_back)(dv.reshape(-1), dw.reshape(-1), *span, g.k, c, wk)
 
     _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
+    if three:
+        dw = np.ascontiguousarray(dw.reshape(g.k, 3, g.c, 3, 3).transpose(0, 2, 1, 3, 4))
     return dw if np.isfinite(dw).all() else None
 
 
