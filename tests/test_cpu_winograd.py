@@ -112,6 +112,40 @@ def test_winograd_matches_the_reference(case, layout, dtype):
     _check_all_ops(case, dtype, layout)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_by_blocks_of_output_channels(monkeypatch, layout, dtype):
+    """F(2x2, 3x3) by blocks of output channels (``_forward_by_outputs``: U of every tile,
+    then each block's V, products and outputs), forced on every case in blocks of 3 (a
+    partial last block), the channels-first ones through channels-last copies, non-finite
+    values too; and the rule: few tiles, many channels, channels-last (or copies)."""
+    from numbaconv.cpu import _heuristics, _winograd
+    from numbaconv._kernel_geometry import geom
+    runs = []
+    real = _winograd._forward_by_outputs
+    monkeypatch.setattr(_winograd, "_forward_by_outputs", lambda *a: runs.append(1) or real(*a))
+    monkeypatch.setattr(_heuristics, "WINOGRAD_BY_OUTPUTS_TILES", 10**9)
+    monkeypatch.setattr(_heuristics, "winograd_via_copies", lambda c, k: True)
+    monkeypatch.setattr(_winograd, "OUTPUT_BLOCK", 3)
+    for case in CASES:
+        x, dy, w, bias, kw = _arrays(case, dtype, layout)
+        _check_forward_forms(case[0], x, dy, w, bias, kw, dtype)
+    test_non_finite_values_propagate_like_the_reference(layout)
+    assert len(runs) == 3 * len(CASES) + 4
+    monkeypatch.undo()
+
+    def by_outputs(n, c, size, layout="channels_last"):
+        shape = (n, size, size, c) if layout == "channels_last" else (n, c, size, size)
+        return _heuristics.winograd_by_outputs(geom(pb.conv_problem(
+            np.zeros(shape, np.float32), np.zeros((c, c, 3, 3), np.float32), padding=1,
+            layout=layout)), 4)
+
+    assert by_outputs(8, 512, 7) and by_outputs(4, 512, 14) and by_outputs(32, 512, 7)
+    assert not by_outputs(8, 256, 14) and not by_outputs(8, 64, 56)
+    assert not by_outputs(8, 512, 7, "channels_first")
+
+
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 @pytest.mark.parametrize("tiles", [1, 3, 7])
 def test_jobs_that_cut_tile_rows_and_images(monkeypatch, layout, tiles):
@@ -456,7 +490,11 @@ def test_forcing_winograd_where_it_does_not_apply_names_the_argument():
 BOUNDSCHECK = background.boundscheck(
     "winograd kernels under NUMBA_BOUNDSCHECK",
     "from test_cpu_winograd import CASES, CASES_3D, _check_all_ops, _check_3d\n"
-    "from numbaconv.cpu import _winograd\n"
+    "from numbaconv.cpu import _heuristics, _winograd\n"
+    "_heuristics.WINOGRAD_BY_OUTPUTS_TILES, _winograd.OUTPUT_BLOCK = 10**9, 3\n"
+    "for c in CASES:\n"
+    "    _check_all_ops(c, 'float64', 'channels_last')\n"
+    "_heuristics.WINOGRAD_BY_OUTPUTS_TILES = 0\n"
     "for tiles in (None, 3):\n"
     "    if tiles:\n"
     "        _winograd.MIN_JOB_TILES, _winograd.JOB_BYTES = tiles, 1\n"

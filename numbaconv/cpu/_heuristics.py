@@ -82,6 +82,10 @@ WINOGRAD_LARGE_MIN_SAVING = 1.5
 #: 3D: at least this many 4x4 tiles a depth slice (a job's products are one slice's tiles
 #: at most: 64 channels, 20x20 and 24x24 slices' weight gradients lost, 28x28 won).
 WINOGRAD_LARGE_3D_MIN_SLICE_TILES = 42
+#: F(2x2, 3x3) by blocks of output channels (V never written whole) where the 2x2 tiles are
+#: at most the output channels times this: 8 x 512c 7x7 (128 tiles) 1.1x, 4 x 512c 14x14
+#: (196) 1.3x; 8 x 384c 14x14 (392 tiles) lost 10%.
+WINOGRAD_BY_OUTPUTS_TILES = 1
 #: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
 #: the other algorithms.
 WINOGRAD_3D_MIN_SLICE_TILES = 16
@@ -142,6 +146,17 @@ def winograd_large_tiles(g, itemsize: int, copies: int = 1) -> bool:
     return (g.channels_last and (three or g.r == (1, 3, 3) and g.s[0] == 1)
             and large_tiles_pay(g.n * g.p[0], g.c, g.k, g.p[1:], taps)
             and large_tiles_fit(taps * g.c, g.k, itemsize, largest, copies))
+
+
+def winograd_by_outputs(g, itemsize: int) -> bool:
+    """Whether the channels-last 2D F(2x2, 3x3) forward form ``g`` runs by blocks of output
+    channels (``_winograd._forward_by_outputs``): V (16 values per weight) larger than U
+    (16 per tile and input channel), and U of every tile within the workspace bound."""
+    from ._tiles import WORKSPACE_BYTES
+    tiles = g.n * -(-g.p[1] // 2) * -(-g.p[2] // 2)
+    return (g.channels_last and g.r == (1, 3, 3) and g.s[0] == 1
+            and tiles <= WINOGRAD_BY_OUTPUTS_TILES * g.k
+            and 16 * tiles * g.c * itemsize <= WORKSPACE_BYTES)
 
 
 def large_tiles_fit(depth: int, outputs: int, itemsize: int, largest: int,
