@@ -259,9 +259,10 @@ def test_bench_prints_and_records_the_copy_fractions(capsys, tmp_path):
                if r["group"] != "depthwise")
     assert {(c["shape"], c["op"]) for c in record["copies"]} == {
         (r["shape"], r["op"]) for r in bound}
+    from numbaconv.cli_bench import _percent
     table = out[out.index("memory-bound rows (depthwise)"):]
     for r in bound:
-        assert f"{r['copy_fraction'] * 100:.0f}%" in table and r["shape"] in table
+        assert _percent(r["copy_fraction"]) in table and r["shape"] in table
 
 
 # --- run_benchmarks: each engine in its own process -----------------------------------------

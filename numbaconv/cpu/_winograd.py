@@ -1,8 +1,10 @@
 """Winograd F(2x2, 3x3): 2D 3x3 and 3D 3x3x3 convolutions with stride and dilation 1, one
 group: the forward, the data gradient and the weight gradient (3D: F(2x2, 3x3) on each depth
-slice, summed over the three depth taps in one product, see :func:`_forward3`). 2D forwards
-and data gradients of wide enough images take larger tiles, F(4x4, 3x3) (:func:`forward_large`,
-kernels in :mod:`._winograd_f4`; ``_heuristics.winograd_large_tiles`` decides).
+slice, summed over the three depth taps in one product, see :func:`_forward3`). Wide enough
+images take larger tiles, F(4x4, 3x3), in all three ops, 2D and 3D (:func:`forward_large`,
+:func:`weight_gradient_large`, kernels in :mod:`._winograd_f4`;
+``_heuristics.winograd_large_tiles`` decides); a forward form with fewer 2x2 tiles than
+output channels runs by blocks of output channels (:func:`_forward_by_outputs`).
 
 Each 2x2 block of output pixels (a *tile*) needs the 4x4 input patch above it. With the
 transforms of Lavin & Gray (2015), U = B^T d B of the patch and V = G g G^T of each 3x3
