@@ -66,12 +66,12 @@ WINOGRAD_MIN_TILES = 128
 #: run on channels-last copies of their input and output: the channels-last transforms
 #: vectorise over channels, and the copies cost less than the difference (at 512, more).
 WINOGRAD_COPIES_MAX_CHANNELS = 256
-#: Channels-last 2D forwards and data gradients (and channels-first ones through their
-#: channels-last copies) take F(4x4, 3x3) (docs/cpu-algorithms.md, "Larger tiles"): from
-#: this many channels on either side,
+#: Channels-last forwards, data and weight gradients, 2D and 3D (channels-first ones through
+#: channels-last copies), take F(4x4, 3x3) (docs/cpu-algorithms.md, "`winograd`: larger
+#: tiles"): from this many channels on either side,
 WINOGRAD_LARGE_MIN_CHANNELS = 64
-#: up to this many summed (input) channels (F(4x4, 3x3)'s float32 error grows with them, 6-9
-#: times the direct sum's, within the tests' 2e-5 up to here),
+#: up to this many summed (input) channels (F(4x4, 3x3)'s float32 error grows with them, 4-9
+#: times im2col's, within the tests' 2e-5 up to here),
 WINOGRAD_LARGE_MAX_DEPTH = 512
 #: with this many 4x4 tiles in the call at least (V, 36 values per weight, costs as much as
 #: the products it saves on fewer: 256 channels at 14x14 and 8 images, 128 tiles, lost),

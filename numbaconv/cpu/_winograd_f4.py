@@ -4,8 +4,8 @@ Y = A^T [(G g G^T) ⊙ (B^T d B)] A, 36 products where F(2x2, 3x3) has 16 for a 
 pixels: 2.25 multiplications per output and tap row, against 4 (and 9 for im2col).
 
 The interpolation points are 0, 1, -1, 2, -1/2 and infinity: Lavin & Gray's 0, +-1, +-2
-put 5 and 8 into B and A and made twice the float32 error (docs/cpu-algorithms.md, "Larger
-tiles"):
+put 5 and 8 into B and A and made about twice the float32 error (docs/cpu-algorithms.md,
+"`winograd`: larger tiles"):
 
     B^T = [[1, 3/2, -2, -3/2, 1, 0],   G = [[1, 0, 0],            A^T = [[1, 1, 1, 1, 1, 0],
            [0, -1, -5/2, -1/2, 1, 0],        [-1/3, -1/3, -1/3],         [0, 1, -1, 2, -1/2, 0],
