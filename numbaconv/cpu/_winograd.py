@@ -833,15 +833,7 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         out[:, :, taps.stop:] = 0
         return out
 
-    def slot(first, pick):
-        part = job(jobs[first], pick, np.empty(shape, x.dtype))
-        for span in jobs[first + slots::slots]:
-            _tiles.stop_if_interrupted()
-            # A reused buffer (a fresh array per job costs page faults), then the sum.
-            part += job(span, pick, _tiles.workspace(shape, x.dtype, "product"))
-        return part
-
-    dv = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
+    dv = _slot_sums(job, jobs, slots, shape, x.dtype)
     dw = np.empty((g.k, c, 3, 3), x.dtype)      # 3D: (K, 3 (kd), C, 3, 3)
     # Through the tile workers like every other kernel here (shared out only when large):
     # launched from this thread as a parallel region, it left an OpenMP thread spinning
@@ -852,7 +844,28 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
                             x.dtype.type(0.5))
 
     _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
-    if three:
+    return _finished(g, dw)
+
+
+def _slot_sums(job, jobs: list, slots: int, shape: tuple, dtype) -> np.ndarray:
+    """The sum of ``job(span, pick, out)`` (which writes its part into ``out`` and returns
+    it) over ``jobs``, dealt round-robin into ``slots`` partial sums, each summed in job
+    order on a tile worker, then added in slot order: the same bits on every run."""
+    def slot(first, pick):
+        part = job(jobs[first], pick, np.empty(shape, dtype))
+        for span in jobs[first + slots::slots]:
+            _tiles.stop_if_interrupted()
+            # A reused buffer (a fresh array per job costs page faults), then the sum.
+            part += job(span, pick, _tiles.workspace(shape, dtype, "product"))
+        return part
+
+    return _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
+
+
+def _finished(g: Geom, dw: np.ndarray):
+    """dw from the back transform's (K, C', 3, 3): 3D's (K, 3 (kd), C, 3, 3) moved to
+    (K, C, 3, 3, 3); None where some value is not finite."""
+    if g.r[0] == 3:
         dw = np.ascontiguousarray(dw.reshape(g.k, 3, g.c, 3, 3).transpose(0, 2, 1, 3, 4))
     return dw if np.isfinite(dw).all() else None
 
@@ -891,14 +904,7 @@ def weight_gradient_large(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         out[:, taps.stop:] = 0
         return out
 
-    def slot(first, pick):
-        part = job(jobs[first], pick, np.empty(shape, x.dtype))
-        for span in jobs[first + slots::slots]:
-            _tiles.stop_if_interrupted()
-            part += job(span, pick, _tiles.workspace(shape, x.dtype, "product"))
-        return part
-
-    dv = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
+    dv = _slot_sums(job, jobs, slots, shape, x.dtype)
     dw = np.empty((g.k, c, 3, 3), x.dtype)      # 3D: (K, 3 (kd), C, 3, 3)
     wk = f4.weight_constants(x.dtype)
 
@@ -906,9 +912,7 @@ def weight_gradient_large(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         pick(f4._weights_back)(dv.reshape(-1), dw.reshape(-1), *span, g.k, c, wk)
 
     _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
-    if three:
-        dw = np.ascontiguousarray(dw.reshape(g.k, 3, g.c, 3, 3).transpose(0, 2, 1, 3, 4))
-    return dw if np.isfinite(dw).all() else None
+    return _finished(g, dw)
 
 
 @serial_jit

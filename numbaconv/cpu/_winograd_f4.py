@@ -172,26 +172,23 @@ def _out(value, big):
 
 
 @serial_jit
+def _at_row(mf, at, step, k):
+    """A^T along one row of a tile's 6x6 M: its six values mf[at + i * step]."""
+    return _at(mf[at], mf[at + step], mf[at + uint64(2) * step], mf[at + uint64(3) * step],
+               mf[at + uint64(4) * step], mf[at + uint64(5) * step], k)
+
+
+@serial_jit
 def _y(mf, at, step, k, x):
     """Column x of a tile's outputs, Y = A^T M A (its four rows), from the tile's 36 values
     mf[at + plane * step]: A^T across the entries x of the six rows' A^T."""
-    r0 = _at(mf[at], mf[at + step], mf[at + uint64(2) * step], mf[at + uint64(3) * step],
-             mf[at + uint64(4) * step], mf[at + uint64(5) * step], k)
-    at += uint64(6) * step
-    r1 = _at(mf[at], mf[at + step], mf[at + uint64(2) * step], mf[at + uint64(3) * step],
-             mf[at + uint64(4) * step], mf[at + uint64(5) * step], k)
-    at += uint64(6) * step
-    r2 = _at(mf[at], mf[at + step], mf[at + uint64(2) * step], mf[at + uint64(3) * step],
-             mf[at + uint64(4) * step], mf[at + uint64(5) * step], k)
-    at += uint64(6) * step
-    r3 = _at(mf[at], mf[at + step], mf[at + uint64(2) * step], mf[at + uint64(3) * step],
-             mf[at + uint64(4) * step], mf[at + uint64(5) * step], k)
-    at += uint64(6) * step
-    r4 = _at(mf[at], mf[at + step], mf[at + uint64(2) * step], mf[at + uint64(3) * step],
-             mf[at + uint64(4) * step], mf[at + uint64(5) * step], k)
-    at += uint64(6) * step
-    r5 = _at(mf[at], mf[at + step], mf[at + uint64(2) * step], mf[at + uint64(3) * step],
-             mf[at + uint64(4) * step], mf[at + uint64(5) * step], k)
+    row = uint64(6) * step
+    r0 = _at_row(mf, at, step, k)
+    r1 = _at_row(mf, at + row, step, k)
+    r2 = _at_row(mf, at + uint64(2) * row, step, k)
+    r3 = _at_row(mf, at + uint64(3) * row, step, k)
+    r4 = _at_row(mf, at + uint64(4) * row, step, k)
+    r5 = _at_row(mf, at + uint64(5) * row, step, k)
     return _at(r0[x], r1[x], r2[x], r3[x], r4[x], r5[x], k)
 
 
