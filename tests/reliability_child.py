@@ -76,8 +76,8 @@ LONG_CALLS = {
                        "channels_first"),
     "im2col weight gradient": ("conv_backward_weight", "im2col", (32, 128, 56, 56),
                                (256, 128, 7, 7), 1, 3, "channels_first"),
-    # 7x7, 48 images: with 3x3 and 32 images implicit finished in 0.4 s on Zen 5 (AVX-512),
-    # before the test's signal.
+    # 7x7 on 48 images: seconds even with AVX-512, so that the signal, sent 0.5 s in,
+    # arrives mid-call.
     "implicit forward": ("conv", "implicit", (48, 256, 56, 56), (256, 256, 7, 7), 1, 3,
                          "channels_last"),
     "implicit weight gradient": ("conv_backward_weight", "implicit", (48, 256, 56, 56),

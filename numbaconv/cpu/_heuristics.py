@@ -70,21 +70,21 @@ WINOGRAD_COPIES_MAX_CHANNELS = 256
 #: channels-last copies), take F(4x4, 3x3) (docs/cpu-algorithms.md, "`winograd`: larger
 #: tiles"): from this many channels on either side,
 WINOGRAD_LARGE_MIN_CHANNELS = 64
-#: up to this many summed (input) channels (F(4x4, 3x3)'s float32 error grows with them, 4-9
-#: times im2col's, within the tests' 2e-5 up to here),
+#: up to this many summed (input) channels (F(4x4, 3x3)'s float32 error grows with them; up
+#: to here it stays within the tests' 2e-5),
 WINOGRAD_LARGE_MAX_DEPTH = 512
-#: with this many 4x4 tiles in the call at least (V, 36 values per weight, costs as much as
-#: the products it saves on fewer: 256 channels at 14x14 and 8 images, 128 tiles, lost),
+#: with this many 4x4 tiles in the call at least (on fewer, V's 36 values per weight cost
+#: more than the products save),
 WINOGRAD_LARGE_MIN_TILES = 192
 #: and where it does this many times fewer multiplications than F(2x2, 3x3) at least, the
-#: partial tiles at the edges counted (14x14: 1.36, lost; 28x28, 56x56, 8x8: 1.78).
+#: partial tiles at the edges counted (their wasted outputs against the smaller products).
 WINOGRAD_LARGE_MIN_SAVING = 1.5
 #: 3D: at least this many 4x4 tiles a depth slice (a job's products are one slice's tiles
-#: at most: 64 channels, 20x20 and 24x24 slices' weight gradients lost, 28x28 won).
+#: at most: fewer make products too thin for BLAS).
 WINOGRAD_LARGE_3D_MIN_SLICE_TILES = 42
-#: F(2x2, 3x3) by blocks of output channels (V never written whole) where the 2x2 tiles are
-#: at most the output channels times this: 8 x 512c 7x7 (128 tiles) 1.1x, 4 x 512c 14x14
-#: (196) 1.3x; 8 x 384c 14x14 (392 tiles) lost 10%.
+#: F(2x2, 3x3) by blocks of output channels where the 2x2 tiles are at most the output
+#: channels times this: V is then never written whole, but each block's products pack U
+#: again (docs/cpu-algorithms.md, "`winograd`: few tiles, many channels").
 WINOGRAD_BY_OUTPUTS_TILES = 1
 #: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
 #: the other algorithms.

@@ -72,7 +72,7 @@ JOB_BYTES = 2 * 2**20
 #: But at least this many tiles per job (the products' rows).
 MIN_JOB_TILES = 64
 #: F(4x4, 3x3)'s jobs: at least this many tiles, as each product packs a plane of V, 36 a
-#: job (64-tile jobs ran 256 channels at 14x14 and 28x28 15-20% slower than 128).
+#: job (larger jobs: fewer packings, larger U and M in the caches).
 LARGE_MIN_JOB_TILES = 128
 
 
@@ -214,8 +214,7 @@ def _convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarra
 
 
 #: Output channels per job of :func:`_forward_by_outputs`: each job's products pack all of U
-#: again, so few large blocks (512c 7x7: blocks of 64, 128, 256 ran 5.79, 5.48, 5.39 ms,
-#: against 5.46-5.96 for the plain jobs).
+#: again, so few large blocks, at the cost of V's block leaving L2.
 OUTPUT_BLOCK = 256
 
 
@@ -225,7 +224,7 @@ def _forward_by_outputs(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     V (16 values per weight) outweighs U: U of every tile once (jobs of tiles, into one
     array fresh for the call), then jobs of OUTPUT_BLOCK output channels, each transforming
     its block of the weights, multiplying U by it and writing its channels of y, so that V
-    is never written whole (512 channels: 16.8 MB written and read again per call)."""
+    is never written whole and read back."""
     th, tw = tile_grid(g)
     total = g.n * th * tw
     big = np.finfo(x.dtype).max

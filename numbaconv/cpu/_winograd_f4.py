@@ -4,8 +4,8 @@ Y = A^T [(G g G^T) ⊙ (B^T d B)] A, 36 products where F(2x2, 3x3) has 16 for a 
 pixels: 2.25 multiplications per output and tap row, against 4 (and 9 for im2col).
 
 The interpolation points are 0, 1, -1, 2, -1/2 and infinity: Lavin & Gray's 0, +-1, +-2
-put 5 and 8 into B and A and made about twice the float32 error (docs/cpu-algorithms.md,
-"`winograd`: larger tiles"):
+put 5 and 8 into B and A and a larger float32 error (docs/cpu-algorithms.md, "`winograd`:
+larger tiles"):
 
     B^T = [[1, 3/2, -2, -3/2, 1, 0],   G = [[1, 0, 0],            A^T = [[1, 1, 1, 1, 1, 0],
            [0, -1, -5/2, -1/2, 1, 0],        [-1/3, -1/3, -1/3],         [0, 1, -1, 2, -1/2, 0],
@@ -288,8 +288,7 @@ def _weights(wf, vf, first, last, width, swap, flipped, consts):
 
     Each a's 36 rows are computed into a scratch block of a padded pitch, then copied into
     V's planes: V's planes are C * K values apart, often a multiple of 4 KiB, and 36 values
-    written there one (a, b) at a time fell into one L1 set and evicted each other (44 times
-    slower than F(2x2, 3x3)'s 16, which LLVM vectorised across b).
+    written there one (a, b) at a time would fall into one L1 set and evict each other.
     """
     height = uint64(vf.size // (36 * width))
     ws = uint64(width)
