@@ -226,6 +226,44 @@ def test_panels_product_matches_numpy_whatever_the_panels_shared_out(dtype):
             np.testing.assert_array_equal(out, whole)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_panels_product_on_lower_panels_has_the_bits_of_mr_row_panels(dtype):
+    """States packed in panels of any height up to MR (:func:`panel_rows` picks one per
+    chain) give the product of MR-row panels bit for bit: each value is the same chain of
+    fused multiply-adds, whatever the height of the tile that computes it."""
+    rng = np.random.default_rng(8)
+    mr = mk.tile_shape(dtype)[0]
+    nr = mk.RowPanels.tile_columns(dtype)
+    k, m = 2 * mk.KC + 5, 2 * nr + 3
+    w = rng.standard_normal((m, k)).astype(dtype)
+    weights = mk.RowPanels(w, height=nr)
+    for width in (1, mr - 1, mr + 1, 16, 2 * mr + 3):
+        h = rng.standard_normal((width, k)).astype(dtype)
+        whole = mk.RowPanels(h)
+        want = np.empty((whole.count * mr, weights.count * nr), dtype)
+        mk.panels_product(whole, weights, want)
+        for height in sorted({1, mr // 2, mr - 1, mk.panel_rows(width, dtype)}):
+            states = mk.RowPanels(h, height=height)
+            out = np.full((states.count * height, weights.count * nr), np.nan, dtype)
+            mk.panels_product(states, weights, out)
+            np.testing.assert_array_equal(out[:width], want[:width], err_msg=(width, height))
+            assert not out[width:].any()
+        with pytest.raises(ValueError, match="do not match"):   # higher than a tile
+            mk.panels_product(mk.RowPanels(h, height=mr + 1), weights,
+                              np.empty((-(-width // (mr + 1)) * (mr + 1), out.shape[1]), dtype))
+
+
+def test_panel_rows_cut_evenly_into_as_few_panels_as_mr_rows_make():
+    mr = mk.tile_shape(np.float32)[0]
+    for rows in range(1, 5 * mr):
+        height = mk.panel_rows(rows, np.float32)
+        count = -(-rows // height)
+        assert height <= mr and count == -(-rows // mr), rows
+        assert count * height - rows < count, rows          # under a row of padding a panel
+    if mr == 12:
+        assert [mk.panel_rows(r, np.float32) for r in (10, 16, 20, 32)] == [10, 8, 10, 11]
+
+
 def test_panels_product_rejects_what_does_not_fit():
     nr = mk.RowPanels.tile_columns(np.float32)
     states = mk.RowPanels(np.ones((3, 5), np.float32))
@@ -284,6 +322,11 @@ _NARROW_SCRIPT = (
     "        columns, out = panels.columns(n), panels.output(n)\n"
     "        panels.multiply(panels.load(b.T.copy(), columns), out)\n"
     "        assert np.allclose(out[:m, :n], a @ b, rtol=1e-4, atol=1e-4), ('panels', dtype, m, k, n)\n"
+    "        states = mk.RowPanels(a, height=mk.panel_rows(m, dtype))\n"
+    "        weights = mk.RowPanels(b.T.copy(), height=mk.RowPanels.tile_columns(dtype))\n"
+    "        out = np.empty((states.count * states.height, weights.count * weights.height), dtype)\n"
+    "        mk.panels_product(states, weights, out)\n"
+    "        assert np.allclose(out[:m, :n], a @ b, rtol=1e-4, atol=1e-4), ('states', dtype, m, k, n)\n"
     "print('ok')\n")
 
 #: The products built for 256- and 128-bit vectors: {bits: command}.

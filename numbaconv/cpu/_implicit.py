@@ -40,7 +40,6 @@ region, bit for bit.
 from __future__ import annotations
 
 import functools
-import types
 
 import numpy as np
 from numba import prange
@@ -50,7 +49,7 @@ from .._kernel_geometry import Geom
 from . import _heuristics
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
                            _micro_tile_strided_narrow, _transpose, images_transposed,
-                           micro_tile_rows, narrow_strided_shape, narrow_tiles, strided_shape,
+                           kernel_twin, micro_tile_rows, narrow_strided_shape, narrow_tiles, strided_shape,
                            tile_shape, vector_lanes)
 from ._rows import copy_run, zero_run
 from ._sliding import row_pitch
@@ -294,16 +293,10 @@ def _weight_kernel(rows: int, default_rows: int):
     return _twin(_weight_partials, f"rows{rows}", _micro_tile=micro_tile_rows(rows))
 
 
-@functools.lru_cache(maxsize=None)
 def _twin(kernel, suffix: str, **tiles):
-    """The parallel ``kernel`` compiled again with the globals ``tiles`` (micro-kernel
-    intrinsics) in place of its own, under its name plus ``_suffix`` (Numba's disk cache
-    files compilations by name); made once per kernel and tiles."""
-    func = kernel.py_func
-    twin = types.FunctionType(func.__code__, dict(func.__globals__, **tiles),
-                              f"{func.__name__}_{suffix}", func.__defaults__, func.__closure__)
-    twin.__qualname__ = twin.__name__
-    return parallel_jit(twin)
+    """The parallel ``kernel`` with the micro-kernel intrinsics ``tiles`` in place of its own
+    (:func:`._microkernel.kernel_twin`)."""
+    return kernel_twin(kernel, suffix, parallel_jit, **tiles)
 
 
 @parallel_jit

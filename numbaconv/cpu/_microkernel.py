@@ -33,6 +33,7 @@ the matrix edges, and edge tiles go through a scratch tile, so nothing outside C
 from __future__ import annotations
 
 import functools
+import types as pytypes
 from typing import Optional
 
 import numpy as np
@@ -105,6 +106,29 @@ def micro_tile_rows(rows: int):
     windows have 21 features per tap row: 3 tiles of 7 rows, where 12-row tiles compute 24).
     ``rows`` * NV + NV + 1 vector registers must fit the register file."""
     return _tile_intrinsic(rows)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_twin(kernel, suffix: str, jit, **tiles):
+    """``kernel`` (a Numba dispatcher) compiled again by ``jit`` with the globals ``tiles``
+    (micro-kernel intrinsics) in place of its own, under its name plus ``_suffix``: Numba's
+    disk cache files compilations by qualified name and line, so a twin under the kernel's
+    own name would load the kernel's compilation. Made once per kernel and tiles."""
+    func = kernel.py_func
+    twin = pytypes.FunctionType(func.__code__, dict(func.__globals__, **tiles),
+                                f"{func.__name__}_{suffix}", func.__defaults__,
+                                func.__closure__)
+    twin.__qualname__ = twin.__name__
+    return jit(twin)
+
+
+def panel_rows(rows: int, dtype) -> int:
+    """Rows per panel of a left operand of ``rows`` rows (:func:`panels_product`): as few
+    panels as MR-row ones would be, each as high as an even cut needs, so that 16 rows make
+    two 8-row panels rather than 24 rows of two 12-row ones (a tile's time is its height's,
+    padded rows included)."""
+    mr = tile_shape(dtype)[0]
+    return -(-rows // -(-rows // mr)) if rows > 0 else mr
 
 
 @functools.lru_cache(maxsize=None)
@@ -610,8 +634,8 @@ class RowPanels:
         self.rows, self.depth = a.shape
         self.mr = tile_shape(a.dtype)[0]
         self.nr = self.tile_columns(a.dtype)
-        #: Rows a panel: MR (the left operand of :meth:`multiply` and :func:`panels_product`),
-        #: or NR (the right operand of :func:`panels_product`).
+        #: Rows a panel: MR (the left operand of :meth:`multiply`), at most MR (the left
+        #: operand of :func:`panels_product`: :func:`panel_rows`), or NR (its right one).
         self.height = self.mr if height is None else height
         count = -(-self.rows // self.height)
         self.panels = np.zeros((count, self.depth, self.height), a.dtype)
@@ -728,21 +752,32 @@ def _pack_by_copies(a, panels, rows):
 def panels_product(a: RowPanels, b: RowPanels, out: np.ndarray, start: int = 0,
                    stop: Optional[int] = None) -> np.ndarray:
     """``out[:, start*NR:stop*NR] = A @ B.T`` on the calling thread, for A packed in panels
-    of MR rows and B in panels of NR rows (``RowPanels(b, height=NR)``), one depth: out is
-    (A's panels x MR, B's panels x NR), C-contiguous, the product proper ``[:A rows, :B
+    of at most MR rows (``RowPanels(a, height=panel_rows(...))``, or MR by default) and B
+    in panels of NR rows (``RowPanels(b, height=NR)``), one depth: out is (A's panels x
+    their height, B's panels x NR), C-contiguous, the product proper ``[:A rows, :B
     rows]``. The recurrences' product the other way round from :meth:`RowPanels.multiply`
     (the states as A, refilled each step; the weights as B, packed once), which pads the
-    states to MR rows where that one pads them to NR columns. A value's bits do not depend
-    on ``start``, ``stop``."""
+    states to whole panels where that one pads them to NR columns. A value's bits do not
+    depend on ``start``, ``stop``, nor on A's panel height (each is one fused
+    multiply-add chain over the depth, in KC-deep chunks added in order)."""
     stop = b.count if stop is None else stop
-    if a.height != a.mr or b.height != a.nr or a.depth != b.depth or a.dtype != b.dtype \
-            or not 0 <= start <= stop <= b.count \
-            or out.shape != (a.count * a.mr, b.count * b.height) \
+    if not 0 < a.height <= a.mr or b.height != a.nr or a.depth != b.depth \
+            or a.dtype != b.dtype or not 0 <= start <= stop <= b.count \
+            or out.shape != (a.count * a.height, b.count * b.height) \
             or out.dtype != a.dtype or not out.flags.c_contiguous:
         raise ValueError(f"panels_product: panels of {a.rows} x {a.depth} and {b.rows} x "
                          f"{b.depth} do not match out {out.shape}")
-    _panels_by_panels(a.panels, b.panels, out, start, stop, a.mr, a.nr, KC)
+    _panels_kernel(a.height, a.mr)(a.panels, b.panels, out, start, stop, a.height, a.nr, KC)
     return out
+
+
+def _panels_kernel(height: int, mr: int):
+    """:func:`_panels_by_panels` on tiles of ``height`` rows: itself for MR, else its twin
+    (compiled on first use, then cached on disk like the rest)."""
+    if height == mr:
+        return _panels_by_panels
+    return kernel_twin(_panels_by_panels, f"rows{height}", serial_jit,
+                       _micro_tile=micro_tile_rows(height))
 
 
 @serial_jit

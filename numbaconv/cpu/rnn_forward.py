@@ -12,7 +12,7 @@ import numpy as np
 from ..problem import layer_params
 from . import _tiles
 from . import _rnn_cells as cells_k
-from ._microkernel import RowPanels, panels_product, tile_shape
+from ._microkernel import RowPanels, panel_rows, panels_product
 
 
 def lengths_or_full(lengths, seq_len, batch):
@@ -90,20 +90,28 @@ def run_recurrences(chains, recurrence, batch, gate_width):
 
 def weights_as_columns(chain_rows: int, dtype) -> bool:
     """Whether :class:`StepWeights` packs the weights as the micro-kernel's NR side: where
-    that pads a chain of ``chain_rows`` rows to fewer rows (MR) than the MR side would (NR)."""
-    mr, nr = tile_shape(dtype)[0], RowPanels.tile_columns(dtype)
-    return -(-chain_rows // mr) * mr < -(-chain_rows // nr) * nr
+    that pads a chain of ``chain_rows`` rows to fewer rows (whole panels of
+    :func:`._microkernel.panel_rows` each) than the MR side would (whole NR columns)."""
+    nr = RowPanels.tile_columns(dtype)
+    return padded_rows(chain_rows, dtype) < -(-chain_rows // nr) * nr
+
+
+def padded_rows(rows: int, dtype) -> int:
+    """A chain's states in whole panels of :func:`._microkernel.panel_rows` rows."""
+    height = panel_rows(rows, dtype)
+    return -(-rows // height) * height
 
 
 class StepWeights:
     """A layer and direction's recurrent weights W (G x K), packed once per call for the
     chains' per-step products ``W @ states.T`` (:meth:`chain`).
 
-    The micro-kernel computes MR x NR tiles: with the weights as its MR side
-    (:meth:`RowPanels.multiply`) a chain's states are padded to whole NR columns, with the
-    weights as its NR side (:func:`panels_product`) to whole MR rows. Packed the way that
-    pads the widest of ``chains`` less (a chain of 16 rows on AVX2's 6 x 16 tiles: the
-    weights as MR side; of 10: as NR side)."""
+    The micro-kernel computes tiles of NR columns and at most MR rows: with the weights as
+    its MR side (:meth:`RowPanels.multiply`) a chain's states are padded to whole NR
+    columns, with the weights as its NR side (:func:`panels_product`) to whole panels of
+    :func:`._microkernel.panel_rows` rows (16 rows: two 8-row panels). Packed the way
+    that pads the widest of ``chains`` less (on AVX-512's 32-column tiles, a chain of 16
+    rows: the weights as NR side; of 32: as MR side)."""
 
     def __init__(self, w, chains):
         widest = max(stop - start for _, (start, stop) in chains)
@@ -123,8 +131,10 @@ class ChainProduct:
         packed = self.packed = weights.packed
         self.by_columns = weights.by_columns
         if self.by_columns:
-            self.states = RowPanels(np.zeros((rows, packed.depth), packed.dtype))
-            self.out = np.zeros((self.states.count * packed.mr, packed.count * packed.height),
+            self.states = RowPanels(np.zeros((rows, packed.depth), packed.dtype),
+                                    height=panel_rows(rows, packed.dtype))
+            self.out = np.zeros((self.states.count * self.states.height,
+                                 packed.count * packed.height),
                                 packed.dtype)
             self.result = self.out[:rows, :packed.rows].T
         else:
