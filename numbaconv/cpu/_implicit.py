@@ -39,8 +39,6 @@ region, bit for bit.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import prange
 
