@@ -89,10 +89,24 @@ SHARED_PRODUCT_ABOVE = 2**20
 
 
 #: Slices of a shared 2D product whose bits must not depend on the thread count (see
-#: :func:`matmul`): work for up to this many workers, each slice at least FIXED_PART_MIN
-#: rows or columns (thinner slices ran BLAS measurably slower).
+#: :func:`fixed_parts`): work for up to this many workers, two slices from twice
+#: FIXED_PART_MIN rows or columns (thinner slices ran BLAS measurably slower), more only
+#: while each keeps FIXED_PART_ROWS: every slice packs the other operand again, so more
+#: slices than workers cost time (docs/cpu-algorithms.md, "Recurrent networks").
 FIXED_PARTS = 8
 FIXED_PART_MIN = 256
+FIXED_PART_ROWS = 1024
+
+
+def fixed_parts(size: int) -> int:
+    """Slices of a shared 2D product of ``size`` rows (or columns) along its cut: 1, 2, 4 or
+    8 (a power of two shares out evenly among 2 or 4 workers), by the size alone."""
+    if size < 2 * FIXED_PART_MIN:
+        return 1
+    parts = 2
+    while parts < FIXED_PARTS and size >= 2 * parts * FIXED_PART_ROWS:
+        parts *= 2
+    return parts
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -> np.ndarray:
@@ -118,8 +132,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -
         spans = worker_ranges(out.shape[axis], shared)
     else:
         axis = out.ndim - 2 + int(np.argmax(out.shape[-2:]))
-        parts = min(FIXED_PARTS, out.shape[axis] // FIXED_PART_MIN) if shared else 1
-        spans = fixed_ranges(out.shape[axis], parts)
+        spans = fixed_ranges(out.shape[axis], fixed_parts(out.shape[axis]) if shared else 1)
     if len(spans) <= 1:
         return np.matmul(a, b, out=out)
     a = a[(None,) * (out.ndim - a.ndim)]
