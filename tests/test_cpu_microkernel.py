@@ -253,15 +253,18 @@ def test_panels_product_on_lower_panels_has_the_bits_of_mr_row_panels(dtype):
                               np.empty((-(-width // (mr + 1)) * (mr + 1), out.shape[1]), dtype))
 
 
-def test_panel_rows_cut_evenly_into_as_few_panels_as_mr_rows_make():
-    mr = mk.tile_shape(np.float32)[0]
-    for rows in range(1, 5 * mr):
-        height = mk.panel_rows(rows, np.float32)
-        count = -(-rows // height)
-        assert height <= mr and count == -(-rows // mr), rows
-        assert count * height - rows < count, rows          # under a row of padding a panel
-    if mr == 12:
-        assert [mk.panel_rows(r, np.float32) for r in (10, 16, 20, 32)] == [10, 8, 10, 11]
+def test_panel_rows_pad_the_least_with_enough_accumulators():
+    for dtype in ("float32", "float64"):
+        mr, nv = mk.tile_shape(dtype)
+        low = min(mr, -(-mk.PANEL_ACCUMULATORS // nv))
+        for rows in range(1, 5 * mr):
+            height = mk.panel_rows(rows, dtype)
+            padded = -(-rows // height) * height
+            assert low <= height <= mr, (dtype, rows)
+            assert all(padded <= -(-rows // h) * h for h in range(low, mr + 1)), (dtype, rows)
+    if mk.tile_shape(np.float32) == (12, 2):
+        assert [mk.panel_rows(r, np.float32) for r in (2, 10, 16, 20, 24, 32)] == \
+            [6, 10, 8, 10, 12, 8]
 
 
 def test_panels_product_rejects_what_does_not_fit():

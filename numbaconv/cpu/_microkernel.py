@@ -122,13 +122,19 @@ def kernel_twin(kernel, suffix: str, jit, **tiles):
     return jit(twin)
 
 
+#: Fewest accumulators a tile of :func:`panel_rows` keeps: lower tiles have fewer
+#: independent sums than the FMA units' latency needs, and run below the full rate.
+PANEL_ACCUMULATORS = 12
+
+
 def panel_rows(rows: int, dtype) -> int:
-    """Rows per panel of a left operand of ``rows`` rows (:func:`panels_product`): as few
-    panels as MR-row ones would be, each as high as an even cut needs, so that 16 rows make
-    two 8-row panels rather than 24 rows of two 12-row ones (a tile's time is its height's,
-    padded rows included)."""
-    mr = tile_shape(dtype)[0]
-    return -(-rows // -(-rows // mr)) if rows > 0 else mr
+    """Rows per panel of a left operand of ``rows`` rows (:func:`panels_product`): the
+    height, from PANEL_ACCUMULATORS / NV up to MR, that pads ``rows`` to the fewest whole
+    panels' rows, the tallest of those (16 rows: two 8-row panels rather than 24 rows of
+    two 12-row ones; a tile's time is its height's, padded rows included)."""
+    mr, nv = tile_shape(dtype)
+    low = min(mr, -(-PANEL_ACCUMULATORS // nv))
+    return min(range(low, mr + 1), key=lambda h: (-(-max(rows, 1) // h) * h, -h))
 
 
 @functools.lru_cache(maxsize=None)

@@ -90,10 +90,12 @@ def run_recurrences(chains, recurrence, batch, gate_width):
 
 def weights_as_columns(chain_rows: int, dtype) -> bool:
     """Whether :class:`StepWeights` packs the weights as the micro-kernel's NR side: where
-    that pads a chain of ``chain_rows`` rows to fewer rows (whole panels of
-    :func:`._microkernel.panel_rows` each) than the MR side would (whole NR columns)."""
+    that pads a chain of ``chain_rows`` rows to no more rows (whole panels of
+    :func:`._microkernel.panel_rows` each) than the MR side would (whole NR columns). On
+    a tie too: the product then lands as (rows, gates), and the step kernels read each
+    row's gates from one run of memory rather than one value a column."""
     nr = RowPanels.tile_columns(dtype)
-    return padded_rows(chain_rows, dtype) < -(-chain_rows // nr) * nr
+    return padded_rows(chain_rows, dtype) <= -(-chain_rows // nr) * nr
 
 
 def padded_rows(rows: int, dtype) -> int:
@@ -110,8 +112,9 @@ class StepWeights:
     its MR side (:meth:`RowPanels.multiply`) a chain's states are padded to whole NR
     columns, with the weights as its NR side (:func:`panels_product`) to whole panels of
     :func:`._microkernel.panel_rows` rows (16 rows: two 8-row panels). Packed the way
-    that pads the widest of ``chains`` less (on AVX-512's 32-column tiles, a chain of 16
-    rows: the weights as NR side; of 32: as MR side)."""
+    that pads the widest of ``chains`` less (:func:`weights_as_columns`; on AVX-512's
+    32-column tiles, chains of 10, 16 or 32 rows: the weights as NR side; on AVX2's
+    16-column tiles, a chain of 16 rows: as MR side)."""
 
     def __init__(self, w, chains):
         widest = max(stop - start for _, (start, stop) in chains)
