@@ -658,9 +658,22 @@ class RowPanels:
         if a.strides[1] == item and a.strides[0] % item == 0 and a.strides[0] > 0:
             _pack_by_transposes(a, self.panels, self.rows, vector_lanes(self.dtype))
         elif a.strides[0] == item and a.strides[1] % item == 0 and a.strides[1] > 0:
-            _pack_by_copies(a, self.panels, self.rows)
+            self._pack_transposed(a)
         else:
             _pack_panels(a, self.panels, self.rows)
+
+    def _pack_transposed(self, a: np.ndarray) -> None:
+        """:meth:`refill` for ``a`` with unit stride down its columns (W_hh.T, a view): a
+        panel's ``height`` values for one k lie one after another in a's memory, runs that
+        NumPy copies whole (from a's transpose cut into runs, one panel a run); a Numba
+        loop copying run after run took 4-8 times as long (docs/cpu-algorithms.md,
+        "Recurrent networks"). The last panel's rows past a's are left as they are."""
+        rows_of, height = a.T, self.height
+        whole = self.rows // height
+        self.panels[:whole] = rows_of[:, :whole * height].reshape(
+            self.depth, whole, height).transpose(1, 0, 2)
+        if self.rows % height:
+            self.panels[whole, :, :self.rows % height] = rows_of[:, whole * height:]
 
     @staticmethod
     def tile_columns(dtype) -> int:
@@ -733,26 +746,6 @@ def _pack_by_transposes(a, panels, rows, lanes):
         first = p * height
         _transpose(flat_a, first * lds, lds, flat_p, p * depth * height, height,
                    min(height, rows - first), depth, lanes)
-
-
-@serial_jit
-def _pack_by_copies(a, panels, rows):
-    """:func:`_pack_panels` for ``a`` with unit stride down its columns (W_hh.T, a view): a
-    panel's ``height`` values for one k lie one after another in a's memory, so each memory
-    row of a (a column) is read in order and handed out to the panels, ``height`` values
-    to each (reading a panel's values for every k before the next panel's was twice as
-    slow, as was NumPy's strided copy)."""
-    count, depth, height = panels.shape
-    step = a.strides[1] // a.itemsize
-    flat_a = carray(_at(a, 0), (depth - 1) * step + rows)
-    flat_p = panels.reshape(-1)
-    for k in range(depth):
-        for p in range(count):
-            first = p * height
-            src = k * step + first
-            dst = (p * depth + k) * height
-            for i in range(min(height, rows - first)):
-                flat_p[dst + i] = flat_a[src + i]
 
 
 def panels_product(a: RowPanels, b: RowPanels, out: np.ndarray, start: int = 0,

@@ -11,10 +11,12 @@ output is zero and the stored gates (or their gradients) are zero, as the reserv
 Gate order is PyTorch's: LSTM (i, f, g, o), GRU (r, z, n) plus the GRU's hidden-path product
 ``hn = W_hn h + b_hn`` stored as a fourth block.
 
-The recurrent products arrive transposed: ``hg = W_hh @ h.T`` (G*H, N) in the forward and
-``rec`` (P, N), the transpose of ``dgates @ W_hh``, in the backward: whichever way round
-BLAS runs the product faster (docs/cpu-algorithms.md, "Recurrent networks"); the kernels
-read the transposed operand with a stride, which costs less than the difference.
+The recurrent products arrive as (G*H, N) views: ``hg = W_hh @ h.T`` in the forward and
+``rec`` (P, N), the transpose of ``dgates @ W_hh``, in the backward. Where the micro-kernel
+takes the states as its MR side (:func:`.rnn_forward.weights_as_columns`: every chain with
+AVX-512) the view is the transpose of an (N, G*H) buffer and a row's values lie in one run;
+with the weights as its MR side they lie a column apart, which the kernels read with a
+stride (docs/cpu-algorithms.md, "Recurrent networks").
 """
 
 from __future__ import annotations
