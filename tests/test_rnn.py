@@ -548,6 +548,48 @@ def test_small_batches_step_in_two_chains_in_all():
     assert len(rnn_forward.batch_chains(3 * nr, np.float32, 2)) == 3
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_chain_loops_give_the_bits_of_stepping_from_python(mode, dtype, monkeypatch):
+    """The chains' steps in Numba loops (:mod:`numbaconv.cpu._rnn_chains`, blocks of a few
+    steps) give the outputs and gradients of the same kernels stepped from Python, bit for
+    bit: bidirectional, three layers, dropout, variable lengths, chains of a few rows
+    (STEP_BLOCK lowered so that a call runs several blocks). The LSTM with projections
+    steps from Python either way."""
+    from numbaconv.cpu import _rnn_chains, rnn_forward
+    monkeypatch.setattr(_rnn_chains, "STEP_BLOCK", 2)
+    monkeypatch.setattr(rnn_forward, "chain_rows", lambda dtype: 2)
+    spec = make_spec(mode, "everything")
+    spec = type(spec)(spec.name, spec.mode, {**spec.kwargs, "dropout": 0.35, "num_layers": 3},
+                      spec.lengths, spec.initial_state)
+    cfg = spec.config()
+    a = make_arrays(spec, cfg.num_params, dtype, seed=4)
+    ran = []
+    chains = _rnn_chains.by_steps
+    monkeypatch.setattr(_rnn_chains, "by_steps", lambda view: ran.append(1) or chains(view))
+    looped = train_step(cfg, a, dropout_seed=5)
+    assert ran
+    monkeypatch.setattr(_rnn_chains, "by_steps", lambda view: None)
+    stepped = train_step(cfg, a, dropout_seed=5)
+    for key in ("y", "hy", "cy", "dx", "dhx", "dcx", "dparams"):
+        if stepped[key] is None:
+            assert looped[key] is None, key
+        else:
+            np.testing.assert_array_equal(looped[key], stepped[key], err_msg=key)
+
+
+def test_by_steps_takes_views_whose_steps_are_contiguous_blocks():
+    from numbaconv.cpu._rnn_chains import by_steps
+    gates = np.arange(5 * 6 * 8, dtype=np.float32).reshape(5, 6, 8)
+    flat, step = by_steps(gates[:, 2:4])
+    assert step == 48 and flat[0] == gates[0, 2, 0] and flat[-1] == gates[-1, 3, -1]
+    np.testing.assert_array_equal(flat[3 * step:3 * step + 16].reshape(2, 8), gates[3, 2:4])
+    flat[step] = -1                                    # a view: writes reach the array
+    assert gates[1, 2, 0] == -1
+    for view in (gates[:, :, :4], gates[:, ::2], gates[::-1], gates[:0]):
+        assert by_steps(view) is None
+
+
 def check_cpu_against_reference(mode, dropout):
     spec = make_spec(mode, "everything")
     spec = type(spec)(spec.name, spec.mode, {**spec.kwargs, "dropout": dropout, "num_layers": 3},

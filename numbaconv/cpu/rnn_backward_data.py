@@ -10,8 +10,9 @@ import numpy as np
 
 from ..problem import layer_params
 from . import _tiles
-from .rnn_forward import (StepWeights, batch_chains, each_step, lengths_or_full,
-                          run_recurrences, steps)
+from . import _rnn_chains as chains_k
+from .rnn_forward import (OneThread, StepWeights, batch_chains, each_step, in_blocks,
+                          lengths_or_full, run_recurrences, steps)
 
 
 def product(a, b):
@@ -68,33 +69,54 @@ def run(problem, operands, out, algorithm):
                 proj = bool(cfg.proj_size)
                 dproj = layout.dproj(reserve, layer, d)[:, sl] if proj else None
                 dm = np.empty((m_rows, hs) if proj else (1, 1), dtype)
-                for t in backwards:
-                    tp = t - 1 if d == 0 else t + 1
-                    c_prev = c0 if tp < 0 or tp >= t_len else cells[tp]
-                    if proj:
-                        k.gradient_of_output(dh, rec, dy_d[t], dproj[t], lens_c, t)
-                        products.dense(dproj[t], w_hr, dm)
-                    k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t], dm,
-                                         dc, lens_c, t, proj, one, work)
-                    step.load(gates[t])
-                    step.multiply(products)
+                flat = chains_k.by_steps(gates) if products is OneThread else None
+                kept = chains_k.by_steps(cells)
+                if flat and kept and not proj:
+                    drive, args = step.driver(chains_k.lstm_backward_chain), step.chain_args()
+                    in_blocks(reversed(steps(t_len, d)), lambda block: drive(
+                        block, *args, t_len, *flat, *kept, c0, dh, rec, dy_d, dm, dc, lens_c,
+                        d == 1, one, work))
+                else:
+                    for t in backwards:
+                        tp = t - 1 if d == 0 else t + 1
+                        c_prev = c0 if tp < 0 or tp >= t_len else cells[tp]
+                        if proj:
+                            k.gradient_of_output(dh, rec, dy_d[t], dproj[t], lens_c, t)
+                            products.dense(dproj[t], w_hr, dm)
+                        k.lstm_backward_step(gates[t], cells[t], c_prev, dh, rec, dy_d[t],
+                                             dm, dc, lens_c, t, proj, one, work)
+                        step.load(gates[t])
+                        step.multiply(products)
                 dcx[ld, sl] = dc
             elif mode == "gru":
                 h0 = hx[ld, sl]
                 hid = outputs[:, sl, d * p:(d + 1) * p]
-                for t in backwards:
-                    tp = t - 1 if d == 0 else t + 1
-                    h_prev = h0 if tp < 0 or tp >= t_len else hid[tp]
-                    k.gru_backward_step(gates[t], h_prev, h0, dh, rec, dy_d[t], lens_c, t,
-                                        d == 1, one, work)
-                    step.load(gates[t][:, :hidden])
-                    step.multiply(products)
+                flat = chains_k.by_steps(gates) if products is OneThread else None
+                if flat:
+                    drive, args = step.driver(chains_k.gru_backward_chain), step.chain_args()
+                    in_blocks(reversed(steps(t_len, d)), lambda block: drive(
+                        block, *args, *flat, hidden, hid, h0, dh, rec, dy_d, lens_c, d == 1,
+                        one, work))
+                else:
+                    for t in backwards:
+                        tp = t - 1 if d == 0 else t + 1
+                        h_prev = h0 if tp < 0 or tp >= t_len else hid[tp]
+                        k.gru_backward_step(gates[t], h_prev, h0, dh, rec, dy_d[t], lens_c,
+                                            t, d == 1, one, work)
+                        step.load(gates[t][:, :hidden])
+                        step.multiply(products)
             else:
                 relu = mode == "rnn_relu"
-                for t in backwards:
-                    k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens_c, t, relu, one)
-                    step.load(gates[t])
-                    step.multiply(products)
+                flat = chains_k.by_steps(gates) if products is OneThread else None
+                if flat:
+                    drive, args = step.driver(chains_k.rnn_backward_chain), step.chain_args()
+                    in_blocks(reversed(steps(t_len, d)), lambda block: drive(
+                        block, *args, *flat, dh, rec, dy_d, lens_c, relu, one))
+                else:
+                    for t in backwards:
+                        k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens_c, t, relu, one)
+                        step.load(gates[t])
+                        step.multiply(products)
             dhx[ld, sl] = dh + rec.T
 
         run_recurrences(chains, recurrence, n, gw)

@@ -12,7 +12,8 @@ import numpy as np
 from ..problem import layer_params
 from . import _tiles
 from . import _rnn_cells as cells_k
-from ._microkernel import RowPanels, panel_rows, panels_product
+from . import _rnn_chains as chains_k
+from ._microkernel import RowPanels, panel_rows, panels_product, vector_lanes
 
 
 def lengths_or_full(lengths, seq_len, batch):
@@ -30,6 +31,14 @@ def each_step(order):
     for t in order:
         _tiles.stop_if_interrupted()
         yield t
+
+
+def in_blocks(order, run_block):
+    """``run_block(block)`` for the steps ``order`` in blocks (:func:`._rnn_chains.blocks`):
+    a chain on a tile worker stops between two of them once its call is interrupted."""
+    for block in chains_k.blocks(order):
+        _tiles.stop_if_interrupted()
+        run_block(block)
 
 
 def combined_bias(b_ih, b_hh, size, dtype):
@@ -156,6 +165,25 @@ class ChainProduct:
         """The product, run as ``products`` runs it (:class:`OneThread`, :class:`Shared`)."""
         products.recurrent(self)
 
+    def chain_args(self) -> tuple:
+        """The product's arguments of the chain loops (:mod:`._rnn_chains`): by_columns,
+        the states' panels and columns buffers (an empty one for the side not taken), the
+        weights' panels, out, the states' panel height, MR, NR and the vector lanes."""
+        packed = self.packed
+        dtype = packed.dtype
+        if self.by_columns:
+            panels, columns, height = self.states.panels, np.empty((0, 0), dtype), \
+                self.states.height
+        else:
+            panels, columns, height = np.empty((0, 0, 0), dtype), self.states, packed.mr
+        return (self.by_columns, panels, columns, packed.panels, self.out, height, packed.mr,
+                packed.nr, vector_lanes(dtype))
+
+    def driver(self, kernel):
+        """The chain loop ``kernel`` of :mod:`._rnn_chains` compiled for this product's
+        tiles."""
+        return chains_k.driver(kernel, self.chain_args()[5], self.packed.mr)
+
     def multiply_panels(self, start: int, stop: int):
         """The part of the product that the weights' panels ``start .. stop`` make: the
         same bits whichever panels share a call."""
@@ -253,32 +281,52 @@ def run(problem, operands, out, algorithm):
                 m = np.empty((m_rows, hs), dtype) if cfg.proj_size else None
                 hp = np.empty((m_rows, p), dtype) if cfg.proj_size else None
                 hout = m if cfg.proj_size else h
-                for t in each_step(steps(t_len, d)):
-                    step.load(h)
-                    step.multiply(products)
-                    k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
-                                        cells[t] if training else c, lens_c, t, training,
-                                        not cfg.proj_size, work)
-                    if cfg.proj_size:
-                        products.dense(m, w_hr.T, hp)
-                        k.commit_projection(hp, h, y_d[t], lens_c, t)
+                flat = chains_k.by_steps(gates) if products is OneThread else None
+                kept = chains_k.by_steps(cells) if training else (c.reshape(-1), 0)
+                if flat and kept and not cfg.proj_size:
+                    drive, args = step.driver(chains_k.lstm_forward_chain), step.chain_args()
+                    in_blocks(steps(t_len, d), lambda block: drive(
+                        block, *args, *flat, hg, bias, c, h, y_d, *kept, lens_c, training,
+                        work))
+                else:
+                    for t in each_step(steps(t_len, d)):
+                        step.load(h)
+                        step.multiply(products)
+                        k.lstm_forward_step(gates[t], hg, bias, c, hout, y_d[t],
+                                            cells[t] if training else c, lens_c, t,
+                                            training, not cfg.proj_size, work)
+                        if cfg.proj_size:
+                            products.dense(m, w_hr.T, hp)
+                            k.commit_projection(hp, h, y_d[t], lens_c, t)
                 cy[ld, sl] = c
             elif mode == "gru":
                 bi = zeros if b_ih is None else b_ih
                 bh = zeros if b_hh is None else b_hh
-                for t in each_step(steps(t_len, d)):
-                    step.load(h)
-                    step.multiply(products)
-                    k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens_c, t, training,
-                                       one, work)
+                flat = chains_k.by_steps(gates) if products is OneThread else None
+                if flat:
+                    drive, args = step.driver(chains_k.gru_forward_chain), step.chain_args()
+                    in_blocks(steps(t_len, d), lambda block: drive(
+                        block, *args, *flat, hg, bi, bh, h, y_d, lens_c, training, one, work))
+                else:
+                    for t in each_step(steps(t_len, d)):
+                        step.load(h)
+                        step.multiply(products)
+                        k.gru_forward_step(gates[t], hg, bi, bh, h, y_d[t], lens_c, t,
+                                           training, one, work)
             else:
                 bias = combined_bias(b_ih, b_hh, gh, dtype)
                 relu = mode == "rnn_relu"
-                for t in each_step(steps(t_len, d)):
-                    step.load(h)
-                    step.multiply(products)
-                    k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens_c, t, training,
-                                       relu)
+                flat = chains_k.by_steps(gates) if products is OneThread else None
+                if flat:
+                    drive, args = step.driver(chains_k.rnn_forward_chain), step.chain_args()
+                    in_blocks(steps(t_len, d), lambda block: drive(
+                        block, *args, *flat, hg, bias, h, y_d, lens_c, training, relu))
+                else:
+                    for t in each_step(steps(t_len, d)):
+                        step.load(h)
+                        step.multiply(products)
+                        k.rnn_forward_step(gates[t], hg, bias, h, y_d[t], lens_c, t,
+                                           training, relu)
             hy[ld, sl] = h
 
         run_recurrences(chains, recurrence, n, gw)
