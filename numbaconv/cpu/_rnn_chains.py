@@ -12,9 +12,9 @@ are the same kernels in the same order, so the bits are those of the step-by-ste
 which still runs a single chain on the calling thread (its products shared among the
 workers at every step) and the LSTM with projections (a BLAS product a step).
 
-The product's micro-kernel tile has the chain's panel height (:func:`._microkernel.
-panel_rows`), fixed when it is compiled: each driver is compiled once per height
-(:func:`driver`), as a twin of itself on a twin of :func:`_product`.
+The product's micro-kernel tile has the chain's panel height
+(:func:`._microkernel.panel_rows`), fixed when it is compiled: each driver is compiled once
+per height (:func:`driver`), as a twin of itself on a twin of :func:`_product`.
 """
 
 from __future__ import annotations

@@ -165,24 +165,29 @@ class ChainProduct:
         """The product, run as ``products`` runs it (:class:`OneThread`, :class:`Shared`)."""
         products.recurrent(self)
 
+    @property
+    def height(self) -> int:
+        """Rows of the product's micro-kernel tiles: the states' panel height, or MR with
+        the weights as the MR side."""
+        return self.states.height if self.by_columns else self.packed.mr
+
     def chain_args(self) -> tuple:
         """The product's arguments of the chain loops (:mod:`._rnn_chains`): by_columns,
         the states' panels and columns buffers (an empty one for the side not taken), the
-        weights' panels, out, the states' panel height, MR, NR and the vector lanes."""
+        weights' panels, out, the tiles' height, MR, NR and the vector lanes."""
         packed = self.packed
         dtype = packed.dtype
         if self.by_columns:
-            panels, columns, height = self.states.panels, np.empty((0, 0), dtype), \
-                self.states.height
+            panels, columns = self.states.panels, np.empty((0, 0), dtype)
         else:
-            panels, columns, height = np.empty((0, 0, 0), dtype), self.states, packed.mr
-        return (self.by_columns, panels, columns, packed.panels, self.out, height, packed.mr,
-                packed.nr, vector_lanes(dtype))
+            panels, columns = np.empty((0, 0, 0), dtype), self.states
+        return (self.by_columns, panels, columns, packed.panels, self.out, self.height,
+                packed.mr, packed.nr, vector_lanes(dtype))
 
     def driver(self, kernel):
         """The chain loop ``kernel`` of :mod:`._rnn_chains` compiled for this product's
         tiles."""
-        return chains_k.driver(kernel, self.chain_args()[5], self.packed.mr)
+        return chains_k.driver(kernel, self.height, self.packed.mr)
 
     def multiply_panels(self, start: int, stop: int):
         """The part of the product that the weights' panels ``start .. stop`` make: the
