@@ -203,34 +203,37 @@ def test_row_panels_pack_any_strides_like_numpy(dtype, height):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_panels_product_matches_numpy_whatever_the_panels_shared_out(dtype):
-    """States packed in MR-row panels (refilled each step) times weights packed once in
-    NR-row panels; a run of the weights' panels gives the same bits as the whole."""
+def test_columns_product_matches_numpy_whatever_the_panels_shared_out(dtype):
+    """States transposed into columns (each step) times weights packed once in NR-row
+    panels; a run of the weights' panels gives the same bits as the whole."""
     rng = np.random.default_rng(6)
     nr = mk.RowPanels.tile_columns(dtype)
     for width, k, m in _shapes(dtype):
         w = rng.standard_normal((m, k)).astype(dtype)
         weights = mk.RowPanels(w, height=nr)
-        states = mk.RowPanels(np.zeros((width, k), dtype))
-        out = np.full((states.count * states.mr, weights.count * nr), np.nan, dtype)
+        columns = mk.state_columns(width, k, dtype)
+        height = mk.panel_rows(width, dtype)
+        out = np.full((-(-width // height) * height, weights.count * nr), np.nan, dtype)
         for step in range(2):
             h = rng.standard_normal((width, k + 3)).astype(dtype)[:, :k]  # a row stride
-            states.refill(h)
-            assert mk.panels_product(states, weights, out) is out
+            assert mk.load_columns(h, columns) is columns
+            np.testing.assert_array_equal(columns[:, :width], h.T)
+            assert not columns[:, width:].any()
+            assert mk.columns_product(columns, width, weights, out) is out
             _assert_product(out[:width, :m], h, w.T, dtype, (width, k, m, step))
             assert not out[width:].any() and not out[:, m:].any()
             whole = out.copy()
             out[...] = np.nan
             for start in range(weights.count):
-                mk.panels_product(states, weights, out, start, start + 1)
+                mk.columns_product(columns, width, weights, out, start, start + 1)
             np.testing.assert_array_equal(out, whole)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_panels_product_on_lower_panels_has_the_bits_of_mr_row_panels(dtype):
-    """States packed in panels of any height up to MR (:func:`panel_rows` picks one per
-    chain) give the product of MR-row panels bit for bit: each value is the same chain of
-    fused multiply-adds, whatever the height of the tile that computes it."""
+def test_columns_product_on_lower_tiles_has_the_bits_of_mr_row_tiles(dtype):
+    """The states' tiles of any height up to MR (:func:`panel_rows` picks one per chain)
+    give the product of MR-row tiles bit for bit: each value is the same chain of fused
+    multiply-adds, whatever the height of the tile that computes it."""
     rng = np.random.default_rng(8)
     mr = mk.tile_shape(dtype)[0]
     nr = mk.RowPanels.tile_columns(dtype)
@@ -239,18 +242,18 @@ def test_panels_product_on_lower_panels_has_the_bits_of_mr_row_panels(dtype):
     weights = mk.RowPanels(w, height=nr)
     for width in (1, mr - 1, mr + 1, 16, 2 * mr + 3):
         h = rng.standard_normal((width, k)).astype(dtype)
-        whole = mk.RowPanels(h)
-        want = np.empty((whole.count * mr, weights.count * nr), dtype)
-        mk.panels_product(whole, weights, want)
-        for height in sorted({1, mr // 2, mr - 1, mk.panel_rows(width, dtype)}):
-            states = mk.RowPanels(h, height=height)
-            out = np.full((states.count * height, weights.count * nr), np.nan, dtype)
-            mk.panels_product(states, weights, out)
-            np.testing.assert_array_equal(out[:width], want[:width], err_msg=(width, height))
+        columns = np.zeros((k, 4 * width + 2 * mr), dtype)
+        mk.load_columns(h, columns)
+        results = {}
+        for height in sorted({1, mr // 2, mr - 1, mr, mk.panel_rows(width, dtype)}):
+            count = -(-width // height)
+            out = np.full((count * height, weights.count * nr), np.nan, dtype)
+            mk._columns_kernel(height, mr)(columns, weights.panels, out, 0, weights.count,
+                                           count, height, nr, mk.KC)
+            results[height] = out[:width]
             assert not out[width:].any()
-        with pytest.raises(ValueError, match="do not match"):   # higher than a tile
-            mk.panels_product(mk.RowPanels(h, height=mr + 1), weights,
-                              np.empty((-(-width // (mr + 1)) * (mr + 1), out.shape[1]), dtype))
+        for height, got in results.items():
+            np.testing.assert_array_equal(got, results[mr], err_msg=(width, height))
 
 
 def test_panel_rows_pad_the_least_with_enough_accumulators():
@@ -267,18 +270,22 @@ def test_panel_rows_pad_the_least_with_enough_accumulators():
             [6, 10, 8, 10, 12, 8]
 
 
-def test_panels_product_rejects_what_does_not_fit():
+def test_columns_product_rejects_what_does_not_fit():
     nr = mk.RowPanels.tile_columns(np.float32)
-    states = mk.RowPanels(np.ones((3, 5), np.float32))
+    columns = mk.state_columns(3, 5, np.float32)
     weights = mk.RowPanels(np.ones((7, 5), np.float32), height=nr)
-    out = np.empty((states.count * states.mr, weights.count * nr), np.float32)
-    for args in ((weights, weights, out), (states, states, out), (states, weights, out[:, 1:]),
-                 (states, mk.RowPanels(np.ones((7, 4), np.float32), height=nr), out),
-                 (states, weights, out, 0, weights.count + 1)):
+    height = mk.panel_rows(3, np.float32)
+    out = np.empty((height, weights.count * nr), np.float32)
+    for args in ((columns, 3, mk.RowPanels(np.ones((7, 5), np.float32)), out),  # MR panels
+                 (columns, 3, weights, out[:, 1:]), (columns[:4], 3, weights, out),
+                 (columns[:, :2], 3, weights, out), (columns, 3, weights, out, 0, 9),
+                 (columns, 3, mk.RowPanels(np.ones((7, 4), np.float32), height=nr), out)):
         with pytest.raises(ValueError, match="do not match"):
-            mk.panels_product(*args)
-    with pytest.raises(ValueError, match="is not the"):
-        states.refill(np.ones((4, 5), np.float32))
+            mk.columns_product(*args)
+    for src in (np.ones((3, 4), np.float32), np.ones((columns.shape[1] + 1, 5), np.float32),
+                np.ones((3, 10), np.float32)[:, ::2], np.ones((3, 5))):
+        with pytest.raises(ValueError, match="does not fit"):
+            mk.load_columns(src, columns)
     with pytest.raises(ValueError, match="do not match"):
         weights.multiply(weights.columns(3), weights.output(3))   # NR panels: not for A
 
@@ -325,10 +332,11 @@ _NARROW_SCRIPT = (
     "        columns, out = panels.columns(n), panels.output(n)\n"
     "        panels.multiply(panels.load(b.T.copy(), columns), out)\n"
     "        assert np.allclose(out[:m, :n], a @ b, rtol=1e-4, atol=1e-4), ('panels', dtype, m, k, n)\n"
-    "        states = mk.RowPanels(a, height=mk.panel_rows(m, dtype))\n"
+    "        columns = mk.load_columns(a, mk.state_columns(m, k, dtype))\n"
     "        weights = mk.RowPanels(b.T.copy(), height=mk.RowPanels.tile_columns(dtype))\n"
-    "        out = np.empty((states.count * states.height, weights.count * weights.height), dtype)\n"
-    "        mk.panels_product(states, weights, out)\n"
+    "        height = mk.panel_rows(m, dtype)\n"
+    "        out = np.empty((-(-m // height) * height, weights.count * weights.height), dtype)\n"
+    "        mk.columns_product(columns, m, weights, out)\n"
     "        assert np.allclose(out[:m, :n], a @ b, rtol=1e-4, atol=1e-4), ('states', dtype, m, k, n)\n"
     "print('ok')\n")
 

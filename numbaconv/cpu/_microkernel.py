@@ -128,10 +128,10 @@ PANEL_ACCUMULATORS = 12
 
 
 def panel_rows(rows: int, dtype) -> int:
-    """Rows per panel of a left operand of ``rows`` rows (:func:`panels_product`): the
+    """Rows per tile of a left operand of ``rows`` rows (:func:`columns_product`): the
     height, from PANEL_ACCUMULATORS / NV up to MR, that pads ``rows`` to the fewest whole
-    panels' rows, the tallest of those (16 rows: two 8-row panels rather than 24 rows of
-    two 12-row ones; a tile's time is its height's, padded rows included)."""
+    tiles' rows, the tallest of those (16 rows: two 8-row tiles rather than 24 rows of two
+    12-row ones; a tile's time is its height's, padded rows included)."""
     mr, nv = tile_shape(dtype)
     low = min(mr, -(-PANEL_ACCUMULATORS // nv))
     return min(range(low, mr + 1), key=lambda h: (-(-max(rows, 1) // h) * h, -h))
@@ -640,8 +640,8 @@ class RowPanels:
         self.rows, self.depth = a.shape
         self.mr = tile_shape(a.dtype)[0]
         self.nr = self.tile_columns(a.dtype)
-        #: Rows a panel: MR (the left operand of :meth:`multiply`), at most MR (the left
-        #: operand of :func:`panels_product`: :func:`panel_rows`), or NR (its right one).
+        #: Rows a panel: MR (the left operand of :meth:`multiply`) or NR (the right one of
+        #: :func:`columns_product`).
         self.height = self.mr if height is None else height
         count = -(-self.rows // self.height)
         self.panels = np.zeros((count, self.depth, self.height), a.dtype)
@@ -748,40 +748,69 @@ def _pack_by_transposes(a, panels, rows, lanes):
                    min(height, rows - first), depth, lanes)
 
 
-def panels_product(a: RowPanels, b: RowPanels, out: np.ndarray, start: int = 0,
-                   stop: Optional[int] = None) -> np.ndarray:
-    """``out[:, start*NR:stop*NR] = A @ B.T`` on the calling thread, for A packed in panels
-    of at most MR rows (``RowPanels(a, height=panel_rows(...))``, or MR by default) and B
-    in panels of NR rows (``RowPanels(b, height=NR)``), one depth: out is (A's panels x
-    their height, B's panels x NR), C-contiguous, the product proper ``[:A rows, :B
-    rows]``. The recurrences' product the other way round from :meth:`RowPanels.multiply`
-    (the states as A, refilled each step; the weights as B, packed once), which pads the
-    states to whole panels where that one pads them to NR columns. A value's bits do not
-    depend on ``start``, ``stop``, nor on A's panel height (each is one fused
-    multiply-add chain over the depth, in KC-deep chunks added in order)."""
+def state_columns(rows: int, depth: int, dtype) -> np.ndarray:
+    """A zeroed (depth, pitch) buffer for the transposed left operand of
+    :func:`columns_product` (``rows`` x ``depth``; fill it with :func:`load_columns`): the
+    pitch holds whole tiles of :func:`panel_rows` rows, rounded up to whole vectors."""
+    height = panel_rows(rows, dtype)
+    lanes = vector_lanes(dtype)
+    return np.zeros((depth, -(-(-(-rows // height) * height) // lanes) * lanes), dtype)
+
+
+def load_columns(src: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``columns[:, :rows] = src.T`` for ``src`` (rows, depth) with unit stride along its
+    rows: vector-lane blocks transposed in registers (as :meth:`RowPanels.load`)."""
+    if src.ndim != 2 or columns.ndim != 2 or src.shape[1] != columns.shape[0] \
+            or src.shape[0] > columns.shape[1] or src.dtype != columns.dtype \
+            or not _unit_rows(src) or not columns.flags.c_contiguous:
+        raise ValueError(f"load_columns: {src.dtype} {src.shape} does not fit columns "
+                         f"{columns.dtype} {columns.shape}")
+    _transpose_into(src, columns, vector_lanes(src.dtype))
+    return columns
+
+
+def columns_product(columns: np.ndarray, rows: int, b: RowPanels, out: np.ndarray,
+                    start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+    """``out[:, start*NR:stop*NR] = A @ B.T`` on the calling thread, for A (``rows`` x
+    depth) given transposed in ``columns`` (:func:`state_columns`, :func:`load_columns`)
+    and B packed in panels of NR rows (``RowPanels(b, height=NR)``): the micro-kernel reads
+    A's tiles of :func:`panel_rows` rows where they lie in ``columns`` (one row of it a
+    step), so A is never packed. out is (A's tiles x their height, B's panels x NR),
+    C-contiguous, the product proper ``[:rows, :B rows]``. The recurrences' product the
+    other way round from :meth:`RowPanels.multiply` (the states as A, transposed each step;
+    the weights as B, packed once), which pads the states to NR columns where this pads
+    them to whole tiles. A value's bits depend neither on ``start``, ``stop`` nor on the
+    tiles' height (each is one fused multiply-add chain over the depth, in KC-deep chunks
+    added in order)."""
     stop = b.count if stop is None else stop
-    if not 0 < a.height <= a.mr or b.height != a.nr or a.depth != b.depth \
-            or a.dtype != b.dtype or not 0 <= start <= stop <= b.count \
-            or out.shape != (a.count * a.height, b.count * b.height) \
-            or out.dtype != a.dtype or not out.flags.c_contiguous:
-        raise ValueError(f"panels_product: panels of {a.rows} x {a.depth} and {b.rows} x "
-                         f"{b.depth} do not match out {out.shape}")
-    _panels_kernel(a.height, a.mr)(a.panels, b.panels, out, start, stop, a.height, a.nr, KC)
+    height = panel_rows(rows, b.dtype)
+    count = -(-rows // height)
+    if b.height != b.nr or columns.ndim != 2 or columns.shape[0] != b.depth \
+            or columns.shape[1] < count * height or columns.dtype != b.dtype \
+            or not columns.flags.c_contiguous or not 0 <= start <= stop <= b.count \
+            or out.shape != (count * height, b.count * b.height) \
+            or out.dtype != b.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"columns_product: {rows} rows in columns {columns.shape} and "
+                         f"panels of {b.rows} x {b.depth} do not match out {out.shape}")
+    _columns_kernel(height, b.mr)(columns, b.panels, out, start, stop, count, height, b.nr,
+                                  KC)
     return out
 
 
-def _panels_kernel(height: int, mr: int):
-    """:func:`_panels_by_panels` on tiles of ``height`` rows: itself for MR, else its twin
+def _columns_kernel(height: int, mr: int):
+    """:func:`_columns_by_panels` on tiles of ``height`` rows: itself for MR, else its twin
     (compiled on first use, then cached on disk like the rest)."""
     if height == mr:
-        return _panels_by_panels
-    return kernel_twin(_panels_by_panels, f"rows{height}", serial_jit,
+        return _columns_by_panels
+    return kernel_twin(_columns_by_panels, f"rows{height}", serial_jit,
                        _micro_tile=micro_tile_rows(height))
 
 
 @serial_jit
-def _panels_by_panels(ap, bp, c, start, stop, mr, nr, kc_block):
-    depth = ap.shape[1]
+def _columns_by_panels(columns, bp, c, start, stop, count, height, nr, kc_block):
+    """c[:, start*NR:stop*NR] = A @ B.T, A's ``count`` tiles of ``height`` rows read in
+    place from ``columns`` (depth, pitch), A[i, k] = columns[k, i]."""
+    depth, pitch = columns.shape
     ldc = c.shape[1]
     if depth == 0:
         c[:, start * nr:stop * nr] = 0
@@ -790,9 +819,10 @@ def _panels_by_panels(ap, bp, c, start, stop, mr, nr, kc_block):
         for p0 in range(0, depth, kc_block):
             kc = min(kc_block, depth - p0)
             add = 1 if p0 > 0 else 0
-            for ip in range(ap.shape[0]):
-                _micro_tile(_at(ap, (ip * depth + p0) * mr), _at(bp, (jp * depth + p0) * nr),
-                            _at(c, ip * mr * ldc + jp * nr), kc, ldc, add, mr, nr)
+            for ip in range(count):
+                _micro_tile(_at(columns, p0 * pitch + ip * height),
+                            _at(bp, (jp * depth + p0) * nr),
+                            _at(c, ip * height * ldc + jp * nr), kc, ldc, add, pitch, nr)
 
 
 @serial_jit

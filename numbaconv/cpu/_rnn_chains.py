@@ -23,8 +23,8 @@ import numpy as np
 
 from ..config import serial_jit
 from . import _rnn_cells as cells_k
-from ._microkernel import (KC, _pack_by_transposes, _panels_by_panels, _panels_kernel,
-                           _panels_product, _transpose_into, kernel_twin)
+from ._microkernel import (KC, _columns_by_panels, _columns_kernel, _panels_product,
+                           _transpose_into, kernel_twin)
 
 #: Time steps a call: Ctrl-C ends a chain between two blocks; the Python between blocks
 #: is a 16th of what it was between steps.
@@ -40,18 +40,17 @@ _rnn_backward_step = _step.rnn_backward_step
 
 
 @serial_jit
-def _product(src, by_columns, sp, scol, wp, out, height, mr, nr, lanes):
+def _product(src, by_columns, columns, wp, out, height, count, mr, nr, lanes):
     """One step's recurrent product of ``src`` (rows, depth), as
-    :meth:`.rnn_forward.ChainProduct.load` and ``multiply`` make it: with ``by_columns``
-    the states packed into ``sp`` (panels of ``height`` rows) times the weights' NR-row
-    panels ``wp``, else the states transposed into the columns ``scol`` times the weights'
-    MR-row panels; into ``out``."""
+    :meth:`.rnn_forward.ChainProduct.load` and ``multiply`` make it: the states transposed
+    into ``columns``, then with ``by_columns`` read there in ``count`` tiles of ``height``
+    rows against the weights' NR-row panels ``wp``, else multiplied as the right operand of
+    the weights' MR-row panels; into ``out``."""
+    _transpose_into(src, columns, lanes)
     if by_columns:
-        _pack_by_transposes(src, sp, src.shape[0], lanes)
-        _panels_by_panels(sp, wp, out, 0, wp.shape[0], height, nr, KC)
+        _columns_by_panels(columns, wp, out, 0, wp.shape[0], count, height, nr, KC)
     else:
-        _transpose_into(src, scol, lanes)
-        _panels_product(wp, scol, out, 0, wp.shape[0], mr, nr, KC)
+        _panels_product(wp, columns, out, 0, wp.shape[0], mr, nr, KC)
 
 
 @serial_jit
@@ -63,7 +62,7 @@ def _at_step(flat, step, t, rows, width):
 
 
 @serial_jit
-def lstm_forward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lanes, xg, xs,
+def lstm_forward_chain(order, by_columns, scol, wp, out, height, count, mr, nr, lanes, xg, xs,
                        hg, bias, c, h, y, cells, cs, lengths, store, work):
     """The forward steps ``order`` of an LSTM chain without projection: per step t the
     product ``W_hh @ h.T`` into hg (a view of ``out``) and
@@ -71,37 +70,37 @@ def lstm_forward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lan
     :func:`by_steps` pair), the cells' step t receiving c with ``store``."""
     rows, hs = c.shape
     for t in order:
-        _product(h, by_columns, sp, scol, wp, out, height, mr, nr, lanes)
+        _product(h, by_columns, scol, wp, out, height, count, mr, nr, lanes)
         kept = _at_step(cells, cs, t, rows, hs) if store else c
         _lstm_forward_step(_at_step(xg, xs, t, rows, 4 * hs), hg, bias, c, h, y[t], kept,
                            lengths, t, store, True, work)
 
 
 @serial_jit
-def gru_forward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lanes, xg, xs,
+def gru_forward_chain(order, by_columns, scol, wp, out, height, count, mr, nr, lanes, xg, xs,
                       hg, b_ih, b_hh, h, y, lengths, store, one, work):
     """The forward steps ``order`` of a GRU chain: :func:`._rnn_cells.gru_forward_step`."""
     rows, hs = h.shape
     for t in order:
-        _product(h, by_columns, sp, scol, wp, out, height, mr, nr, lanes)
+        _product(h, by_columns, scol, wp, out, height, count, mr, nr, lanes)
         _gru_forward_step(_at_step(xg, xs, t, rows, 4 * hs), hg, b_ih, b_hh, h, y[t],
                           lengths, t, store, one, work)
 
 
 @serial_jit
-def rnn_forward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lanes, xg, xs,
+def rnn_forward_chain(order, by_columns, scol, wp, out, height, count, mr, nr, lanes, xg, xs,
                       hg, bias, h, y, lengths, store, relu):
     """The forward steps ``order`` of a tanh or ReLU RNN chain:
     :func:`._rnn_cells.rnn_forward_step`."""
     rows, hs = h.shape
     for t in order:
-        _product(h, by_columns, sp, scol, wp, out, height, mr, nr, lanes)
+        _product(h, by_columns, scol, wp, out, height, count, mr, nr, lanes)
         _rnn_forward_step(_at_step(xg, xs, t, rows, hs), hg, bias, h, y[t], lengths, t,
                           store, relu)
 
 
 @serial_jit
-def lstm_backward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lanes, t_len,
+def lstm_backward_chain(order, by_columns, scol, wp, out, height, count, mr, nr, lanes, t_len,
                         gates, gs, cells, cs, c0, dh, rec, dy, dm, dc, lengths, reverse, one,
                         work):
     """The backward steps ``order`` (reverse processing order) of an LSTM chain without
@@ -120,11 +119,11 @@ def lstm_backward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, la
         else:
             _lstm_backward_step(g_t, c_t, _at_step(cells, cs, tp, rows, hs), dh, rec, dy[t],
                                 dm, dc, lengths, t, False, one, work)
-        _product(g_t, by_columns, sp, scol, wp, out, height, mr, nr, lanes)
+        _product(g_t, by_columns, scol, wp, out, height, count, mr, nr, lanes)
 
 
 @serial_jit
-def gru_backward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lanes, gates,
+def gru_backward_chain(order, by_columns, scol, wp, out, height, count, mr, nr, lanes, gates,
                        gs, hidden_columns, outputs, h0, dh, rec, dy, lengths, reverse, one,
                        work):
     """The backward steps ``order`` of a GRU chain: :func:`._rnn_cells.gru_backward_step`
@@ -141,12 +140,12 @@ def gru_backward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lan
         else:
             _gru_backward_step(g_t, outputs[tp], h0, dh, rec, dy[t], lengths, t, reverse,
                                one, work)
-        _product(g_t[:, :hidden_columns], by_columns, sp, scol, wp, out, height, mr, nr,
-                 lanes)
+        _product(g_t[:, :hidden_columns], by_columns, scol, wp, out, height, count,
+                 mr, nr, lanes)
 
 
 @serial_jit
-def rnn_backward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lanes, gates,
+def rnn_backward_chain(order, by_columns, scol, wp, out, height, count, mr, nr, lanes, gates,
                        gs, dh, rec, dy, lengths, relu, one):
     """The backward steps ``order`` of a tanh or ReLU RNN chain:
     :func:`._rnn_cells.rnn_backward_step`, then the product for the next. ``gates``,
@@ -155,7 +154,7 @@ def rnn_backward_chain(order, by_columns, sp, scol, wp, out, height, mr, nr, lan
     for t in order:
         g_t = _at_step(gates, gs, t, rows, hs)
         _rnn_backward_step(g_t, dh, rec, dy[t], lengths, t, relu, one)
-        _product(g_t, by_columns, sp, scol, wp, out, height, mr, nr, lanes)
+        _product(g_t, by_columns, scol, wp, out, height, count, mr, nr, lanes)
 
 
 def by_steps(view: np.ndarray):
@@ -181,7 +180,7 @@ def driver(kernel, height: int, mr: int):
     if height == mr:
         return kernel
     product = kernel_twin(_product, f"rows{height}", serial_jit,
-                          _panels_by_panels=_panels_kernel(height, mr))
+                          _columns_by_panels=_columns_kernel(height, mr))
     return kernel_twin(kernel, f"rows{height}", serial_jit, _product=product)
 
 

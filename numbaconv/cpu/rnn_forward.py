@@ -13,7 +13,8 @@ from ..problem import layer_params
 from . import _tiles
 from . import _rnn_cells as cells_k
 from . import _rnn_chains as chains_k
-from ._microkernel import RowPanels, panel_rows, panels_product, vector_lanes
+from ._microkernel import (RowPanels, columns_product, load_columns, panel_rows,
+                           state_columns, vector_lanes)
 
 
 def lengths_or_full(lengths, seq_len, batch):
@@ -99,7 +100,7 @@ def run_recurrences(chains, recurrence, batch, gate_width):
 
 def weights_as_columns(chain_rows: int, dtype) -> bool:
     """Whether :class:`StepWeights` packs the weights as the micro-kernel's NR side: where
-    that pads a chain of ``chain_rows`` rows to no more rows (whole panels of
+    that pads a chain of ``chain_rows`` rows to no more rows (whole tiles of
     :func:`._microkernel.panel_rows` each) than the MR side would (whole NR columns). On
     a tie too: the product then lands as (rows, gates), and the step kernels read each
     row's gates from one run of memory rather than one value a column."""
@@ -108,7 +109,7 @@ def weights_as_columns(chain_rows: int, dtype) -> bool:
 
 
 def padded_rows(rows: int, dtype) -> int:
-    """A chain's states in whole panels of :func:`._microkernel.panel_rows` rows."""
+    """A chain's states in whole tiles of :func:`._microkernel.panel_rows` rows."""
     height = panel_rows(rows, dtype)
     return -(-rows // height) * height
 
@@ -119,11 +120,11 @@ class StepWeights:
 
     The micro-kernel computes tiles of NR columns and at most MR rows: with the weights as
     its MR side (:meth:`RowPanels.multiply`) a chain's states are padded to whole NR
-    columns, with the weights as its NR side (:func:`panels_product`) to whole panels of
-    :func:`._microkernel.panel_rows` rows (16 rows: two 8-row panels). Packed the way
-    that pads the widest of ``chains`` less (:func:`weights_as_columns`; on AVX-512's
-    32-column tiles, chains of 10, 16 or 32 rows: the weights as NR side; on AVX2's
-    16-column tiles, a chain of 16 rows: as MR side)."""
+    columns, with the weights as its NR side (:func:`._microkernel.columns_product`) to
+    whole tiles of :func:`._microkernel.panel_rows` rows (16 rows: two 8-row tiles).
+    Packed the way that pads the widest of ``chains`` less (:func:`weights_as_columns`; on
+    AVX-512's 32-column tiles, chains of 10, 16 or 32 rows: the weights as NR side; on
+    AVX2's 16-column tiles, a chain of 16 rows: as MR side)."""
 
     def __init__(self, w, chains):
         widest = max(stop - start for _, (start, stop) in chains)
@@ -137,27 +138,33 @@ class StepWeights:
 
 class ChainProduct:
     """One chain's product ``result = W @ states.T`` (G, rows), a view into its buffer:
-    :meth:`load` the step's states (rows, K), then :meth:`multiply`."""
+    :meth:`load` the step's states (rows, K), then :meth:`multiply`. Either way the states
+    are transposed into a columns buffer: with the weights as the NR side, the
+    micro-kernel reads them there in tiles of :attr:`height` rows
+    (:func:`._microkernel.columns_product`); with the weights as the MR side, they are its
+    NR-wide right operand (:meth:`RowPanels.multiply`)."""
 
     def __init__(self, weights: StepWeights, rows: int):
         packed = self.packed = weights.packed
+        dtype = packed.dtype
         self.by_columns = weights.by_columns
+        self.rows = rows
         if self.by_columns:
-            self.states = RowPanels(np.zeros((rows, packed.depth), packed.dtype),
-                                    height=panel_rows(rows, packed.dtype))
-            self.out = np.zeros((self.states.count * self.states.height,
-                                 packed.count * packed.height),
-                                packed.dtype)
+            #: Rows of the micro-kernel's tiles: the states' :func:`panel_rows`, or MR.
+            self.height = panel_rows(rows, dtype)
+            self.states = state_columns(rows, packed.depth, dtype)
+            self.out = np.zeros((-(-rows // self.height) * self.height,
+                                 packed.count * packed.height), dtype)
             self.result = self.out[:rows, :packed.rows].T
         else:
+            self.height = packed.mr
             self.states = packed.columns(rows)
-            self.out = np.zeros((packed.count * packed.mr, self.states.shape[1]),
-                                packed.dtype)
+            self.out = np.zeros((packed.count * packed.mr, self.states.shape[1]), dtype)
             self.result = self.out[:packed.rows, :rows]
 
     def load(self, states):
         if self.by_columns:
-            self.states.refill(states)
+            load_columns(states, self.states)
         else:
             self.packed.load(states, self.states)
 
@@ -165,24 +172,13 @@ class ChainProduct:
         """The product, run as ``products`` runs it (:class:`OneThread`, :class:`Shared`)."""
         products.recurrent(self)
 
-    @property
-    def height(self) -> int:
-        """Rows of the product's micro-kernel tiles: the states' panel height, or MR with
-        the weights as the MR side."""
-        return self.states.height if self.by_columns else self.packed.mr
-
     def chain_args(self) -> tuple:
         """The product's arguments of the chain loops (:mod:`._rnn_chains`): by_columns,
-        the states' panels and columns buffers (an empty one for the side not taken), the
-        weights' panels, out, the tiles' height, MR, NR and the vector lanes."""
+        the states' columns buffer, the weights' panels, out, the tiles' height and count
+        (with the weights as the NR side), MR, NR and the vector lanes."""
         packed = self.packed
-        dtype = packed.dtype
-        if self.by_columns:
-            panels, columns = self.states.panels, np.empty((0, 0), dtype)
-        else:
-            panels, columns = np.empty((0, 0, 0), dtype), self.states
-        return (self.by_columns, panels, columns, packed.panels, self.out, self.height,
-                packed.mr, packed.nr, vector_lanes(dtype))
+        return (self.by_columns, self.states, packed.panels, self.out, self.height,
+                -(-self.rows // self.height), packed.mr, packed.nr, vector_lanes(packed.dtype))
 
     def driver(self, kernel):
         """The chain loop ``kernel`` of :mod:`._rnn_chains` compiled for this product's
@@ -193,7 +189,7 @@ class ChainProduct:
         """The part of the product that the weights' panels ``start .. stop`` make: the
         same bits whichever panels share a call."""
         if self.by_columns:
-            panels_product(self.states, self.packed, self.out, start, stop)
+            columns_product(self.states, self.rows, self.packed, self.out, start, stop)
         else:
             self.packed.multiply(self.states, self.out, start, stop)
 
