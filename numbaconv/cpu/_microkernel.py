@@ -665,9 +665,9 @@ class RowPanels:
     def _pack_transposed(self, a: np.ndarray) -> None:
         """:meth:`refill` for ``a`` with unit stride down its columns (W_hh.T, a view): a
         panel's ``height`` values for one k lie one after another in a's memory, runs that
-        NumPy copies whole (from a's transpose cut into runs, one panel a run); a Numba
-        loop copying run after run took 4-8 times as long (docs/cpu-algorithms.md,
-        "Recurrent networks"). The last panel's rows past a's are left as they are."""
+        NumPy copies whole (from a's transpose cut into runs, one panel a run), faster than
+        a Numba loop copying run after run (docs/cpu-algorithms.md, "Recurrent networks").
+        The last panel's rows past a's are left as they are."""
         rows_of, height = a.T, self.height
         whole = self.rows // height
         self.panels[:whole] = rows_of[:, :whole * height].reshape(

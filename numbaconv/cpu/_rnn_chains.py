@@ -4,10 +4,10 @@ its recurrent product on the weights packed once per call and its step kernel
 
 The chains of a recurrence run on the tile workers, one thread each
 (:func:`.rnn_forward.run_recurrences`). Stepping them from Python cost three compiled calls
-a step, and the two workers' threads passed the interpreter lock to each other at every
-one of them: where the steps are short (an LSTM of 128 units in chains of 16 rows: 12 us of
-work a step), two chains at once took three times as long a step as one alone. A block is
-one call; between blocks the chain stops if its call was interrupted (Ctrl-C). The steps
+a step, and the workers' threads passed the interpreter lock to each other at every one of
+them, which where the steps are short took longer than the steps (docs/cpu-algorithms.md,
+"Recurrent networks"). A block is one call; between blocks the chain stops if its call was
+interrupted (Ctrl-C). The steps
 are the same kernels in the same order, so the bits are those of the step-by-step loop,
 which still runs a single chain on the calling thread (its products shared among the
 workers at every step) and the LSTM with projections (a BLAS product a step).
@@ -55,8 +55,8 @@ def _product(src, by_columns, columns, wp, out, height, count, mr, nr, lanes):
 
 @serial_jit
 def _at_step(flat, step, t, rows, width):
-    """Step t's (rows, width) block of a :func:`by_steps` array, C-contiguous (the step
-    kernels vectorise on those; on strided views they ran about 1.4 times as long)."""
+    """Step t's (rows, width) block of a :func:`by_steps` array, C-contiguous: the step
+    kernels' loops vectorise on those, not on strided views of the same values."""
     at = t * step
     return flat[at:at + rows * width].reshape((rows, width))
 
