@@ -693,12 +693,10 @@ class RowPanels:
     def load(self, src: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``b[:, :width] = src.T`` for ``src`` (width, depth) with unit stride along its
         rows, ``b`` from :meth:`columns`: vector-lane blocks transposed in registers."""
-        if src.ndim != 2 or src.shape[1] != self.depth or src.shape[0] > b.shape[1] \
-                or src.dtype != self.dtype or not _unit_rows(src):
+        if src.ndim != 2 or src.shape[1] != self.depth or src.dtype != self.dtype:
             raise ValueError(f"RowPanels.load: {src.dtype} {src.shape} does not fit "
                              f"{self.depth} rows of {b.shape[1]} columns")
-        _transpose_into(src, b, vector_lanes(self.dtype))
-        return b
+        return load_columns(src, b)
 
     def output(self, width: int) -> np.ndarray:
         """An (MR * count, width rounded up to NR) product buffer; the product proper is
@@ -759,7 +757,7 @@ def state_columns(rows: int, depth: int, dtype) -> np.ndarray:
 
 def load_columns(src: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """``columns[:, :rows] = src.T`` for ``src`` (rows, depth) with unit stride along its
-    rows: vector-lane blocks transposed in registers (as :meth:`RowPanels.load`)."""
+    rows: vector-lane blocks transposed in registers (:meth:`RowPanels.load` too)."""
     if src.ndim != 2 or columns.ndim != 2 or src.shape[1] != columns.shape[0] \
             or src.shape[0] > columns.shape[1] or src.dtype != columns.dtype \
             or not _unit_rows(src) or not columns.flags.c_contiguous:
