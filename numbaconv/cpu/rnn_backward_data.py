@@ -11,8 +11,8 @@ import numpy as np
 from ..problem import layer_params
 from . import _tiles
 from . import _rnn_chains as chains_k
-from .rnn_forward import (OneThread, StepWeights, batch_chains, each_step, in_blocks,
-                          lengths_or_full, run_recurrences, steps)
+from .rnn_forward import (OneThread, StepWeights, batch_chains, each_step, lengths_or_full,
+                          run_recurrences, steps)
 
 
 def product(a, b):
@@ -61,7 +61,7 @@ def run(problem, operands, out, algorithm):
             rec = step.result                # zero before the first step
             hidden = step.packed.depth       # the gate columns of the recurrent product
             work = np.empty((m_rows, 3 * hs), dtype)
-            backwards = each_step(reversed(steps(t_len, d)))
+            backwards = reversed(steps(t_len, d))
             if mode == "lstm":
                 cells = layout.cells(reserve, layer, d)[:, sl]
                 c0 = cx[ld, sl]
@@ -72,12 +72,10 @@ def run(problem, operands, out, algorithm):
                 flat = chains_k.by_steps(gates) if products is OneThread else None
                 kept = chains_k.by_steps(cells)
                 if flat and kept and not proj:
-                    drive, args = step.driver(chains_k.lstm_backward_chain), step.chain_args()
-                    in_blocks(reversed(steps(t_len, d)), lambda block: drive(
-                        block, *args, t_len, *flat, *kept, c0, dh, rec, dy_d, dm, dc, lens_c,
-                        d == 1, one, work))
+                    step.run_steps(chains_k.lstm_backward_chain, backwards, t_len, *flat,
+                                   *kept, c0, dh, rec, dy_d, dm, dc, lens_c, d == 1, one, work)
                 else:
-                    for t in backwards:
+                    for t in each_step(backwards):
                         tp = t - 1 if d == 0 else t + 1
                         c_prev = c0 if tp < 0 or tp >= t_len else cells[tp]
                         if proj:
@@ -93,12 +91,10 @@ def run(problem, operands, out, algorithm):
                 hid = outputs[:, sl, d * p:(d + 1) * p]
                 flat = chains_k.by_steps(gates) if products is OneThread else None
                 if flat:
-                    drive, args = step.driver(chains_k.gru_backward_chain), step.chain_args()
-                    in_blocks(reversed(steps(t_len, d)), lambda block: drive(
-                        block, *args, *flat, hidden, hid, h0, dh, rec, dy_d, lens_c, d == 1,
-                        one, work))
+                    step.run_steps(chains_k.gru_backward_chain, backwards, *flat, hidden, hid,
+                                   h0, dh, rec, dy_d, lens_c, d == 1, one, work)
                 else:
-                    for t in backwards:
+                    for t in each_step(backwards):
                         tp = t - 1 if d == 0 else t + 1
                         h_prev = h0 if tp < 0 or tp >= t_len else hid[tp]
                         k.gru_backward_step(gates[t], h_prev, h0, dh, rec, dy_d[t], lens_c,
@@ -109,11 +105,10 @@ def run(problem, operands, out, algorithm):
                 relu = mode == "rnn_relu"
                 flat = chains_k.by_steps(gates) if products is OneThread else None
                 if flat:
-                    drive, args = step.driver(chains_k.rnn_backward_chain), step.chain_args()
-                    in_blocks(reversed(steps(t_len, d)), lambda block: drive(
-                        block, *args, *flat, dh, rec, dy_d, lens_c, relu, one))
+                    step.run_steps(chains_k.rnn_backward_chain, backwards, *flat, dh, rec,
+                                   dy_d, lens_c, relu, one)
                 else:
-                    for t in backwards:
+                    for t in each_step(backwards):
                         k.rnn_backward_step(gates[t], dh, rec, dy_d[t], lens_c, t, relu, one)
                         step.load(gates[t])
                         step.multiply(products)

@@ -34,14 +34,6 @@ def each_step(order):
         yield t
 
 
-def in_blocks(order, run_block):
-    """``run_block(block)`` for the steps ``order`` in blocks (:func:`._rnn_chains.blocks`):
-    a chain on a tile worker stops between two of them once its call is interrupted."""
-    for block in chains_k.blocks(order):
-        _tiles.stop_if_interrupted()
-        run_block(block)
-
-
 def combined_bias(b_ih, b_hh, size, dtype):
     if b_ih is None:
         return np.zeros(size, dtype)
@@ -172,18 +164,21 @@ class ChainProduct:
         """The product, run as ``products`` runs it (:class:`OneThread`, :class:`Shared`)."""
         products.recurrent(self)
 
-    def chain_args(self) -> tuple:
-        """The product's arguments of the chain loops (:mod:`._rnn_chains`): by_columns,
-        the states' columns buffer, the weights' panels, out, the tiles' height and count
-        (with the weights as the NR side), MR, NR and the vector lanes."""
+    def run_steps(self, kernel, order, *operands):
+        """The steps ``order`` by the chain loop ``kernel`` of :mod:`._rnn_chains`, compiled
+        for this product's tiles, in blocks (:func:`._rnn_chains.blocks`), the chain
+        stopping between two once its call is interrupted: ``kernel(block, <the product's
+        arguments>, *operands)``, the product's arguments being by_columns, the states'
+        columns buffer, the weights' panels, out, the tiles' height and count (with the
+        weights as the NR side), MR, NR and the vector lanes."""
         packed = self.packed
-        return (self.by_columns, self.states, packed.panels, self.out, self.height,
-                -(-self.rows // self.height), packed.mr, packed.nr, vector_lanes(packed.dtype))
-
-    def driver(self, kernel):
-        """The chain loop ``kernel`` of :mod:`._rnn_chains` compiled for this product's
-        tiles."""
-        return chains_k.driver(kernel, self.height, self.packed.mr)
+        drive = chains_k.driver(kernel, self.height, packed.mr)
+        product = (self.by_columns, self.states, packed.panels, self.out, self.height,
+                   -(-self.rows // self.height), packed.mr, packed.nr,
+                   vector_lanes(packed.dtype))
+        for block in chains_k.blocks(order):
+            _tiles.stop_if_interrupted()
+            drive(block, *product, *operands)
 
     def multiply_panels(self, start: int, stop: int):
         """The part of the product that the weights' panels ``start .. stop`` make: the
@@ -285,10 +280,8 @@ def run(problem, operands, out, algorithm):
                 flat = chains_k.by_steps(gates) if products is OneThread else None
                 kept = chains_k.by_steps(cells) if training else (c.reshape(-1), 0)
                 if flat and kept and not cfg.proj_size:
-                    drive, args = step.driver(chains_k.lstm_forward_chain), step.chain_args()
-                    in_blocks(steps(t_len, d), lambda block: drive(
-                        block, *args, *flat, hg, bias, c, h, y_d, *kept, lens_c, training,
-                        work))
+                    step.run_steps(chains_k.lstm_forward_chain, steps(t_len, d), *flat, hg,
+                                   bias, c, h, y_d, *kept, lens_c, training, work)
                 else:
                     for t in each_step(steps(t_len, d)):
                         step.load(h)
@@ -305,9 +298,8 @@ def run(problem, operands, out, algorithm):
                 bh = zeros if b_hh is None else b_hh
                 flat = chains_k.by_steps(gates) if products is OneThread else None
                 if flat:
-                    drive, args = step.driver(chains_k.gru_forward_chain), step.chain_args()
-                    in_blocks(steps(t_len, d), lambda block: drive(
-                        block, *args, *flat, hg, bi, bh, h, y_d, lens_c, training, one, work))
+                    step.run_steps(chains_k.gru_forward_chain, steps(t_len, d), *flat, hg, bi,
+                                   bh, h, y_d, lens_c, training, one, work)
                 else:
                     for t in each_step(steps(t_len, d)):
                         step.load(h)
@@ -319,9 +311,8 @@ def run(problem, operands, out, algorithm):
                 relu = mode == "rnn_relu"
                 flat = chains_k.by_steps(gates) if products is OneThread else None
                 if flat:
-                    drive, args = step.driver(chains_k.rnn_forward_chain), step.chain_args()
-                    in_blocks(steps(t_len, d), lambda block: drive(
-                        block, *args, *flat, hg, bias, h, y_d, lens_c, training, relu))
+                    step.run_steps(chains_k.rnn_forward_chain, steps(t_len, d), *flat, hg,
+                                   bias, h, y_d, lens_c, training, relu)
                 else:
                     for t in each_step(steps(t_len, d)):
                         step.load(h)
