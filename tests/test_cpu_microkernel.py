@@ -256,6 +256,42 @@ def test_columns_product_on_lower_tiles_has_the_bits_of_mr_row_tiles(dtype):
             np.testing.assert_array_equal(got, results[mr], err_msg=(width, height))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_planes_product_matches_numpy_and_checks_its_reach(dtype):
+    """Planes of A read in place, transposed (rows at a pitch, the last MR-row tile whole),
+    times one NR-column panel each, over one and several KC-deep chunks; arrays too short
+    for what the call would read or write are refused before anything is written."""
+    rng = np.random.default_rng(9)
+    mr = mk.tile_shape(dtype)[0]
+    nr = mk.RowPanels.tile_columns(dtype)
+    for rows, depth, planes in ((1, 3, 1), (mr + 5, mk.KC + 7, 3), (2 * mr, 2 * mk.KC, 2)):
+        count = -(-rows // mr)
+        pitch, step, panel_step = rows + 3, (depth + 1) * (rows + 3), depth * nr + 5
+        out_step = count * mr * nr + 7
+        a = rng.standard_normal((planes, rows, depth)).astype(dtype)
+        b = rng.standard_normal((planes, depth, nr)).astype(dtype)
+        columns = np.zeros(planes * step + mr, dtype)
+        panels = np.zeros(planes * panel_step, dtype)
+        for q in range(planes):
+            columns[q * step:q * step + depth * pitch].reshape(depth, pitch)[:, :rows] = a[q].T
+            panels[q * panel_step:q * panel_step + depth * nr] = b[q].reshape(-1)
+        out = np.full(planes * out_step, np.nan, dtype)
+        mk.planes_product(columns, step, pitch, rows, depth, panels, panel_step, out,
+                          out_step, planes)
+        for q in range(planes):
+            got = out[q * out_step:q * out_step + rows * nr].reshape(rows, nr)
+            _assert_product(got, a[q], b[q], dtype, (rows, depth, q))
+        assert np.isnan(out[planes * out_step - 7:]).all()      # past the last plane's tiles
+        short = (columns[:(planes - 1) * step + (depth - 1) * pitch + count * mr - 1],
+                 panels, out)
+        for args in (short, (columns, panels[:-6], out), (columns, panels, out[:-8])):
+            before = args[2].copy()
+            with pytest.raises(ValueError, match="planes_product"):
+                mk.planes_product(args[0], step, pitch, rows, depth, args[1], panel_step,
+                                  args[2], out_step, planes)
+            np.testing.assert_array_equal(args[2], before)
+
+
 def test_panel_rows_pad_the_least_with_enough_accumulators():
     for dtype in ("float32", "float64"):
         mr, nv = mk.tile_shape(dtype)

@@ -11,6 +11,7 @@ transposed convolutions (F(2x2, 3x3) per depth slice, summed over the depth
 taps) likewise, with jobs that split depth slices.
 """
 
+import numba
 import numpy as np
 import pytest
 
@@ -126,6 +127,7 @@ def test_by_blocks_of_output_channels(monkeypatch, layout, dtype):
     real = _winograd._forward_by_outputs
     monkeypatch.setattr(_winograd, "_forward_by_outputs", lambda *a: runs.append(1) or real(*a))
     monkeypatch.setattr(_heuristics, "WINOGRAD_BY_OUTPUTS_TILES", 10**9)
+    monkeypatch.setattr(_heuristics, "WINOGRAD_BY_PANELS_TILES", 0)
     monkeypatch.setattr(_heuristics, "winograd_via_copies", lambda c, k: True)
     monkeypatch.setattr(_winograd, "OUTPUT_BLOCK", 3)
     for case in CASES:
@@ -144,6 +146,60 @@ def test_by_blocks_of_output_channels(monkeypatch, layout, dtype):
     assert by_outputs(8, 512, 7) and by_outputs(4, 512, 14) and by_outputs(32, 512, 7)
     assert not by_outputs(8, 256, 14) and not by_outputs(8, 64, 56)
     assert not by_outputs(8, 512, 7, "channels_first")
+
+
+#: Wider than a micro-kernel panel (32 float32 columns, 16 float64), with a partial one.
+PANEL_CASES = CASES + [("panels", (2, 40, 6, 5), 1, 37)]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_by_panels_of_output_channels(monkeypatch, layout, dtype):
+    """F(2x2, 3x3) by panels of output channels (``_forward_by_panels``: U of every tile
+    transposed, then each panel's V, its 16 products on the micro-kernel and its outputs),
+    forced on every case (partial panels, tiles that do not fill the micro-kernel's rows),
+    in jobs of one panel and of all, both layouts (channels-first through copies), with
+    non-finite values; the same bits however the panels are shared out; and the rule:
+    very few tiles, many channels, in either layout."""
+    from numbaconv.cpu import _heuristics, _winograd
+    from numbaconv._kernel_geometry import geom
+    runs = []
+    real = _winograd._forward_by_panels
+    monkeypatch.setattr(_winograd, "_forward_by_panels", lambda *a: runs.append(1) or real(*a))
+    monkeypatch.setattr(_heuristics, "WINOGRAD_BY_PANELS_TILES", 10**9)
+    for per_job in (1, 100):
+        monkeypatch.setattr(_winograd, "BLOCKS_PER_JOB", per_job)
+        for case in PANEL_CASES:
+            x, dy, w, bias, kw = _arrays(case, dtype, layout)
+            _check_forward_forms(case[0], x, dy, w, bias, kw, dtype)
+    assert len(runs) == 2 * 3 * len(PANEL_CASES)
+    test_non_finite_values_propagate_like_the_reference(layout)
+    assert len(runs) == 2 * 3 * len(PANEL_CASES) + 4
+    x, dy, w, bias, kw = _arrays(PANEL_CASES[-1], dtype, layout)
+    p = pb.conv_problem(x, w, **kw)
+    backend = _backend()
+    results, previous = [], numba.get_num_threads()
+    try:
+        for per_job, threads in ((1, 2), (100, 2), (1, 1)):
+            monkeypatch.setattr(_winograd, "BLOCKS_PER_JOB", per_job)
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+            results.append(backend.run("conv", p, (x, w, None), None, "winograd"))
+    finally:
+        numba.set_num_threads(previous)
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
+    monkeypatch.undo()
+
+    def by_panels(n, c, size, layout="channels_last"):
+        shape = (n, size, size, c) if layout == "channels_last" else (n, c, size, size)
+        return _heuristics.winograd_by_panels(geom(pb.conv_problem(
+            np.zeros(shape, np.float32), np.zeros((c, c, 3, 3), np.float32), padding=1,
+            layout=layout)), 4)
+
+    assert by_panels(8, 512, 7) and by_panels(8, 512, 7, "channels_first")
+    assert by_panels(4, 512, 14) and not by_panels(8, 512, 14) and not by_panels(32, 512, 7)
+    assert not by_panels(8, 256, 14) and not by_panels(8, 64, 56)
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
@@ -494,6 +550,11 @@ BOUNDSCHECK = background.boundscheck(
     "_heuristics.WINOGRAD_BY_OUTPUTS_TILES, _winograd.OUTPUT_BLOCK = 10**9, 3\n"
     "for c in CASES:\n"
     "    _check_all_ops(c, 'float64', 'channels_last')\n"
+    "_heuristics.WINOGRAD_BY_PANELS_TILES = 10**9\n"
+    "for c in CASES + [('panels', (2, 20, 6, 5), 1, 19)]:\n"
+    "    for layout in ('channels_first', 'channels_last'):\n"
+    "        _check_all_ops(c, 'float64', layout)\n"
+    "_heuristics.WINOGRAD_BY_PANELS_TILES = 0\n"
     "_heuristics.WINOGRAD_BY_OUTPUTS_TILES = 0\n"
     "for tiles in (None, 3):\n"
     "    if tiles:\n"

@@ -86,6 +86,10 @@ WINOGRAD_LARGE_3D_MIN_SLICE_TILES = 42
 #: channels times this: V is then never written whole, but each block's products pack U
 #: again (docs/cpu-algorithms.md, "`winograd`: few tiles, many channels").
 WINOGRAD_BY_OUTPUTS_TILES = 1
+#: ...and by panels of output channels, V made a panel at a time and used while in L2,
+#: where they are at most the output channels times this: each panel's products read all
+#: of U from L3, which costs more than V's traffic saves on more tiles.
+WINOGRAD_BY_PANELS_TILES = 0.4
 #: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
 #: the other algorithms.
 WINOGRAD_3D_MIN_SLICE_TILES = 16
@@ -152,10 +156,20 @@ def winograd_by_outputs(g, itemsize: int) -> bool:
     """Whether the channels-last 2D F(2x2, 3x3) forward form ``g`` runs by blocks of output
     channels (``_winograd._forward_by_outputs``): V (16 values per weight) larger than U
     (16 per tile and input channel), and U of every tile within the workspace bound."""
+    return g.channels_last and _few_tiles(g, itemsize, WINOGRAD_BY_OUTPUTS_TILES)
+
+
+def winograd_by_panels(g, itemsize: int) -> bool:
+    """Whether the 2D F(2x2, 3x3) forward form ``g`` (either layout) runs by panels of
+    output channels (``_winograd._forward_by_panels``): V many times larger than U, and U
+    within the workspace bound."""
+    return _few_tiles(g, itemsize, WINOGRAD_BY_PANELS_TILES)
+
+
+def _few_tiles(g, itemsize: int, per_output: float) -> bool:
     from ._tiles import WORKSPACE_BYTES
     tiles = g.n * -(-g.p[1] // 2) * -(-g.p[2] // 2)
-    return (g.channels_last and g.r == (1, 3, 3) and g.s[0] == 1
-            and tiles <= WINOGRAD_BY_OUTPUTS_TILES * g.k
+    return (g.r == (1, 3, 3) and g.s[0] == 1 and tiles <= per_output * g.k
             and 16 * tiles * g.c * itemsize <= WORKSPACE_BYTES)
 
 

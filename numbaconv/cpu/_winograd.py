@@ -4,7 +4,8 @@ slice, summed over the three depth taps in one product, see :func:`_forward3`). 
 images take larger tiles, F(4x4, 3x3), in all three ops, 2D and 3D (:func:`forward_large`,
 :func:`weight_gradient_large`, kernels in :mod:`._winograd_f4`;
 ``_heuristics.winograd_large_tiles`` decides); a forward form with fewer 2x2 tiles than
-output channels runs by blocks of output channels (:func:`_forward_by_outputs`).
+output channels runs by blocks of output channels (:func:`_forward_by_outputs`), with far
+fewer by panels of them on the micro-kernel (:func:`_forward_by_panels`).
 
 Each 2x2 block of output pixels (a *tile*) needs the 4x4 input patch above it. With the
 transforms of Lavin & Gray (2015), U = B^T d B of the patch and V = G g G^T of each 3x3
@@ -51,7 +52,8 @@ from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
 from . import _winograd_f4 as f4
-from ._microkernel import images_transposed, vector_lanes
+from ._microkernel import (TRANSPOSE_BLOCK, RowPanels, _transpose, images_transposed,
+                           planes_product, tile_shape, vector_lanes)
 from ._winograd_f4 import _out, _tile
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
@@ -127,8 +129,8 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
     swap = g.channels_last != flipped
 
     def part(span, pick):
-        pick(_weights)(w.reshape(-1), v.reshape(-1), *span, v.shape[2], swap, flipped,
-                       w.dtype.type(0.5), 0, v.shape[2])
+        pick(_weights)(w.reshape(-1), v.reshape(-1), np.uint64(v[0].size), *span, v.shape[1],
+                       v.shape[2], swap, flipped, w.dtype.type(0.5), 0, v.shape[2])
 
     _tiles.run_tiles(part, _tiles.worker_ranges(
         v.shape[1], w.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
@@ -136,14 +138,14 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
 
 
 @parallel_jit
-def _weights(wf, vf, first, last, width, swap, flipped, half, b0, columns):
+def _weights(wf, vf, plane, first, last, rows, width, swap, flipped, half, b0, columns):
     """V[xi, a, b] = (G g G^T)[xi] for a in [first, last), b < width, where g is w[a, b0 +
-    b] (w[b0 + b, a] with ``swap``; w's second index runs to ``columns``; each tap flipped
-    with ``flipped``), G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]: a
-    block of V's columns where b0 > 0 or width < columns (:func:`_forward_by_outputs`)."""
-    height = uint64(vf.size // (16 * width))
+    b] (w[b0 + b, a] with ``swap``; w's index a runs to ``rows``, the other to ``columns``;
+    each tap flipped with ``flipped``), G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2],
+    [0, 0, 1]]; V's planes ``plane`` values apart, its rows ``width``: a block of V's
+    columns where b0 > 0 or width < columns (:func:`_forward_by_outputs`)."""
+    height = uint64(rows)
     ws = uint64(width)
-    plane = height * ws
     first_b, cs = uint64(b0), uint64(columns)
     for a in prange(first, last):
         out = uint64(a) * ws
@@ -186,11 +188,17 @@ def _g3(a, b, c, half):
 
 
 def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray) -> bool:
-    """:func:`forward` with the weights ``w`` (as :func:`transformed_weights` takes them).
-    A channels-first problem that runs faster channels-last
-    (``_heuristics.winograd_via_copies``) runs on channels-last copies of x and y
-    (:func:`_channels_last`): fresh arrays as large as x and y for the length of the call."""
-    if g.channels_last or not _heuristics.winograd_via_copies(g.c, g.k):
+    """:func:`forward` with the weights ``w`` (as :func:`transformed_weights` takes them):
+    by panels of output channels where ``_heuristics.winograd_by_panels`` says so
+    (:func:`_forward_by_panels`, either layout). Otherwise a channels-first problem that
+    runs faster channels-last (``_heuristics.winograd_via_copies``) runs on channels-last
+    copies of x and y (:func:`_channels_last`): fresh arrays as large as x and y for the
+    length of the call."""
+    copies = not g.channels_last and _heuristics.winograd_via_copies(g.c, g.k)
+    if _heuristics.winograd_by_panels(g, x.itemsize) and not _heuristics.winograd_large_tiles(
+            g._replace(channels_last=g.channels_last or copies), x.itemsize):
+        return _forward_by_panels(g, x, w, flipped, y)
+    if not copies:
         return _convolve(g, x, w, flipped, y)
     cl = g._replace(channels_last=True)
     y_cl = np.empty(y.size, y.dtype)
@@ -245,14 +253,110 @@ def _forward_by_outputs(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     def job(k0, pick):
         kb = min(OUTPUT_BLOCK, g.k - k0)
         v = _tiles.workspace((16, g.c, kb), x.dtype, "product")
-        pick(_weights)(w.reshape(-1), v.reshape(-1), 0, g.c, kb, swap, flipped,
-                       x.dtype.type(0.5), k0, g.k)
+        pick(_weights)(w.reshape(-1), v.reshape(-1), np.uint64(g.c * kb), 0, g.c, g.c, kb,
+                       swap, flipped, x.dtype.type(0.5), k0, g.k)
         m, mf, mstep = _planes((total, kb), x.dtype, "rows")
         np.matmul(u, v, out=m)
         return pick(_output_cl)(mf, mstep, yf[k0:], 0, total, th, tw, g.p[1], g.p[2], kb,
                                 big, g.k)
 
     return sum(_tiles.run_tiles(job, list(range(0, g.k, OUTPUT_BLOCK)))) == 0
+
+
+#: Blocks of output channels (of one micro-kernel panel, NR, each) per job of
+#: :func:`_forward_by_panels`: several jobs per worker even out a slower core, each job
+#: costs a hand-over to a worker.
+BLOCKS_PER_JOB = 2
+
+
+def _forward_by_panels(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
+                       y: np.ndarray) -> bool:
+    """:func:`forward` for a 2D geometry of very few tiles and many channels, where V (16
+    values per weight) outweighs U so far that, written whole and read back, it would cost
+    more memory traffic than the products take: U of every tile once, (16, tiles, C) by the
+    channels-last transform (from a channels-last copy of a channels-first x), transposed
+    to (16, C, tiles); then jobs of blocks of NR output channels (one micro-kernel panel),
+    each block's V (16 planes of C x NR, a few hundred KiB) made by the weight transform
+    and, while it is in the L2 cache, multiplied by U where U lies
+    (:func:`._microkernel.planes_product`), then that block's channels of y (channels-last;
+    a channels-first y through a channels-last copy). A value's bits do not depend on how
+    the blocks are shared out."""
+    th, tw = tile_grid(g)
+    total = g.n * th * tw
+    dtype = x.dtype
+    mr, nr = tile_shape(dtype)[0], RowPanels.tile_columns(dtype)
+    lanes = vector_lanes(dtype)
+    pixels_out = y.size // (g.n * g.k)
+    xf = x.reshape(-1) if g.channels_last else _channels_last(x, g.c)
+    cl = g._replace(channels_last=True)
+    # U (16, tiles, C) by the channels-last transform, then transposed: planes (C, tiles)
+    # PLANE_SKEW bytes past a multiple of 4 KiB apart; the products read the last tile of
+    # MR rows whole, up to MR - 1 values past a plane's rows: slack after the last.
+    _, u_flat, u_step = _planes((total, g.c), dtype, "packed")
+    step = int(u_step)
+    uf = np.empty(16 * step + mr, dtype)
+    uf[16 * step:] = 0
+    args = _input_args(cl, th, tw, dtype)
+
+    def transform(span, pick):
+        t0, t1 = span
+        pick(_input_cl)(xf, u_flat[t0 * g.c:], u_step, t0, t1, *args, g.c)
+
+    _tiles.run_tiles(transform, _tiles.worker_ranges(total, True))
+    _tiles.run_tiles(lambda span, pick: pick(_planes_transposed)(
+        u_flat, uf, step, total, g.c, lanes), [None])
+    y_cl = y.reshape(-1) if g.channels_last else np.empty(y.size, dtype)
+    big, half = np.finfo(dtype).max, dtype.type(0.5)
+    wf, swap, count = w.reshape(-1), not flipped, -(-total // mr)
+
+    def job(span, pick):
+        v3, v, vstep = _planes((g.c, nr), dtype, "product")
+        m, mf, mstep = _planes((count * mr, nr), dtype, "rows")
+        bad = 0
+        for block in range(*span):
+            k0 = block * nr
+            width = min(nr, g.k - k0)
+            if width == nr:
+                pick(_weights)(wf, v, vstep, 0, g.c, g.c, nr, swap, flipped, half, k0, g.k)
+            else:                           # the last block, zero-padded to a whole panel
+                part = np.empty((16, g.c, width), dtype)
+                pick(_weights)(wf, part.reshape(-1), np.uint64(g.c * width), 0, g.c, g.c,
+                               width, swap, flipped, half, k0, g.k)
+                v3[:, :, :width] = part
+                v3[:, :, width:] = 0
+            planes_product(uf, step, total, total, g.c, v, int(vstep), mf, int(mstep), 16)
+            if width < nr:                  # M's planes (tiles, width) for the transform
+                m_part, mf, m_step = _planes((total, width), dtype, "packed")
+                m_part[...] = m[:, :total, :width]
+            else:
+                m_step = mstep
+            bad += pick(_output_cl)(mf, m_step, y_cl[k0:], 0, total, th, tw, g.p[1], g.p[2],
+                                    width, big, g.k)
+        return bad
+
+    blocks = -(-g.k // nr)
+    jobs = [(b, min(blocks, b + BLOCKS_PER_JOB)) for b in range(0, blocks, BLOCKS_PER_JOB)]
+    if sum(_tiles.run_tiles(job, jobs)):
+        return False
+    if not g.channels_last:
+        images_transposed(y_cl, y.reshape(-1), g.n, pixels_out, g.k, lanes)
+    return True
+
+
+@parallel_jit
+def _planes_transposed(src, dst, step, rows, columns, lanes):
+    """dst[q * step + j * rows + i] = src[q * step + i * columns + j] for the 16 planes q:
+    each (rows x columns) plane transposed in place of its own, by blocks shared among the
+    threads, each moved by the register transpose."""
+    block_rows, block_columns = TRANSPOSE_BLOCK
+    down = (rows + block_rows - 1) // block_rows
+    across = (columns + block_columns - 1) // block_columns
+    for task in prange(16 * down * across):
+        q = task // (down * across)
+        i0 = (task // across - q * down) * block_rows
+        j0 = (task % across) * block_columns
+        _transpose(src, q * step + i0 * columns + j0, columns, dst, q * step + j0 * rows + i0,
+                   rows, min(block_rows, rows - i0), min(block_columns, columns - j0), lanes)
 
 
 def large_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
