@@ -202,6 +202,62 @@ def test_by_panels_of_output_channels(monkeypatch, layout, dtype):
     assert not by_panels(8, 256, 14) and not by_panels(8, 64, 56)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_weight_gradient_by_panels_of_output_channels(monkeypatch, layout, dtype):
+    """The weight gradient by panels of output channels (``_weight_gradient_by_panels``: U
+    and D of every tile, then each panel's dV summed over the tiles on the micro-kernel and
+    transformed back), forced on every case, in jobs of one panel and of all, with
+    non-finite values; the same bits however the panels are shared out; and the rule."""
+    from numbaconv.cpu import _heuristics, _winograd
+    from numbaconv._kernel_geometry import geom
+    runs = []
+    real = _winograd._weight_gradient_by_panels
+    monkeypatch.setattr(_winograd, "_weight_gradient_by_panels",
+                        lambda *a: runs.append(1) or real(*a))
+    monkeypatch.setattr(_heuristics, "WINOGRAD_WGRAD_BY_PANELS_TILES", 10**9)
+    monkeypatch.setattr(_heuristics, "WINOGRAD_WGRAD_BY_PANELS_MIN_TILES", 0)
+    for per_job in (1, 100):
+        monkeypatch.setattr(_winograd, "BLOCKS_PER_JOB", per_job)
+        for case in PANEL_CASES:
+            x, dy, w, bias, kw = _arrays(case, dtype, layout)
+            _check_weight_gradient(case[0], x, dy, w, kw, dtype)
+    assert len(runs) == 2 * 2 * len(PANEL_CASES)
+    test_non_finite_values_propagate_like_the_reference(layout)
+    assert len(runs) == 2 * 2 * len(PANEL_CASES) + 2
+    x, dy, w, bias, kw = _arrays(PANEL_CASES[-1], dtype, layout)
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    backend = _backend()
+    results, previous = [], numba.get_num_threads()
+    try:
+        for per_job, threads in ((1, 2), (100, 2), (1, 1)):
+            monkeypatch.setattr(_winograd, "BLOCKS_PER_JOB", per_job)
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+            results.append(backend.run("conv_backward_weight", p, (x, dy), None, "winograd"))
+    finally:
+        numba.set_num_threads(previous)
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
+    monkeypatch.undo()
+
+    def by_panels(n, c, size, layout="channels_last"):
+        shape = (n, size, size, c) if layout == "channels_last" else (n, c, size, size)
+        x = np.zeros(shape, np.float32)
+        w = np.zeros((c, c, 3, 3), np.float32)
+        dy = np.zeros(nc.conv_output_shape(x.shape, w.shape, padding=1, layout=layout),
+                      np.float32)
+        p = pb.conv_backward_weight_problem(x, dy, w.shape, padding=1, layout=layout)
+        chosen = _backend().choose("conv_backward_weight", p)
+        assert (chosen[0] == "winograd" and "by panels" in chosen[1]) == \
+            _heuristics.winograd_wgrad_by_panels(geom(p), 4)
+        return _heuristics.winograd_wgrad_by_panels(geom(p), 4)
+
+    assert by_panels(8, 512, 7) and by_panels(8, 512, 7, "channels_first")
+    assert by_panels(32, 512, 7) and by_panels(4, 256, 14) and not by_panels(1, 512, 7)
+    assert not by_panels(8, 256, 14) and not by_panels(8, 64, 56)
+
+
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 @pytest.mark.parametrize("tiles", [1, 3, 7])
 def test_jobs_that_cut_tile_rows_and_images(monkeypatch, layout, tiles):
@@ -460,7 +516,8 @@ def test_the_heuristic_picks_winograd_for_resnet_layers_only(monkeypatch):
     assert choice("conv_backward_weight", 128, 28)[0] == "winograd"
     assert choice("conv_backward_weight", 64, 56, layout="channels_last")[0] == "winograd"
     monkeypatch.undo()
-    assert choice("conv_backward_weight", 512, 7)[0] != "winograd"     # 128 tiles
+    assert choice("conv_backward_weight", 512, 7)[1].count("by panels") == 1  # 128 tiles
+    assert choice("conv_backward_weight", 512, 7, n=1)[0] != "winograd"  # 16 tiles
     assert choice("conv_backward_weight", 32, 56)[0] != "winograd"     # 32 channels
     # With AVX-512, channels-last weight gradients of 16 channels too (not 32, not 1 -> 16;
     # not channels-first, not without AVX-512).
@@ -551,10 +608,13 @@ BOUNDSCHECK = background.boundscheck(
     "for c in CASES:\n"
     "    _check_all_ops(c, 'float64', 'channels_last')\n"
     "_heuristics.WINOGRAD_BY_PANELS_TILES = 10**9\n"
+    "_heuristics.WINOGRAD_WGRAD_BY_PANELS_TILES = 10**9\n"
+    "_heuristics.WINOGRAD_WGRAD_BY_PANELS_MIN_TILES = 0\n"
     "for c in CASES + [('panels', (2, 20, 6, 5), 1, 19)]:\n"
     "    for layout in ('channels_first', 'channels_last'):\n"
     "        _check_all_ops(c, 'float64', layout)\n"
     "_heuristics.WINOGRAD_BY_PANELS_TILES = 0\n"
+    "_heuristics.WINOGRAD_WGRAD_BY_PANELS_TILES = 0\n"
     "_heuristics.WINOGRAD_BY_OUTPUTS_TILES = 0\n"
     "for tiles in (None, 3):\n"
     "    if tiles:\n"

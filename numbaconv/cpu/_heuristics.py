@@ -90,6 +90,11 @@ WINOGRAD_BY_OUTPUTS_TILES = 1
 #: where they are at most the output channels times this: each panel's products read all
 #: of U from L3, which costs more than V's traffic saves on more tiles.
 WINOGRAD_BY_PANELS_TILES = 0.4
+#: The weight gradient by panels, where the tiles are at most the output channels times
+#: this: its alternatives (partial sums of dV per slot, or im2col) cost more there;
+WINOGRAD_WGRAD_BY_PANELS_TILES = 1
+#: but at least this many (on fewer, the transforms of dV outweigh the products: im2col).
+WINOGRAD_WGRAD_BY_PANELS_MIN_TILES = 32
 #: A 3D job is one depth slice's tiles at most: slices of fewer tiles than this are left to
 #: the other algorithms.
 WINOGRAD_3D_MIN_SLICE_TILES = 16
@@ -164,6 +169,14 @@ def winograd_by_panels(g, itemsize: int) -> bool:
     output channels (``_winograd._forward_by_panels``): V many times larger than U, and U
     within the workspace bound."""
     return _few_tiles(g, itemsize, WINOGRAD_BY_PANELS_TILES)
+
+
+def winograd_wgrad_by_panels(g, itemsize: int) -> bool:
+    """Whether the weight gradient of the 2D F(2x2, 3x3) geometry ``g`` (either layout)
+    runs by panels of output channels (``_winograd._weight_gradient_by_panels``)."""
+    tiles = g.n * -(-g.p[1] // 2) * -(-g.p[2] // 2)
+    return (tiles >= WINOGRAD_WGRAD_BY_PANELS_MIN_TILES
+            and _few_tiles(g, itemsize, WINOGRAD_WGRAD_BY_PANELS_TILES))
 
 
 def _few_tiles(g, itemsize: int, per_output: float) -> bool:
@@ -257,8 +270,17 @@ def winograd_reason(op, problem) -> Optional[str]:
         wide_rows = (flat and not problem.channels_last and wide_registers() and not large
                      and problem.output_size[-1] >= WINOGRAD_WGRAD_CF_WIDE_ROWS)
         least = WINOGRAD_WGRAD_CF_MIN_CHANNELS if wide_rows else WINOGRAD_WGRAD_MIN_CHANNELS
-        if (channels < least and not thin) or tiles < WINOGRAD_WGRAD_MIN_TILES:
+        # By panels of output channels (few tiles): no partial sums of dV to hold.
+        from .._kernel_geometry import geom
+        panels = flat and not large and winograd_wgrad_by_panels(geom(problem), itemsize)
+        if (channels < least and not thin) or (tiles < WINOGRAD_WGRAD_MIN_TILES
+                                               and not panels):
             return None
+        if panels:
+            return (f"2D 3x3, stride 1, one group, {channels}+ channels, {tiles} 2x2 output "
+                    f"tiles, at most {WINOGRAD_WGRAD_BY_PANELS_TILES} per output channel: "
+                    f"Winograd F(2x2, 3x3) by panels of output channels, 2.25 times fewer "
+                    f"multiplications than a direct product")
     elif channels < WINOGRAD_MIN_CHANNELS or tiles < WINOGRAD_MIN_TILES:
         return None
     # The transformed weights (16 values for 9) count against the workspace bound: once,

@@ -825,46 +825,50 @@ def _columns_by_panels(columns, bp, c, start, stop, count, height, nr, kc_block)
 
 def planes_product(columns: np.ndarray, step: int, pitch: int, rows: int, depth: int,
                    panels: np.ndarray, panel_step: int, out: np.ndarray, out_step: int,
-                   planes: int) -> None:
+                   planes: int, ldb: Optional[int] = None) -> None:
     """``out`` plane q (rows x NR, row-major) = A_q @ B_q on the calling thread, for the
     ``planes`` planes q, each A_q (``rows`` x ``depth``) read in place from ``columns``
-    transposed, A_q[i, k] = columns[q * step + k * pitch + i], and B_q one panel of NR
-    columns, B_q[k, j] = panels[q * panel_step + k * NR + j]; out[q * out_step + i * NR + j].
+    transposed, A_q[i, k] = columns[q * step + k * pitch + i], and B_q NR columns,
+    B_q[k, j] = panels[q * panel_step + k * ldb + j] (``ldb`` NR: one packed panel; more:
+    columns of a wider matrix read in place); out[q * out_step + i * NR + j].
 
     A is read in tiles of MR rows: out's planes hold whole tiles (``rows`` rounded up to
     MR), whose rows past ``rows`` are computed from whatever lies past A's (``columns``
-    must reach that far: checked) and are not part of the product. The Winograd products
-    of few tiles and many channels (``_winograd._forward_by_outputs``: U transposed once,
-    V's panels made as needed). A value's bits depend only on ``depth`` (one fused
-    multiply-add chain over it, in KC-deep chunks added in order)."""
+    must reach that far: checked) and are not part of the product; B's NR columns likewise
+    (``panels`` must hold them whole). The Winograd products of few tiles and many channels
+    (``_winograd._forward_by_panels``: U transposed once, V's panels made as needed;
+    ``_winograd._weight_gradient_by_panels``: U and D read where they lie). A value's bits
+    depend only on ``depth`` (one fused multiply-add chain over it, in KC-deep chunks added
+    in order)."""
     mr = tile_shape(columns.dtype)[0]
     nr = RowPanels.tile_columns(columns.dtype)
+    ldb = nr if ldb is None else ldb
     count = -(-rows // mr)
     flat = (columns, panels, out)
     if any(a.ndim != 1 or a.dtype != columns.dtype or not a.flags.c_contiguous for a in flat) \
-            or planes < 1 or depth < 1 or rows < 1 or pitch < rows \
+            or planes < 1 or depth < 1 or rows < 1 or pitch < rows or ldb < 1 \
             or min(step, panel_step, out_step) < 0 \
             or (planes - 1) * step + (depth - 1) * pitch + count * mr > columns.size \
-            or (planes - 1) * panel_step + depth * nr > panels.size \
+            or (planes - 1) * panel_step + (depth - 1) * ldb + nr > panels.size \
             or (planes - 1) * out_step + count * mr * nr > out.size \
             or out_step < count * mr * nr and planes > 1:
         raise ValueError(f"planes_product: {planes} planes of {rows} x {depth} do not fit "
                          f"columns {columns.size}, panels {panels.size}, out {out.size}")
-    _planes_by_panels(columns, step, pitch, depth, count, panels, panel_step, out, out_step,
-                      planes, mr, nr, KC)
+    _planes_by_panels(columns, step, pitch, depth, count, panels, panel_step, ldb, out,
+                      out_step, planes, mr, nr, KC)
 
 
 @serial_jit
-def _planes_by_panels(columns, step, pitch, depth, count, panels, panel_step, out, out_step,
-                      planes, mr, nr, kc_block):
+def _planes_by_panels(columns, step, pitch, depth, count, panels, panel_step, ldb, out,
+                      out_step, planes, mr, nr, kc_block):
     for q in range(planes):
         for p0 in range(0, depth, kc_block):
             kc = min(kc_block, depth - p0)
             add = 1 if p0 > 0 else 0
-            b = _at(panels, q * panel_step + p0 * nr)
+            b = _at(panels, q * panel_step + p0 * ldb)
             for ip in range(count):
                 _micro_tile(_at(columns, q * step + p0 * pitch + ip * mr), b,
-                            _at(out, q * out_step + ip * mr * nr), kc, nr, add, pitch, nr)
+                            _at(out, q * out_step + ip * mr * nr), kc, nr, add, pitch, ldb)
 
 
 @serial_jit

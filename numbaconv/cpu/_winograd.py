@@ -889,6 +889,8 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
     """
     cl = g._replace(channels_last=True)
     large = _heuristics.winograd_large_tiles(cl, x.itemsize, 2 * _tiles.SLOTS)
+    if not large and _heuristics.winograd_wgrad_by_panels(g, x.itemsize):
+        return _weight_gradient_by_panels(g, x, dy)
     if large and g.channels_last:
         return weight_gradient_large(g, x, dy, slots)
     if large and _heuristics.winograd_via_copies(g.c, g.k):
@@ -948,6 +950,71 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
 
     _tiles.run_tiles(part, _tiles.worker_ranges(g.k, dv.nbytes > _tiles.SHARED_RELAYOUT_ABOVE))
     return _finished(g, dw)
+
+
+def _weight_gradient_by_panels(g: Geom, x: np.ndarray, dy: np.ndarray):
+    """:func:`weight_gradient` for a 2D geometry of few tiles and many channels
+    (``_heuristics.winograd_wgrad_by_panels``), where dV (16 values per weight) outweighs U
+    and D:
+    U (16, tiles, C) and D (16, tiles, K) of every tile once, by the channels-last
+    transforms (a channels-first x and dy through channels-last copies); then jobs of
+    blocks of NR output channels, each block's dV (16 planes of C x NR) summed over every
+    tile by the micro-kernel reading U and D where they lie
+    (:func:`._microkernel.planes_product`) and, while in the L2 cache, transformed into
+    the block's rows of dw. Each value of dV is one fused multiply-add chain over the tiles
+    (in KC-deep chunks added in order): the same bits however the blocks are shared out,
+    and no partial sums."""
+    th, tw = tile_grid(g)
+    total = g.n * th * tw
+    dtype = x.dtype
+    mr, nr = tile_shape(dtype)[0], RowPanels.tile_columns(dtype)
+    cl = g._replace(channels_last=True)
+    xf = x.reshape(-1) if g.channels_last else _channels_last(x, g.c)
+    dyf = dy.reshape(-1) if g.channels_last else _channels_last(dy, g.k)
+    # U's and D's planes PLANE_SKEW bytes past a multiple of 4 KiB apart; the products read
+    # whole tiles of MR channels of U and NR of D, up to MR - 1 and NR - 1 values past a
+    # row: slack after the last plane.
+    u_step = (-(-total * g.c * x.itemsize // 4096) * 4096 + PLANE_SKEW) // x.itemsize
+    d_step = (-(-total * g.k * x.itemsize // 4096) * 4096 + PLANE_SKEW) // x.itemsize
+    uf, df = np.empty(16 * u_step + mr, dtype), np.empty(16 * d_step + nr, dtype)
+    uf[16 * u_step:], df[16 * d_step:] = 0, 0
+    args = _input_args(cl, th, tw, dtype)
+    one, zero = dtype.type(1), dtype.type(0)
+
+    def transform(span, pick):
+        t0, t1 = span
+        pick(_input_cl)(xf, uf[t0 * g.c:], np.uint64(u_step), t0, t1, *args, g.c)
+        pick(_grad_cl)(dyf, df[t0 * g.k:], np.uint64(d_step), t0, t1, th, tw, g.p[1], g.p[2],
+                       g.k, one, zero)
+
+    _tiles.run_tiles(transform, _tiles.worker_ranges(total, True))
+    dw = np.empty((g.k, g.c, 3, 3), dtype)
+    dwf, half, count = dw.reshape(-1), dtype.type(0.5), -(-g.c // mr)
+
+    def job(span, pick):
+        m, mf, mstep = _planes((count * mr, nr), dtype, "rows")
+        for block in range(*span):
+            k0 = block * nr
+            planes_product(uf, u_step, g.c, g.c, total, df[k0:], d_step, mf, int(mstep), 16,
+                           g.k)
+            pick(_panel_back)(mf, mstep, dwf[k0 * g.c * 9:], min(nr, g.k - k0), g.c, nr, half)
+
+    blocks = -(-g.k // nr)
+    _tiles.run_tiles(job, [(b, min(blocks, b + BLOCKS_PER_JOB))
+                           for b in range(0, blocks, BLOCKS_PER_JOB)])
+    return _finished(g, dw)
+
+
+@parallel_jit
+def _panel_back(mf, step, wf, kernels, channels, pitch, half):
+    """wf[(k * channels + c) * 9:][:9] = G^T dV[:, c, k] G for k < ``kernels``, c <
+    ``channels``, dV's 16 planes ``step`` apart in ``mf``, its rows ``pitch`` apart (a
+    panel of :func:`_weight_gradient_by_panels`; see :func:`_weights_back`)."""
+    ps = uint64(pitch)
+    for c in prange(channels):
+        for k in range(kernels):
+            _back_one(mf, uint64(c) * ps + uint64(k), step, wf,
+                      uint64((k * channels + c) * 9), half)
 
 
 def _slot_sums(job, jobs: list, slots: int, shape: tuple, dtype) -> np.ndarray:
