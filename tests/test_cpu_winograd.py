@@ -258,6 +258,45 @@ def test_weight_gradient_by_panels_of_output_channels(monkeypatch, layout, dtype
     assert not by_panels(8, 256, 14) and not by_panels(8, 64, 56)
 
 
+def check_by_panels_on_the_shared_cases(dtype="float64"):
+    """``winograd`` by panels (forward forms and weight gradient, forced) on every case of
+    the shared case table it applies to, both layouts, against the reference; how many
+    problems ran by panels."""
+    from numbaconv.cpu import _heuristics, _winograd
+    from numbaconv.testing import CASES as SHARED, case_arrays, run_op
+    from test_cpu import OPS, build_problem
+    saved = (_heuristics.WINOGRAD_BY_PANELS_TILES, _heuristics.WINOGRAD_WGRAD_BY_PANELS_TILES,
+             _heuristics.WINOGRAD_WGRAD_BY_PANELS_MIN_TILES, _winograd._forward_by_panels,
+             _winograd._weight_gradient_by_panels)
+    runs = []
+    _heuristics.WINOGRAD_BY_PANELS_TILES = _heuristics.WINOGRAD_WGRAD_BY_PANELS_TILES = 10**9
+    _heuristics.WINOGRAD_WGRAD_BY_PANELS_MIN_TILES = 0
+    _winograd._forward_by_panels = lambda *a: runs.append(1) or saved[3](*a)
+    _winograd._weight_gradient_by_panels = lambda *a: runs.append(1) or saved[4](*a)
+    backend = _backend()
+    try:
+        for c in SHARED:
+            for layout in ("channels_first", "channels_last"):
+                a = case_arrays(c, layout, dtype)
+                for op in OPS:
+                    problem, operands = build_problem(op, c, layout, a)
+                    if "winograd" not in backend.algorithms(op, problem):
+                        continue
+                    with nc.use_backend("reference"):
+                        expected = run_op(op, c, layout, a)
+                    got = backend.run(op, problem, operands, None, "winograd")
+                    assert relative_error(got, expected) < TOL[dtype], (c.name, op, layout)
+    finally:
+        (_heuristics.WINOGRAD_BY_PANELS_TILES, _heuristics.WINOGRAD_WGRAD_BY_PANELS_TILES,
+         _heuristics.WINOGRAD_WGRAD_BY_PANELS_MIN_TILES, _winograd._forward_by_panels,
+         _winograd._weight_gradient_by_panels) = saved
+    return len(runs)
+
+
+def test_by_panels_on_the_shared_case_table():
+    assert check_by_panels_on_the_shared_cases() >= 8
+
+
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 @pytest.mark.parametrize("tiles", [1, 3, 7])
 def test_jobs_that_cut_tile_rows_and_images(monkeypatch, layout, tiles):
@@ -613,6 +652,8 @@ BOUNDSCHECK = background.boundscheck(
     "for c in CASES + [('panels', (2, 20, 6, 5), 1, 19)]:\n"
     "    for layout in ('channels_first', 'channels_last'):\n"
     "        _check_all_ops(c, 'float64', layout)\n"
+    "from test_cpu_winograd import check_by_panels_on_the_shared_cases\n"
+    "assert check_by_panels_on_the_shared_cases() >= 8\n"
     "_heuristics.WINOGRAD_BY_PANELS_TILES = 0\n"
     "_heuristics.WINOGRAD_WGRAD_BY_PANELS_TILES = 0\n"
     "_heuristics.WINOGRAD_BY_OUTPUTS_TILES = 0\n"
