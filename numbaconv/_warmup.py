@@ -31,12 +31,13 @@ DEFAULT_OPS = ("conv", "conv_backward_data", "conv_backward_weight", "conv_backw
 LAYERS = {
     "3x3": (3, 1, 1, 1),
     "3x3s2": (3, 2, 1, 1),
+    "3x3deep": (3, 1, 1, 1),
     "1x1": (1, 1, 0, 1),
     "1x1s2": (1, 2, 0, 1),
     "depthwise": (3, 1, 1, "depthwise"),
     "stem": (7, 2, 3, 1),
 }
-DEFAULT_LAYERS = ("3x3", "3x3s2", "1x1", "1x1s2")
+DEFAULT_LAYERS = ("3x3", "3x3s2", "3x3deep", "1x1", "1x1s2")
 
 #: Batch, channels and spatial sizes of the warm-up problems: small (a warm run takes
 #: milliseconds) but above the thresholds at which the cpu backend switches a kernel on,
@@ -45,6 +46,9 @@ DEFAULT_LAYERS = ("3x3", "3x3s2", "1x1", "1x1s2")
 #: stride-1 layer's dy here reaches that, a stride-2 layer's does not (both versions compile).
 BATCH, CHANNELS = 4, 32
 SPATIAL = {1: (2048,), 2: (48, 48), 3: (8, 24, 24)}
+#: ``3x3deep``, a layer of ResNet's last stage (few pixels, many channels: the 2D Winograd
+#: paths by panels of output channels): its batch, channels and spatial sizes.
+DEEP = (1, 128, {1: (48,), 2: (12, 12), 3: (4, 6, 6)})
 
 
 @dataclass
@@ -168,15 +172,16 @@ def _as_tuple(value, allowed: Sequence, name: str, every: Optional[tuple] = None
 def _operands(op, layer, dtype, layout, ndim, rng):
     """(public call's arguments, keyword arguments) of ``op`` on ``layer``."""
     size, stride, padding, groups = LAYERS[layer]
-    groups = CHANNELS if groups == "depthwise" else groups
-    spatial = SPATIAL[ndim]
-    w = rng.standard_normal((CHANNELS, CHANNELS // groups) + (size,) * ndim).astype(dtype)
+    batch, channels, spatial = DEEP if layer == "3x3deep" else (BATCH, CHANNELS, SPATIAL)
+    groups = channels if groups == "depthwise" else groups
+    spatial = spatial[ndim]
+    w = rng.standard_normal((channels, channels // groups) + (size,) * ndim).astype(dtype)
     kw = dict(stride=stride, padding=padding, groups=groups, layout=layout)
 
     def act(shape):
-        full = (BATCH, CHANNELS) + shape
+        full = (batch, channels) + shape
         if layout == "channels_last":
-            full = (BATCH,) + shape + (CHANNELS,)
+            full = (batch,) + shape + (channels,)
         return rng.standard_normal(full).astype(dtype)
 
     from .conv import conv_output_shape
@@ -184,13 +189,13 @@ def _operands(op, layer, dtype, layout, ndim, rng):
     y_shape = conv_output_shape(x.shape, w.shape, **kw)
     dy = rng.standard_normal(y_shape).astype(dtype)
     if op == "conv":
-        return (x, w, rng.standard_normal(CHANNELS).astype(dtype)), kw
+        return (x, w, rng.standard_normal(channels).astype(dtype)), kw
     if op == "conv_backward_data":
         return (dy, w, x.shape), kw
     if op == "conv_backward_weight":
         return (x, dy, w.shape), kw
     if op == "conv_transpose":
-        return (dy, w, rng.standard_normal(CHANNELS).astype(dtype)), kw
+        return (dy, w, rng.standard_normal(channels).astype(dtype)), kw
     return (dy,), dict(layout=layout)                      # conv_backward_bias
 
 
@@ -236,7 +241,8 @@ def warmup(ops=None, *, dtypes=None, layouts=None, ndims=None, layers=None, jobs
     ndims : int or sequence of int, optional
         Spatial dimensionalities among 1, 2 (default) and 3.
     layers : str or sequence of str, optional
-        Names in ``LAYERS``; default ResNet's ``3x3``, ``3x3s2``, ``1x1``, ``1x1s2``;
+        Names in ``LAYERS``; default ResNet's ``3x3``, ``3x3s2``, ``3x3deep`` (its last
+        stage: few pixels, many channels), ``1x1``, ``1x1s2``;
         ``"depthwise"`` and ``"stem"`` (7x7 stride 2) on request, ``"all"`` for every one.
     jobs : int
         Processes compiling at once (default 1: this process alone). With more, the runs

@@ -586,8 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ndim", action="append", type=_dims, metavar="{1,2,3}",
                    help="spatial dimensions (repeatable; default 2)")
     p.add_argument("--layer", action="append", metavar="NAME",
-                   help="typical layer (repeatable): 3x3, 3x3s2, 1x1, 1x1s2, depthwise, stem "
-                        "(7x7 stride 2) or all; default 3x3, 3x3s2, 1x1, 1x1s2")
+                   help="typical layer (repeatable): 3x3, 3x3s2, 3x3deep (ResNet's last "
+                        "stage), 1x1, 1x1s2, depthwise, stem (7x7 stride 2) or all; default "
+                        "3x3, 3x3s2, 3x3deep, 1x1, 1x1s2")
     p.add_argument("--jobs", "-j", type=_positive_int, metavar="N",
                    help="compile in up to N processes at once (default: the CPUs this "
                         "process may use; 1: in this process alone)")

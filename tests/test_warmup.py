@@ -148,6 +148,21 @@ def test_warmup_in_several_processes_reports_every_run():
     assert all(e.compiled + e.loaded >= 1 for e in report.entries)
 
 
+def test_the_deep_layer_warms_the_winograd_paths_by_panels(monkeypatch):
+    """ResNet's last stage (few pixels, many channels) runs the Winograd forward forms and
+    weight gradient by panels of output channels: ``3x3deep`` compiles their kernels."""
+    from numbaconv.cpu import _winograd
+    runs = []
+    for name in ("_forward_by_panels", "_weight_gradient_by_panels"):
+        real = getattr(_winograd, name)
+        monkeypatch.setattr(_winograd, name,
+                            lambda *a, _name=name, _real=real: runs.append(_name) or _real(*a))
+    report = numbaconv.warmup(["conv_backward_data", "conv_backward_weight"],
+                              layers="3x3deep")
+    assert not report.errors
+    assert set(runs) == {"_forward_by_panels", "_weight_gradient_by_panels"}
+
+
 def test_the_bias_gradient_warms_both_its_versions():
     """The default layers give the bias gradient a dy on each side of its parallel threshold
     in every dimensionality, so that warm-up compiles its one-thread and parallel kernels."""
