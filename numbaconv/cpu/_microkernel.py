@@ -4,7 +4,8 @@ driven by BLIS-style packing and cache blocking in Numba.
 :func:`gram` (``a.T @ b`` reading both operands in place) is the channels-last im2col weight
 gradient's product where dw is small (see ``conv_backward_weight``); :mod:`._implicit`
 calls the micro-kernel on windows in the input itself; :class:`RowPanels` multiplies the
-recurrent networks' weights, packed once per call, by each step's states; :func:`gemm`
+recurrent networks' weights, packed once per call, by each step's states;
+:func:`planes_product` the Winograd products of few tiles and many channels; :func:`gemm`
 (packed) is groundwork that no algorithm calls yet. The GEMM-bound speed targets (1x1 convolutions,
 the stem's weight gradient) need products faster than NumPy's OpenBLAS on skinny shapes,
 and a product of our own can take its operands where the convolution's packing leaves them
@@ -829,8 +830,9 @@ def planes_product(columns: np.ndarray, step: int, pitch: int, rows: int, depth:
     """``out`` plane q (rows x NR, row-major) = A_q @ B_q on the calling thread, for the
     ``planes`` planes q, each A_q (``rows`` x ``depth``) read in place from ``columns``
     transposed, A_q[i, k] = columns[q * step + k * pitch + i], and B_q NR columns,
-    B_q[k, j] = panels[q * panel_step + k * ldb + j] (``ldb`` NR: one packed panel; more:
-    columns of a wider matrix read in place); out[q * out_step + i * NR + j].
+    B_q[k, j] = panels[q * panel_step + k * ldb + j] (``ldb`` NR: one packed panel; any
+    other: NR columns of a matrix ``ldb`` wide read in place, those past its last computed
+    from whatever lies there); out[q * out_step + i * NR + j].
 
     A is read in tiles of MR rows: out's planes hold whole tiles (``rows`` rounded up to
     MR), whose rows past ``rows`` are computed from whatever lies past A's (``columns``

@@ -5,7 +5,8 @@ images take larger tiles, F(4x4, 3x3), in all three ops, 2D and 3D (:func:`forwa
 :func:`weight_gradient_large`, kernels in :mod:`._winograd_f4`;
 ``_heuristics.winograd_large_tiles`` decides); a forward form with fewer 2x2 tiles than
 output channels runs by blocks of output channels (:func:`_forward_by_outputs`), with far
-fewer by panels of them on the micro-kernel (:func:`_forward_by_panels`).
+fewer by panels of them on the micro-kernel (:func:`_forward_by_panels`; the weight
+gradient too, :func:`_weight_gradient_by_panels`).
 
 Each 2x2 block of output pixels (a *tile*) needs the 4x4 input patch above it. With the
 transforms of Lavin & Gray (2015), U = B^T d B of the patch and V = G g G^T of each 3x3
@@ -143,7 +144,8 @@ def _weights(wf, vf, plane, first, last, rows, width, swap, flipped, half, b0, c
     b] (w[b0 + b, a] with ``swap``; w's index a runs to ``rows``, the other to ``columns``;
     each tap flipped with ``flipped``), G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2],
     [0, 0, 1]]; V's planes ``plane`` values apart, its rows ``width``: a block of V's
-    columns where b0 > 0 or width < columns (:func:`_forward_by_outputs`)."""
+    columns where b0 > 0 or width < columns (:func:`_forward_by_outputs`,
+    :func:`_forward_by_panels`)."""
     height = uint64(rows)
     ws = uint64(width)
     first_b, cs = uint64(b0), uint64(columns)
@@ -955,8 +957,7 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
 def _weight_gradient_by_panels(g: Geom, x: np.ndarray, dy: np.ndarray):
     """:func:`weight_gradient` for a 2D geometry of few tiles and many channels
     (``_heuristics.winograd_wgrad_by_panels``), where dV (16 values per weight) outweighs U
-    and D:
-    U (16, tiles, C) and D (16, tiles, K) of every tile once, by the channels-last
+    and D: U (16, tiles, C) and D (16, tiles, K) of every tile once, by the channels-last
     transforms (a channels-first x and dy through channels-last copies); then jobs of
     blocks of NR output channels, each block's dV (16 planes of C x NR) summed over every
     tile by the micro-kernel reading U and D where they lie
