@@ -148,6 +148,22 @@ def test_by_blocks_of_output_channels(monkeypatch, layout, dtype):
     assert not by_outputs(8, 512, 7, "channels_first")
 
 
+def _assert_same_bits_however_shared(monkeypatch, run):
+    """``run()`` (a call by panels) gives the same bits in jobs of one panel and of all on
+    two threads, and on one thread."""
+    from numbaconv.cpu import _winograd
+    results, previous = [], numba.get_num_threads()
+    try:
+        for per_job, threads in ((1, 2), (100, 2), (1, 1)):
+            monkeypatch.setattr(_winograd, "BLOCKS_PER_JOB", per_job)
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+            results.append(run())
+    finally:
+        numba.set_num_threads(previous)
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
+
+
 #: Wider than a micro-kernel panel (32 float32 columns, 16 float64), with a partial one.
 PANEL_CASES = CASES + [("panels", (2, 40, 6, 5), 1, 37)]
 
@@ -178,17 +194,8 @@ def test_by_panels_of_output_channels(monkeypatch, layout, dtype):
     assert len(runs) == 2 * 3 * len(PANEL_CASES) + 4
     x, dy, w, bias, kw = _arrays(PANEL_CASES[-1], dtype, layout)
     p = pb.conv_problem(x, w, **kw)
-    backend = _backend()
-    results, previous = [], numba.get_num_threads()
-    try:
-        for per_job, threads in ((1, 2), (100, 2), (1, 1)):
-            monkeypatch.setattr(_winograd, "BLOCKS_PER_JOB", per_job)
-            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-            results.append(backend.run("conv", p, (x, w, None), None, "winograd"))
-    finally:
-        numba.set_num_threads(previous)
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0], other)
+    _assert_same_bits_however_shared(
+        monkeypatch, lambda: _backend().run("conv", p, (x, w, None), None, "winograd"))
     monkeypatch.undo()
 
     def by_panels(n, c, size, layout="channels_last"):
@@ -228,17 +235,9 @@ def test_weight_gradient_by_panels_of_output_channels(monkeypatch, layout, dtype
     assert len(runs) == 2 * 2 * len(PANEL_CASES) + 2
     x, dy, w, bias, kw = _arrays(PANEL_CASES[-1], dtype, layout)
     p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
-    backend = _backend()
-    results, previous = [], numba.get_num_threads()
-    try:
-        for per_job, threads in ((1, 2), (100, 2), (1, 1)):
-            monkeypatch.setattr(_winograd, "BLOCKS_PER_JOB", per_job)
-            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-            results.append(backend.run("conv_backward_weight", p, (x, dy), None, "winograd"))
-    finally:
-        numba.set_num_threads(previous)
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0], other)
+    _assert_same_bits_however_shared(
+        monkeypatch, lambda: _backend().run("conv_backward_weight", p, (x, dy), None,
+                                            "winograd"))
     monkeypatch.undo()
 
     def by_panels(n, c, size, layout="channels_last"):

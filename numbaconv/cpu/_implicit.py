@@ -47,8 +47,8 @@ from .._kernel_geometry import Geom
 from . import _heuristics
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
                            _micro_tile_strided_narrow, _transpose, images_transposed,
-                           kernel_twin, micro_tile_rows, narrow_strided_shape, narrow_tiles, strided_shape,
-                           tile_shape, vector_lanes)
+                           kernel_twin, micro_tile_rows, narrow_strided_shape, narrow_tiles,
+                           strided_shape, tile_shape, vector_lanes)
 from ._rows import copy_run, zero_run
 from ._sliding import row_pitch
 from ._tiles import SLOTS, add_partials, interruptible_ranges

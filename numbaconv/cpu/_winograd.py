@@ -240,7 +240,7 @@ def _forward_by_outputs(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     big = np.finfo(x.dtype).max
     xf, yf = x.reshape(-1), y.reshape(-1)
     args = _input_args(g, th, tw, x.dtype)
-    step = (-(-total * g.c * x.itemsize // 4096) * 4096 + PLANE_SKEW) // x.itemsize
+    step = _plane_step(total * g.c, x.itemsize)
     uf = np.empty(16 * step, x.dtype)
     u = np.lib.stride_tricks.as_strided(uf, (16, total, g.c), (step * x.itemsize,
                                                               g.c * x.itemsize, x.itemsize))
@@ -269,6 +269,13 @@ def _forward_by_outputs(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
 #: :func:`_forward_by_panels`: several jobs per worker even out a slower core, each job
 #: costs a hand-over to a worker.
 BLOCKS_PER_JOB = 2
+
+
+def _panel_jobs(outputs: int, nr: int) -> list:
+    """The jobs of the paths by panels: (first, stop) runs of BLOCKS_PER_JOB of the
+    ``outputs`` channels' blocks of ``nr``."""
+    blocks = -(-outputs // nr)
+    return [(b, min(blocks, b + BLOCKS_PER_JOB)) for b in range(0, blocks, BLOCKS_PER_JOB)]
 
 
 def _forward_by_panels(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
@@ -336,9 +343,7 @@ def _forward_by_panels(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
                                     width, big, g.k)
         return bad
 
-    blocks = -(-g.k // nr)
-    jobs = [(b, min(blocks, b + BLOCKS_PER_JOB)) for b in range(0, blocks, BLOCKS_PER_JOB)]
-    if sum(_tiles.run_tiles(job, jobs)):
+    if sum(_tiles.run_tiles(job, _panel_jobs(g.k, nr))):
         return False
     if not g.channels_last:
         images_transposed(y_cl, y.reshape(-1), g.n, pixels_out, g.k, lanes)
@@ -605,12 +610,17 @@ def _transformed_input(g: Geom, xf: np.ndarray, span: tuple, th: int, tw: int, p
 PLANE_SKEW = 64
 
 
+def _plane_step(size: int, itemsize: int) -> int:
+    """Elements from one plane of ``size`` values to the next: PLANE_SKEW bytes past a
+    multiple of 4 KiB."""
+    return (-(-size * itemsize // 4096) * 4096 + PLANE_SKEW) // itemsize
+
+
 def _planes(shape: tuple, dtype, slot: str, count: int = 16) -> tuple:
     """A (count, *shape) array from the workspace ``slot``, its planes PLANE_SKEW bytes past
     a multiple of 4 KiB apart, with its flat view and its plane stride (in elements)."""
     itemsize = np.dtype(dtype).itemsize
-    size = shape[0] * shape[1]
-    step = (-(-size * itemsize // 4096) * 4096 + PLANE_SKEW) // itemsize
+    step = _plane_step(shape[0] * shape[1], itemsize)
     flat = _tiles.workspace((count * step,), dtype, slot)
     planes = np.lib.stride_tricks.as_strided(flat, (count,) + shape,
                                              (step * itemsize, shape[1] * itemsize, itemsize))
@@ -975,8 +985,7 @@ def _weight_gradient_by_panels(g: Geom, x: np.ndarray, dy: np.ndarray):
     # U's and D's planes PLANE_SKEW bytes past a multiple of 4 KiB apart; the products read
     # whole tiles of MR channels of U and NR of D, up to MR - 1 and NR - 1 values past a
     # row: slack after the last plane.
-    u_step = (-(-total * g.c * x.itemsize // 4096) * 4096 + PLANE_SKEW) // x.itemsize
-    d_step = (-(-total * g.k * x.itemsize // 4096) * 4096 + PLANE_SKEW) // x.itemsize
+    u_step, d_step = _plane_step(total * g.c, x.itemsize), _plane_step(total * g.k, x.itemsize)
     uf, df = np.empty(16 * u_step + mr, dtype), np.empty(16 * d_step + nr, dtype)
     uf[16 * u_step:], df[16 * d_step:] = 0, 0
     args = _input_args(cl, th, tw, dtype)
@@ -1000,9 +1009,7 @@ def _weight_gradient_by_panels(g: Geom, x: np.ndarray, dy: np.ndarray):
                            g.k)
             pick(_panel_back)(mf, mstep, dwf[k0 * g.c * 9:], min(nr, g.k - k0), g.c, nr, half)
 
-    blocks = -(-g.k // nr)
-    _tiles.run_tiles(job, [(b, min(blocks, b + BLOCKS_PER_JOB))
-                           for b in range(0, blocks, BLOCKS_PER_JOB)])
+    _tiles.run_tiles(job, _panel_jobs(g.k, nr))
     return _finished(g, dw)
 
 
