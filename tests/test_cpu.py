@@ -533,6 +533,28 @@ def test_weight_gradient_sums_several_tiles_per_slot(monkeypatch, layout, tile_b
     assert got.base is None or got.base.nbytes == got.nbytes
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_im2col_weight_gradient_in_either_orientation(monkeypatch, transposed):
+    """im2col's weight gradient multiplied as dw (Kg, features) or transposed, (features,
+    Kg), then transposed back (_microkernel.transposed), on every shared case, both layouts
+    and dtypes: which one runs depends on Kg and the layout (_heuristics.TRANSPOSED_BELOW)."""
+    from numbaconv.cpu import _heuristics
+    for name in ("TRANSPOSED_BELOW", "TRANSPOSED_BELOW_CF"):
+        monkeypatch.setattr(_heuristics, name, 2**31 if transposed else 0)
+    backend = dispatch.get_backend("cpu")
+    op = "conv_backward_weight"
+    for c, layout, dtype in itertools.product(CASES, ("channels_first", "channels_last"),
+                                              ("float32", "float64")):
+        a = case_arrays(c, layout, dtype)
+        with nc.use_backend("reference"):
+            expected = run_op(op, c, layout, a)
+        problem, operands = build_problem(op, c, layout, a)
+        if "im2col" not in backend.algorithms(op, problem):
+            continue
+        got = backend.run(op, problem, operands, None, "im2col")
+        assert relative_error(got, expected) < TOL[dtype], (c.name, layout, dtype)
+
+
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 @pytest.mark.parametrize("tile_bytes", [1, 2**40])
 def test_strided_data_gradient_overwrites_every_element_of_out(monkeypatch, layout,

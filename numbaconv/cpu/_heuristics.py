@@ -435,9 +435,11 @@ def batch_columns(g, nb: int) -> bool:
 POSITION_SPLIT_FROM = 16
 
 
-#: dw (G, Kg, features) is computed transposed below this many output channels per group:
-#: BLAS runs that product faster for small Kg; wide layers would pay for the transpose back.
+#: dw (G, Kg, features) is computed transposed below this many output channels per group
+#: (channels-last windows; channels-first ones below TRANSPOSED_BELOW_CF): BLAS runs that
+#: product faster for small Kg; wide layers would pay for the transpose back.
 TRANSPOSED_BELOW = 256
+TRANSPOSED_BELOW_CF = 512
 
 
 #: Channels-last, one group: dw of at most this many values is multiplied by the micro-kernel

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._kernel_geometry import Geom
-from . import _heuristics, _tiles
+from . import _heuristics, _microkernel, _tiles
 from ._im2col_kernels import col2im_cf, col2im_cl, im2col_cf, im2col_cf_phased, im2col_cl
 from ._microkernel import gram
 from ._rows import zero_rows
@@ -99,7 +99,8 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     per_position = _tiles.packed_bytes_per_position(g, x.itemsize)
     tiles = list(_tiles.tiles(g, per_position, _tiles.largest_operand(x, dy)))
     slots = min(_tiles.SLOTS, len(tiles))
-    transposed = g.kg < _heuristics.TRANSPOSED_BELOW
+    transposed = g.kg < (_heuristics.TRANSPOSED_BELOW if g.channels_last else
+                         _heuristics.TRANSPOSED_BELOW_CF)
     in_place = (g.channels_last and g.groups == 1
                 and g.cg * g.taps * g.kg <= _heuristics.IN_PLACE_DW_UP_TO)
 
@@ -158,9 +159,8 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
 
     total = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
     if transposed:
-        total = total.transpose(0, 2, 1)
-    return _tiles.weight_from_cl(g, total) if g.channels_last else \
-        np.ascontiguousarray(total)
+        total = _microkernel.transposed(total)
+    return _tiles.weight_from_cl(g, total) if g.channels_last else total
 
 
 def packed_cf(g: Geom, x5, args, job, pick, one_product: bool) -> np.ndarray:

@@ -930,6 +930,19 @@ def images_transposed(src, dst, images, rows, columns, lanes):
                    rows, min(block_rows, rows - i0), min(block_columns, columns - j0), lanes)
 
 
+def transposed(a: np.ndarray) -> np.ndarray:
+    """A new C-contiguous array of ``a``'s last two axes swapped, by
+    :func:`images_transposed` (NumPy's copy of the swapped view reads one value per cache
+    line: 0.87 ms for a 2304 x 256 float32 matrix, 0.08 ms this way on 2 cores)."""
+    a = np.ascontiguousarray(a)
+    *batch, rows, columns = a.shape
+    out = np.empty((*batch, columns, rows), a.dtype)
+    if a.size:
+        images_transposed(a.reshape(-1), out.reshape(-1), a.size // (rows * columns), rows,
+                          columns, vector_lanes(a.dtype))
+    return out
+
+
 @serial_jit
 def _transpose_into(src, dst, lanes):
     """dst[j, i] = src[i, j] for 2D arrays with unit stride along their rows: :func:`_transpose`
