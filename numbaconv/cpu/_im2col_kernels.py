@@ -199,10 +199,11 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
     # loop for both kinds of job: each loop costs seconds of compilation).
     planes = s[0] == 1 and r[0] == 1 and p[0] == 1 and before[0] == 0 and width == w2
     span = max(hi - lo, 1) * w2                 # one phase's rows
+    taps = _plane_taps(planes, q0, q1, lo, s, r, p, stride, dil, before)
     for job in prange(nb * c_total):
         if planes:
             _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi,
-                          s, r, p, stride, dil, before)
+                          s, r, stride, taps)
         else:
             _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi,
                         span, s, r, p, stride, dil, before)
@@ -238,30 +239,21 @@ def _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi
 
 
 @serial_jit
-def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, s, r, p,
-                  stride, dil, before):
-    """im2col_cf_phased's job (image, channel) for 2D planes whose output rows are as wide
-    as a column phase (ResNet's stride-2 layers, the stem): it splits its input rows [lo,
-    hi) by both phases, ``ph[a1, a2, j1, j2] = x[..., a1 + stride1 * j1, a2 + stride2 *
-    j2]``. Output pixel (p1, p2) of a tap then reads phase pixel (p1 + e1, p2 + e2) of one
-    phase plane, a fixed shift of its own index: the tile's rows are one contiguous copy per
-    tap, the few columns and rows that fall outside the input zeroed after it (14-pixel rows
-    copied one by one cost four times as much)."""
-    taps = r[1] * r[2]
+def _plane_taps(planes, q0, q1, lo, s, r, p, stride, dil, before):
+    """What _phase_planes' jobs need of each tap t, the same for every job of a call (their
+    divisions, made once, cost as much as the copies on ResNet's stride-2 layers):
+    taps[t] = (va, vb, lo2, hi2, start), output rows [va, vb) inside the input, columns
+    [lo2, hi2), phase-plane value ``start`` copied to output (va, 0)."""
+    taps = np.zeros((r[1] * r[2] if planes else 0, 5), np.int64)
+    if not planes:
+        return taps
     st1, st2 = stride[1], stride[2]
     w2 = p[2]
-    j1lo = lo // st1                                  # phase rows kept: [j1lo, j1lo + h1)
-    h1 = max((hi + st1 - 1) // st1 - j1lo, 1)
+    j1lo = lo // st1
+    h1 = max((_input_rows(q0, q1, s, r, p, stride, dil, before)[1] + st1 - 1) // st1 - j1lo,
+             1)
     area = h1 * w2                                    # one phase plane
-    size = st1 * st2 * area
-    b = job // c_total
-    c = job - b * c_total
-    plane = ((n0 + b) * c_total + c) * s[1] * s[2]
-    ph = np.empty(size, cf.dtype)
-    for i1 in range(lo, hi):
-        _split_row(ph, ((i1 % st1) * st2 * h1 + i1 // st1 - j1lo) * w2, area, xf,
-                   plane + i1 * s[2], s[2], st2)
-    for t in range(taps):
+    for t in range(taps.shape[0]):
         t1 = t // r[2]
         t2 = t - t1 * r[2]
         lo1, hi1 = _valid(s[1], st1, dil[1], before[1], t1, p[1])
@@ -272,17 +264,62 @@ def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, 
         a2 = off2 % st2
         e1 = (off1 - a1) // st1                   # output (p1, p2) reads phase pixel
         e2 = (off2 - a2) // st2                   # (p1 + e1, p2 + e2)
-        out = _packed_at(c * taps + t, b, nb, c_total * taps, rows_first, length)
-        va, vb = max(q0, lo1), min(q1, hi1)       # output rows inside the input
+        va, vb = max(q0, lo1), min(q1, hi1)
         if va >= vb or lo2 >= hi2:
-            zero_run(cf, out, (q1 - q0) * w2)
-            continue
+            va, vb = q1, q1
+        taps[t, 0] = va
+        taps[t, 1] = vb
+        taps[t, 2] = lo2
+        taps[t, 3] = hi2
+        taps[t, 4] = (a1 * st2 + a2) * area + (va + e1 - j1lo) * w2 + e2
+    return taps
+
+
+@serial_jit
+def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, s, r,
+                  stride, taps):
+    """im2col_cf_phased's job (image, channel) for 2D planes whose output rows are as wide
+    as a column phase (ResNet's stride-2 layers, the stem): it splits its input rows [lo,
+    hi) by both phases, ``ph[a1, a2, j1, j2] = x[..., a1 + stride1 * j1, a2 + stride2 *
+    j2]``. Output pixel (p1, p2) of a tap then reads phase pixel (p1 + e1, p2 + e2) of one
+    phase plane, a fixed shift of its own index: the tile's rows are one contiguous copy per
+    tap (``taps``, from :func:`_plane_taps`), the few columns and rows that fall outside the
+    input zeroed after it (14-pixel rows copied one by one cost four times as much). No
+    division in the job's loops."""
+    st1, st2 = stride[1], stride[2]
+    w2 = (s[2] + st2 - 1) // st2
+    j1lo = lo // st1                                  # phase rows kept: [j1lo, j1lo + h1)
+    h1 = max((hi + st1 - 1) // st1 - j1lo, 1)
+    area = h1 * w2                                    # one phase plane
+    size = st1 * st2 * area
+    b = job // c_total
+    c = job - b * c_total
+    plane = ((n0 + b) * c_total + c) * s[1] * s[2]
+    ph = np.empty(size, cf.dtype)
+    full = s[2] - (w2 - 1) * st2                      # column phases a2 < full hold w2
+    a1 = lo % st1                                     # input row lo's phase and phase row
+    j1 = lo // st1 - j1lo
+    for i1 in range(lo, hi):
+        at = (a1 * st2 * h1 + j1) * w2
+        src = plane + i1 * s[2]
+        for a2 in range(st2):
+            fd = uint64(at + a2 * area)
+            fs = uint64(src + a2)
+            for j in range(uint64(w2 if a2 < full else w2 - 1)):
+                ph[fd + j] = xf[fs + uint64(st2) * j]
+        a1 += 1
+        if a1 == st1:
+            a1 = 0
+            j1 += 1
+    count = taps.shape[0]
+    for t in range(count):
+        va, vb, lo2, hi2 = taps[t, 0], taps[t, 1], taps[t, 2], taps[t, 3]
+        out = _packed_at(c * count + t, b, nb, c_total * count, rows_first, length)
         zero_run(cf, out, (va - q0) * w2)
         zero_run(cf, out + (vb - q0) * w2, (q1 - vb) * w2)
-        # One copy of rows [va, vb) from phase plane (a1, a2), then their fringe columns.
+        # One copy of rows [va, vb) from their phase plane, then their fringe columns.
         rows = out + (va - q0) * w2
-        _clipped_copy(cf, rows, ph, 0, (a1 * st2 + a2) * area + (va + e1 - j1lo) * w2 + e2,
-                      (vb - va) * w2, size)
+        _clipped_copy(cf, rows, ph, 0, taps[t, 4], (vb - va) * w2, size)
         _zero_fringes(cf, rows, vb - va, w2, lo2, hi2)
 
 
