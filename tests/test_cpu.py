@@ -533,10 +533,33 @@ def test_weight_gradient_sums_several_tiles_per_slot(monkeypatch, layout, tile_b
     assert got.base is None or got.base.nbytes == got.nbytes
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 130, 67), (2, 3, 70, 5), (3, 2, 16, 64),
+                                   (4, 1, 65, 129), (2, 0, 5), (1, 4, 0, 3)])
+def test_summed_partials_have_the_bits_of_numpy_sums_one_after_another(monkeypatch, dtype,
+                                                                         parallel, shape):
+    """_tiles.summed: slot sums added in slot order, as NumPy adds them one after another
+    (the same bits), swapped or not: whole register-transpose tiles, blocks and ragged
+    edges, batches, empty parts; on one thread or in parallel."""
+    from numbaconv.cpu import _tiles
+    monkeypatch.setattr(_tiles, "PARALLEL_SUM_ABOVE", 0 if parallel else 2**40)
+    parts = np.random.default_rng(3).standard_normal(shape).astype(dtype) * 1e3
+    before = parts.copy()
+    expected = _tiles.sum_in_order(list(parts.copy()))
+    for transpose in (False, True):
+        got = _tiles.summed(parts, transpose=transpose)
+        want = np.swapaxes(expected, -1, -2) if transpose else expected
+        assert got.shape == want.shape and got.dtype == parts.dtype
+        np.testing.assert_array_equal(got, want)
+        assert got.flags.c_contiguous
+    np.testing.assert_array_equal(parts, before)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_im2col_weight_gradient_in_either_orientation(monkeypatch, transposed):
     """im2col's weight gradient multiplied as dw (Kg, features) or transposed, (features,
-    Kg), then transposed back (_microkernel.transposed), on every shared case, both layouts
+    Kg), then summed and transposed back (_tiles.summed), on every shared case, both layouts
     and dtypes: which one runs depends on Kg and the layout (_heuristics.TRANSPOSED_BELOW)."""
     from numbaconv.cpu import _heuristics
     for name in ("TRANSPOSED_BELOW", "TRANSPOSED_BELOW_CF"):

@@ -72,22 +72,6 @@ def test_gemm_with_an_empty_shared_dimension_writes_zeros():
     assert np.array_equal(out, np.zeros((5, 6)))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("shape", [(1, 1), (3, 70, 5), (130, 67), (2, 2, 16, 64), (0, 5),
-                                   (4, 0, 3)])
-def test_transposed_equals_numpy(dtype, shape):
-    """_microkernel.transposed: whole register tiles, blocks and their ragged edges, a batch
-    of matrices, empty ones; a new C-contiguous array, the input untouched."""
-    a = np.random.default_rng(3).standard_normal(shape).astype(dtype)
-    before = a.copy()
-    got = mk.transposed(a)
-    np.testing.assert_array_equal(got, np.swapaxes(a, -1, -2))
-    assert got.flags.c_contiguous and got.dtype == a.dtype
-    np.testing.assert_array_equal(a, before)
-    # A strided input is copied first.
-    np.testing.assert_array_equal(mk.transposed(a[..., ::2]), np.swapaxes(a[..., ::2], -1, -2))
-
-
 def test_gemm_rejects_bad_operands():
     a = np.ones((2, 3), np.float32)
     with pytest.raises(TypeError, match="float32 or float64"):

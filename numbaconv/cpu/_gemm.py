@@ -88,11 +88,13 @@ def _pointwise_by_positions(g: Geom, x, dy) -> np.ndarray:
     transposed = g.kg > g.cg
     # Each part is (G, rows, columns) = left (G, rows, M') @ right (G, M', columns).
     left, right = (x, dy) if transposed else (dy, x)
+    starts = list(range(0, m, step))
+    partials = np.empty((len(starts), g.groups, left.shape[2], right.shape[2]), x.dtype)
 
-    def part(start, pick):
-        run = slice(start, start + step)
-        return np.matmul(left[run].transpose(1, 2, 0), right[run].transpose(1, 0, 2),
-                         out=np.empty((g.groups, left.shape[2], right.shape[2]), x.dtype))
+    def part(index, pick):
+        run = slice(starts[index], starts[index] + step)
+        np.matmul(left[run].transpose(1, 2, 0), right[run].transpose(1, 0, 2),
+                  out=partials[index])
 
-    total = _tiles.sum_in_order(_tiles.run_tiles(part, list(range(0, m, step))))
-    return np.ascontiguousarray(total.transpose(0, 2, 1)) if transposed else total
+    _tiles.run_tiles(part, list(range(len(starts))))
+    return _tiles.summed(partials, transpose=transposed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._kernel_geometry import Geom
-from . import _heuristics, _microkernel, _tiles
+from . import _heuristics, _tiles
 from ._im2col_kernels import col2im_cf, col2im_cl, im2col_cf, im2col_cf_phased, im2col_cl
 from ._microkernel import gram
 from ._rows import zero_rows
@@ -104,13 +104,16 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     in_place = (g.channels_last and g.groups == 1
                 and g.cg * g.taps * g.kg <= _heuristics.IN_PLACE_DW_UP_TO)
 
-    def dot(features, grads, out=None):
+    def dot(features, grads, out):
         """Over the last axis: features (..., F, L) and grads (..., Kg, L) give dw's part,
-        (..., Kg, F), or its transpose, in ``out`` when given."""
+        (..., Kg, F), or its transpose, into ``out``."""
         if transposed:
             return np.matmul(features, np.swapaxes(grads, -1, -2), out=out)
         return np.matmul(grads, np.swapaxes(features, -1, -2), out=out)
 
+    # Each slot's sum goes to its own (G, Kg, F) or (G, F, Kg) part of ``partials``.
+    shape = (g.groups,) + ((g.cg * g.taps, g.kg) if transposed else (g.kg, g.cg * g.taps))
+    partials = np.empty((slots,) + shape, x.dtype)
     if not g.channels_last:
         def product(tile, pick, out):
             n0, nb, q0, q1 = tile
@@ -120,46 +123,43 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
                 # dy's tile copied to (G, Kg, image, position), the columns' order.
                 rows = _tiles.workspace((g.k, nb, col.shape[-1] // nb), x.dtype, "rows")
                 rows[...] = dy.reshape(g.n, g.k, -1)[n0:n0 + nb].transpose(1, 0, 2)
-                return dot(col, rows.reshape(g.groups, g.kg, -1), out)
-            if nb == 1:
-                return dot(col[0], _tiles.output_columns(g, dy, n0, nb, q0, q1)[0], out)
-            return _tiles.sum_in_order(
-                dot(col, _tiles.output_columns(g, dy, n0, nb, q0, q1)))
+                dot(col, rows.reshape(g.groups, g.kg, -1), out)
+            elif nb == 1:
+                dot(col[0], _tiles.output_columns(g, dy, n0, nb, q0, q1)[0], out)
+            else:
+                out[...] = _tiles.sum_in_order(
+                    dot(col, _tiles.output_columns(g, dy, n0, nb, q0, q1), None))
     elif in_place:
         # The windows (M, F) and dy's rows (M, K) are the operands of _microkernel.gram as
-        # they lie; later tiles add straight into their slot's sum (``out``).
-        def product(tile, pick, out):
+        # they lie; later tiles add straight into their slot's sum (``add``).
+        def product(tile, pick, out, add=False):
             n0, nb, q0, q1 = tile
             features = packed_cl(g, x5, args, tile, pick)[:, 0]
             grads = _tiles.output_rows(g, dy, n0, nb, q0, q1)[:, 0]
             a, b = (features, grads) if transposed else (grads, features)
-            first = out is None
-            if first:
-                out = np.empty((1, a.shape[1], b.shape[1]), x.dtype)
-            gram(a, b, out[0], add=not first)
-            return out
+            gram(a, b, out[0], add=add)
     else:
         def product(tile, pick, out):
             n0, nb, q0, q1 = tile
-            return dot(packed_cl(g, x5, args, tile, pick).transpose(1, 2, 0),
-                       _tiles.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0), out)
+            dot(packed_cl(g, x5, args, tile, pick).transpose(1, 2, 0),
+                _tiles.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0), out)
 
     def slot(first, pick):
-        total = product(tiles[first], pick, None)
+        total = partials[first]
+        product(tiles[first], pick, total)
         for tile in tiles[first + slots::slots]:
             _tiles.stop_if_interrupted()
             if in_place:
-                product(tile, pick, total)
+                product(tile, pick, total, add=True)
             else:
                 # Later tiles' products go to a reused buffer (a fresh dw-sized array per
                 # tile costs a page fault per 4 KiB), then into the slot's sum.
-                total += product(tile, pick,
-                                 _tiles.workspace(total.shape, total.dtype, "product"))
-        return total
+                part = _tiles.workspace(total.shape, total.dtype, "product")
+                product(tile, pick, part)
+                total += part
 
-    total = _tiles.sum_in_order(_tiles.run_tiles(slot, list(range(slots))))
-    if transposed:
-        total = _microkernel.transposed(total)
+    _tiles.run_tiles(slot, list(range(slots)))
+    total = _tiles.summed(partials, transpose=transposed)
     return _tiles.weight_from_cl(g, total) if g.channels_last else total
 
 

@@ -674,6 +674,33 @@ def add_partials(partial, total) -> None:
         serial_version(sum_partials)(partial, total)
 
 
+def summed(partials: np.ndarray, transpose: bool = False) -> np.ndarray:
+    """``partials[0] + partials[1] + ...`` in that order (as :func:`add_partials`), its last
+    two axes swapped when ``transpose`` (a weight gradient multiplied transposed), in one
+    pass; a new C-contiguous array, or ``partials[0]`` itself when there is nothing to add
+    or swap."""
+    from ._microkernel import transposed_sum, vector_lanes
+    slots = partials.shape[0]
+    if not transpose:
+        # NumPy's add on this thread: a parallel region woken here cost more than it saved
+        # (ResNet's stride-2 256-channel weight gradient, 2 x 2.4 MB parts).
+        if slots == 1:
+            return partials[0]
+        total = np.add(partials[0], partials[1])
+        for i in range(2, slots):
+            total += partials[i]
+        return total
+    partials = np.ascontiguousarray(partials)
+    *batch, rows, columns = partials.shape[1:]
+    total = np.empty((*batch, columns, rows), partials.dtype)
+    if total.size:
+        kernel = transposed_sum if partials.size > PARALLEL_SUM_ABOVE else \
+            serial_version(transposed_sum)
+        kernel(partials.reshape(-1), total.reshape(-1), slots, total.size // (rows * columns),
+               rows, columns, vector_lanes(partials.dtype))
+    return total
+
+
 #: Outputs of at least this many values get their bias in a Numba pass on the tile workers
 #: (NumPy's add is one thread; a parallel region would leave OpenMP threads spinning);
 #: measurements in docs/cpu-algorithms.md, "Thresholds".
