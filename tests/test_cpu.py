@@ -556,6 +556,22 @@ def test_summed_partials_have_the_bits_of_numpy_sums_one_after_another(monkeypat
     np.testing.assert_array_equal(parts, before)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 9, 70), (3, 5, 25, 64), (1, 2, 9, 129),
+                                   (2, 0, 9, 4), (2, 3, 4, 0)])
+def test_summed_taps_last_has_the_bits_of_numpy_sums_then_a_relayout(monkeypatch, parallel,
+                                                                      shape):
+    """_tiles.summed_taps_last: (S, K, taps, Cg) parts added in slot order and laid out as
+    (K, Cg, taps), the bits of NumPy's sums one after another; ragged channel blocks."""
+    from numbaconv.cpu import _tiles
+    monkeypatch.setattr(_tiles, "PARALLEL_SUM_ABOVE", 0 if parallel else 2**40)
+    parts = np.random.default_rng(4).standard_normal(shape).astype(np.float32) * 1e3
+    expected = _tiles.sum_in_order(list(parts.copy())).transpose(0, 2, 1)
+    got = _tiles.summed_taps_last(parts)
+    assert got.shape == expected.shape and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_im2col_weight_gradient_in_either_orientation(monkeypatch, transposed):
     """im2col's weight gradient multiplied as dw (Kg, features) or transposed, (features,
@@ -745,6 +761,7 @@ BOUNDSCHECK = background.boundscheck(
     "from numbaconv.testing import CASES\n"
     "from numbaconv.cpu import _tiles\n"
     "_tiles.PARALLEL_BIAS_FROM = 0  # every bias by the kernels\n"
+    "_tiles.PARALLEL_SUM_ABOVE = 0  # every sum of partials by the parallel kernels\n"
     "for c in CASES:\n"
     "    for layout in ('channels_first', 'channels_last'):\n"
     "        check_every_algorithm(c, layout, 'float64')\n", first=True)

@@ -159,8 +159,13 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
                 total += part
 
     _tiles.run_tiles(slot, list(range(slots)))
-    total = _tiles.summed(partials, transpose=transposed)
-    return _tiles.weight_from_cl(g, total) if g.channels_last else total
+    if not g.channels_last:
+        return _tiles.summed(partials, transpose=transposed)
+    # Channels-last features are (t, c): summed straight into the weight's (c, t) order.
+    if transposed:
+        partials = _tiles.summed(partials, transpose=True)[None]
+    return _tiles.summed_taps_last(partials.reshape(-1, g.k, g.taps, g.cg)).reshape(
+        (g.k, g.cg) + g.r)
 
 
 def packed_cf(g: Geom, x5, args, job, pick, one_product: bool) -> np.ndarray:

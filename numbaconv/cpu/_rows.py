@@ -5,6 +5,7 @@ the fixed-order sum of per-job partials (deterministic reductions; see
 
 from __future__ import annotations
 
+import numpy as np
 from numba import prange, uint64
 
 from ..config import inline_jit, parallel_jit, serial_jit
@@ -72,3 +73,32 @@ def sum_partials(partial, total):
             part = partial[i, lo:hi]
             for m in range(hi - lo):
                 dst[m] += part[m]
+
+
+@parallel_jit
+def sum_taps_last(parts, dst, slots, rows, taps, channels):
+    """dst[k, c, t] = parts[0, k, t, c] + parts[1, k, t, c] + ..., in that order (flat
+    arrays of ``slots`` stacks of (rows, taps, channels)): channels-last weight-gradient sums
+    into the weight's layout in one pass. Each task sums a block of channels of one row, all
+    taps, in a scratch block, then writes it out tap-minor (contiguous)."""
+    block = 64
+    across = (channels + block - 1) // block
+    stack = uint64(rows * taps * channels)
+    for task in prange(rows * across):
+        k = task // across
+        c0 = (task - k * across) * block
+        width = min(block, channels - c0)
+        acc = np.empty(taps * block, dst.dtype)
+        for t in range(taps):
+            src = uint64((k * taps + t) * channels + c0)
+            at = uint64(t * block)
+            for j in range(uint64(width)):
+                acc[at + j] = parts[src + j]
+            for q in range(1, slots):
+                part = src + uint64(q) * stack
+                for j in range(uint64(width)):
+                    acc[at + j] += parts[part + j]
+        out = uint64((k * channels + c0) * taps)
+        for j in range(uint64(width)):
+            for t in range(uint64(taps)):
+                dst[out + j * uint64(taps) + t] = acc[t * uint64(block) + j]

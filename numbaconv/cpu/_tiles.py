@@ -20,7 +20,7 @@ import numpy as np
 
 from ..config import available_cpus, serial_after_fork, serial_version
 from .._kernel_geometry import Geom
-from ._rows import add_row_scalars, add_row_vector, sum_partials, zero_rows
+from ._rows import add_row_scalars, add_row_vector, sum_partials, sum_taps_last, zero_rows
 
 #: Workspace for packed (im2col) buffers is bounded by max(this, the largest operand).
 WORKSPACE_BYTES = 64 * 2**20
@@ -672,6 +672,21 @@ def add_partials(partial, total) -> None:
         sum_partials(partial, total)
     else:
         serial_version(sum_partials)(partial, total)
+
+
+def summed_taps_last(partials: np.ndarray) -> np.ndarray:
+    """``partials[0] + partials[1] + ...`` (S, K, taps, Cg) in that order (as
+    :func:`add_partials`), as a new (K, Cg, taps) array: channels-last weight-gradient sums
+    added and laid out as the weight in one pass (NumPy's sum and relayout of ResNet's
+    stride-2 256-channel layer's two 2.4 MB parts took 0.28 ms, this 0.21 on 2 cores)."""
+    slots, rows, taps, channels = partials.shape
+    partials = np.ascontiguousarray(partials)
+    total = np.empty((rows, channels, taps), partials.dtype)
+    if total.size:
+        kernel = sum_taps_last if partials.size > PARALLEL_SUM_ABOVE else \
+            serial_version(sum_taps_last)
+        kernel(partials.reshape(-1), total.reshape(-1), slots, rows, taps, channels)
+    return total
 
 
 def summed(partials: np.ndarray, transpose: bool = False) -> np.ndarray:
