@@ -251,6 +251,33 @@ def test_images_transpose_by_blocks_moves_every_value_once(images, rows, columns
     assert np.array_equal(dst, want)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("dims", [(1, 1, 3, 1, 9, 12, 3, 4, 7), (3, 3, 3, 3, 5, 8, 5, 6, 70),
+                                  (8, 3, 3, 1, 48, 48, 16, 2, 129),
+                                  (2, 1, 1, 2, 20, 24, 40, 0, 64)])
+def test_weight_sums_are_the_slot_sums_trimmed_and_laid_out_as_the_weight(parallel, dims):
+    """_weight_sums: parts (slots, T01, runs, padded length, padded K) summed in slot order
+    (add_partials' bits), the padding dropped, (t, c) runs laid out as dw (K, C, T01, r2),
+    ragged blocks of channels and output channels; every value of dw written."""
+    from numbaconv.config import serial_version
+    from numbaconv.cpu._implicit import _weight_sums
+    from numbaconv.cpu._microkernel import vector_lanes
+    from numbaconv.cpu._tiles import add_partials
+    slots, taps01, r2, runs, length, padded_length, c, unused, k = dims
+    assert runs * length == r2 * c
+    padded_k = k + unused
+    rng = np.random.default_rng(5)
+    parts = rng.standard_normal((slots, taps01, runs, padded_length, padded_k)) * 1e3
+    total = np.empty(parts[0].size)
+    add_partials(parts.reshape(slots, -1), total)
+    total = total.reshape(parts.shape[1:])[..., :length, :k].reshape(taps01, r2, c, k)
+    dw = np.full((k, c, taps01, r2), np.nan)
+    kernel = _weight_sums if parallel else serial_version(_weight_sums)
+    kernel(parts.reshape(-1), dw.reshape(-1), slots, taps01, r2, runs, length, padded_length,
+           padded_k, c, k, vector_lanes(dw.dtype))
+    np.testing.assert_array_equal(dw, total.transpose(3, 2, 0, 1))
+
+
 def test_a_grouped_data_gradient_is_not_implicit():
     x, dy, w_shape, kw = _arrays(("cf", (1, 4, 8, 8), (3, 3), 2, 1, 1, 4), "float64",
                                  layout="channels_first")

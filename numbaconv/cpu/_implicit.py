@@ -40,18 +40,18 @@ region, bit for bit.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import prange, uint64
 
-from ..config import parallel_jit, serial_jit
+from ..config import parallel_jit, serial_jit, serial_version
 from .._kernel_geometry import Geom
-from . import _heuristics
+from . import _heuristics, _tiles
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
                            _micro_tile_strided_narrow, _transpose, images_transposed,
                            kernel_twin, micro_tile_rows, narrow_strided_shape, narrow_tiles,
                            strided_shape, tile_shape, vector_lanes)
 from ._rows import copy_run, zero_run
 from ._sliding import row_pitch
-from ._tiles import SLOTS, add_partials, interruptible_ranges
+from ._tiles import SLOTS, interruptible_ranges
 
 #: A tile's padded copy of the input rows it reads is kept under this many bytes.
 WINDOW_BYTES = 2**20
@@ -170,11 +170,55 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
                vector_lanes(dtype), _depth(g.p[2], padded_k * x.itemsize))
     if overrun.any():
         raise IndexError("implicit weight gradient: a product would reach past its arrays")
-    total = np.empty(parts[0].size, dtype)
-    add_partials(parts.reshape(slots, -1), total)
-    total = total.reshape(g.r[:2] + (runs, padded_length, padded_k))[..., :length, :g.k]
-    total = total.reshape(g.r + (g.c, g.k))                  # (KD, KH, KW, C, K)
-    return np.ascontiguousarray(total.transpose(4, 3, 0, 1, 2))
+    dw = np.empty((g.k, g.c) + g.r, dtype)
+    sums = _weight_sums if parts.size > _tiles.PARALLEL_SUM_ABOVE else \
+        serial_version(_weight_sums)
+    sums(parts.reshape(-1), dw.reshape(-1), slots, g.r[0] * g.r[1], g.r[2], runs, length,
+         padded_length, padded_k, g.c, g.k, vector_lanes(dtype))
+    return dw
+
+
+#: The blocks of :func:`_weight_sums`' tasks: channels (times the taps: the rows of a block)
+#: and output channels; a block of 16 x 9 rows of 64 values is 36 KiB of float32 (L1).
+SUM_BLOCK = (16, 64)
+
+
+@parallel_jit
+def _weight_sums(parts, dw, slots, taps01, r2, runs, length, padded_length, padded_k,
+                 c_total, k_total, lanes):
+    """dw[k, c, t01, t2] = parts[0, t01, run, l, k] + parts[1, ...] + ... (in slot order:
+    the bits of add_partials' sums), where run * length + l = t2 * C + c: the slots' sums,
+    trimmed of their padding and laid out as the weight in one pass. Each task gathers the
+    rows (c, t) of a block of channels, summed over the slots, for a block of output
+    channels, then moves them by the register transpose. NumPy's sum then copy of the
+    reversed view took 0.17 + 0.13-0.21 ms on ResNet's 128-channel stride-2 layer (about
+    a twelfth of its weight gradient)."""
+    block_c, block_k = SUM_BLOCK
+    taps = taps01 * r2
+    across = (k_total + block_k - 1) // block_k
+    stack = uint64(taps01 * runs * padded_length * padded_k)
+    for task in prange(((c_total + block_c - 1) // block_c) * across):
+        c0 = (task // across) * block_c
+        k0 = (task % across) * block_k
+        nc = min(block_c, c_total - c0)
+        nk = min(block_k, k_total - k0)
+        block = np.empty(nc * taps * nk, dw.dtype)
+        for cc in range(nc):
+            for t01 in range(taps01):
+                for t2 in range(r2):
+                    j = t2 * c_total + c0 + cc
+                    run = j // length
+                    src = uint64(((t01 * runs + run) * padded_length + j - run * length)
+                                 * padded_k + k0)
+                    at = uint64(((cc * taps01 + t01) * r2 + t2) * nk)
+                    for m in range(uint64(nk)):
+                        block[at + m] = parts[src + m]
+                    for q in range(1, slots):
+                        part = src + uint64(q) * stack
+                        for m in range(uint64(nk)):
+                            block[at + m] += parts[part + m]
+        _transpose(block, 0, nk, dw, (k0 * c_total + c0) * taps, c_total * taps, nc * taps,
+                   nk, lanes)
 
 
 @serial_jit
