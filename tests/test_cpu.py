@@ -239,8 +239,8 @@ def test_phased_packing_equals_the_strided_gather_on_any_row_tile():
         args = tuple(ints(*v) for v in (s, r, p, stride, dil, before))
         shape = (2, 3 * r[0] * r[1] * r[2], (q1 - q0) * p[2])
         plain, phased = np.full(shape, np.nan), np.full(shape, np.nan)
-        im2col_cf(x, plain, False, 0, q0, q1, *args)
-        im2col_cf_phased(x, phased, False, 0, q0, q1, *args)
+        im2col_cf(x, plain, False, 0, 0, q0, q1, *args)
+        im2col_cf_phased(x, phased, False, 0, 0, q0, q1, *args)
         np.testing.assert_array_equal(phased, plain)
         checked += 1
 
@@ -323,29 +323,31 @@ def test_channels_first_packing_equals_a_plain_gather_on_any_row_tile(unit_rows,
                                                                       phase_planes):
     """im2col_cf (contiguous runs where the rows allow, else row by row) and, with a stride
     above 1 along rows, im2col_cf_phased pack the windows of random 2D/3D geometries and
-    row tiles, both orders of the packed rows, exactly as a plain NumPy gather (NaN-filled,
-    so an unwritten element shows)."""
+    row tiles, both orders of the packed rows, of every channel or of a run of them,
+    exactly as a plain NumPy gather (NaN-filled, so an unwritten element shows)."""
     from numbaconv.cpu._im2col_kernels import im2col_cf, im2col_cf_phased
     rng = np.random.default_rng(41)
     for _ in range(60):
         s, r, p, stride, dil, before = _random_packing_geometry(rng, unit_rows,
                                                                 phase_planes)
-        n, c, n0 = 3, 2, int(rng.integers(0, 2))
+        n, c, n0 = 3, 3, int(rng.integers(0, 2))
+        c0 = int(rng.integers(0, c))
+        cc = int(rng.integers(1, c - c0 + 1))               # channels [c0, c0 + cc)
         nb = int(rng.integers(1, n - n0 + 1))
         x = rng.standard_normal((n, c) + tuple(s))
         q0 = int(rng.integers(0, p[0] * p[1]))
         q1 = int(rng.integers(q0 + 1, p[0] * p[1] + 1))
         index = _window_index(s, r, p, stride, dil, before, q0, q1)
         planes = np.concatenate([x.reshape(n, c, -1), np.zeros((n, c, 1))], axis=2)
-        expected = planes[n0:n0 + nb, :, index]      # (nb, c, taps, positions); -1: zero
-        expected = expected.reshape(nb, c * index.shape[0], -1)
+        expected = planes[n0:n0 + nb, c0:c0 + cc, index]  # (nb, cc, taps, positions)
+        expected = expected.reshape(nb, cc * index.shape[0], -1)
         args = tuple(np.array(v, np.int64) for v in (s, r, p, stride, dil, before))
         kernels = (im2col_cf, im2col_cf_phased) if stride[2] > 1 else (im2col_cf,)
         for kernel, rows_first in itertools.product(kernels, (False, True)):
             shape = expected.shape[1::-1] + expected.shape[2:] if rows_first else \
                 expected.shape
             col = np.full(shape, np.nan)
-            kernel(x, col, rows_first, n0, q0, q1, *args)
+            kernel(x, col, rows_first, n0, c0, q0, q1, *args)
             got = col.transpose(1, 0, 2) if rows_first else col
             np.testing.assert_array_equal(got, expected)
 
@@ -573,6 +575,45 @@ def test_summed_taps_last_has_the_bits_of_numpy_sums_then_a_relayout(monkeypatch
 
 
 @pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("case", [
+    ConvCase("s1", (5, 7, 6, 6), (4, 7, 3, 3), padding=1),
+    ConvCase("s2", (4, 5, 9, 8), (6, 5, 3, 3), stride=2, padding=1),
+    ConvCase("s2_3d", (3, 4, 3, 7, 6), (5, 4, 2, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1)),
+], ids=lambda c: c.name)
+def test_channels_first_weight_gradient_by_pieces_of_channels(monkeypatch, transposed, case):
+    """im2col's channels-first weight gradient by pieces of input channels (forced: small
+    pieces, tiles of two images): the reference's values, both orientations, float32 and
+    float64, bit for bit the same on one tile worker or two and from call to call."""
+    from numbaconv._kernel_geometry import geom
+    from numbaconv.cpu import _heuristics, _im2col, _tiles
+    monkeypatch.setattr(_heuristics, "FEATURE_PIECE_ROWS", 1)
+    monkeypatch.setattr(_heuristics, "FEATURE_PIECES", 3)
+    for name in ("TRANSPOSED_BELOW", "TRANSPOSED_BELOW_CF"):
+        monkeypatch.setattr(_heuristics, name, 2**31 if transposed else 0)
+    pieces = []
+    original = _im2col._weight_gradient_by_features
+    monkeypatch.setattr(_im2col, "_weight_gradient_by_features",
+                        lambda *a: pieces.append(a[-1]) or original(*a))
+    backend = dispatch.get_backend("cpu")
+    op = "conv_backward_weight"
+    for dtype in ("float32", "float64"):
+        a = case_arrays(case, "channels_first", dtype)
+        with nc.use_backend("reference"):
+            expected = run_op(op, case, "channels_first", a)
+        problem, operands = build_problem(op, case, "channels_first", a)
+        g = geom(problem)
+        monkeypatch.setattr(_tiles, "TILE_BYTES",           # two images a tile
+                            2 * g.c * g.taps * g.positions * np.dtype(dtype).itemsize)
+        results = []
+        for workers in (1, 2, 2):
+            _force_tile_workers(monkeypatch, workers)
+            results.append(backend.run(op, problem, operands, None, "im2col"))
+        assert relative_error(results[0], expected) < TOL[dtype], (case.name, dtype)
+        assert all(np.array_equal(results[0], got) for got in results[1:])
+    assert pieces and min(pieces) >= 2, pieces
+
+
+@pytest.mark.parametrize("transposed", [False, True])
 def test_im2col_weight_gradient_in_either_orientation(monkeypatch, transposed):
     """im2col's weight gradient multiplied as dw (Kg, features) or transposed, (features,
     Kg), then summed and transposed back (_tiles.summed), on every shared case, both layouts
@@ -764,7 +805,19 @@ BOUNDSCHECK = background.boundscheck(
     "_tiles.PARALLEL_SUM_ABOVE = 0  # every sum of partials by the parallel kernels\n"
     "for c in CASES:\n"
     "    for layout in ('channels_first', 'channels_last'):\n"
-    "        check_every_algorithm(c, layout, 'float64')\n", first=True)
+    "        check_every_algorithm(c, layout, 'float64')\n"
+    "# im2col's channels-first weight gradient by pieces of channels, a tile an image\n"
+    "from numbaconv._kernel_geometry import geom\n"
+    "from numbaconv.cpu import _heuristics\n"
+    "from numbaconv.testing import case_arrays\n"
+    "from test_cpu import build_problem\n"
+    "_heuristics.FEATURE_PIECE_ROWS = 1\n"
+    "for c in CASES:\n"
+    "    a = case_arrays(c, 'channels_first', 'float64')\n"
+    "    g = geom(build_problem('conv_backward_weight', c, 'channels_first', a)[0])\n"
+    "    _tiles.TILE_BYTES = g.c * g.taps * g.positions * 8\n"
+    "    check_every_algorithm(c, 'channels_first', 'float64', ops=('conv_backward_weight',))\n",
+    first=True)
 
 
 @BOUNDSCHECK.mark

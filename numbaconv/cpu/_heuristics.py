@@ -442,6 +442,28 @@ TRANSPOSED_BELOW = 256
 TRANSPOSED_BELOW_CF = 512
 
 
+#: Channels-first weight gradients of one group in tiles of whole images of fewer than
+#: BATCH_COLUMNS_BELOW output positions (several images a product) go by pieces of input
+#: channels of at least this many
+#: packed rows (channels times taps), at most FEATURE_PIECES of them, where that makes two
+#: pieces or more (``_im2col._weight_gradient_by_features``): fixed by the shape, so that
+#: the bits do not depend on the threads. Fewer rows a piece made the products slower.
+FEATURE_PIECE_ROWS = 576
+FEATURE_PIECES = 8
+
+
+def feature_pieces(g, tiles: list) -> int:
+    """How many pieces of input channels im2col's weight gradient goes by (above); 0: by
+    slots of tiles."""
+    whole = g.p[0] * g.p[1]
+    if g.channels_last or g.groups != 1 or len(tiles) < 2 \
+            or g.positions >= BATCH_COLUMNS_BELOW \
+            or any(q1 - q0 != whole for _, _, q0, q1 in tiles):
+        return 0
+    pieces = min(FEATURE_PIECES, g.c * g.taps // FEATURE_PIECE_ROWS, g.c)
+    return pieces if pieces >= 2 else 0
+
+
 #: Channels-last, one group: dw of at most this many values is multiplied by the micro-kernel
 #: reading windows and dy in place (``_microkernel.gram``); a larger dw is faster by BLAS.
 IN_PLACE_DW_UP_TO = 2**18

@@ -113,12 +113,14 @@ def _packed_at(row, b, nb, rows, rows_first, length):
 
 
 @parallel_jit
-def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
-    """col: (nb, C * taps, positions), or (C * taps, nb, positions) when ``rows_first``."""
+def im2col_cf(x, col, rows_first, n0, c0, q0, q1, s, r, p, stride, dil, before):
+    """col: (nb, C' * taps, positions), or (C' * taps, nb, positions) when ``rows_first``,
+    for the C' channels from ``c0`` (C' from col's shape)."""
     nb = col.shape[1] if rows_first else col.shape[0]
     c_total = x.shape[1]
     taps = r[0] * r[1] * r[2]
-    rows = c_total * taps
+    rows = col.shape[0] if rows_first else col.shape[1]
+    cc = rows // taps
     # Stride 1 along the last two dimensions and output rows as long as input rows: each
     # tap's rows are one contiguous run of the input plane (then the fringe columns are
     # zeroed); otherwise row by row. A job per image and channel: the index arithmetic of
@@ -129,10 +131,10 @@ def im2col_cf(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
     cf = col.reshape(-1)
     length = col.shape[2]
     volume = s[0] * s[1] * s[2]
-    for job in prange(nb * c_total):
-        b = job // c_total
-        c = job - b * c_total
-        plane = ((n0 + b) * c_total + c) * volume
+    for job in prange(nb * cc):
+        b = job // cc
+        c = job - b * cc
+        plane = ((n0 + b) * c_total + c0 + c) * volume
         t = 0
         for t0 in range(r[0]):
             for t1 in range(r[1]):
@@ -180,14 +182,16 @@ def _fill_rows(cf, line, src, start, pitch, row0, step, q0, q1, t0, t1, lo2, hi2
 
 
 @parallel_jit
-def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, before):
+def im2col_cf_phased(x, col, rows_first, n0, c0, q0, q1, s, r, p, stride, dil, before):
     """im2col_cf for a stride above 1 in the last dimension: each job, one (image, channel),
     first splits the input rows that the tile's windows read by stride phase along that
     dimension (ph[a, i0 * S1 + i1 - lo, j] = x[..., i0, i1, a + stride * j]), so that every
     tap's output row is one contiguous run of a phase row instead of a strided gather (one
-    thread: the 7x7 stem's half-image row tiles pack in 0.28 ms instead of 0.82)."""
+    thread: the 7x7 stem's half-image row tiles pack in 0.28 ms instead of 0.82). The
+    channels from ``c0``, as many as col holds rows for."""
     nb = col.shape[1] if rows_first else col.shape[0]
     c_total = x.shape[1]
+    cc = (col.shape[0] if rows_first else col.shape[1]) // (r[0] * r[1] * r[2])
     step = stride[2]
     width = p[2]
     w2 = (s[2] + step - 1) // step
@@ -200,27 +204,27 @@ def im2col_cf_phased(x, col, rows_first, n0, q0, q1, s, r, p, stride, dil, befor
     planes = s[0] == 1 and r[0] == 1 and p[0] == 1 and before[0] == 0 and width == w2
     span = max(hi - lo, 1) * w2                 # one phase's rows
     taps = _plane_taps(planes, q0, q1, lo, s, r, p, stride, dil, before)
-    for job in prange(nb * c_total):
+    for job in prange(nb * cc):
         if planes:
-            _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi,
-                          s, r, stride, taps)
+            _phase_planes(xf, cf, rows_first, nb, c_total, c0, cc, length, n0, job, q0, q1,
+                          lo, hi, s, r, stride, taps)
         else:
-            _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi,
-                        span, s, r, p, stride, dil, before)
+            _phase_rows(xf, cf, rows_first, nb, c_total, c0, cc, length, n0, job, q0, q1, lo,
+                        hi, span, s, r, p, stride, dil, before)
 
 
 @serial_jit
-def _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, span, s,
-                r, p, stride, dil, before):
+def _phase_rows(xf, cf, rows_first, nb, c_total, c0, cc, length, n0, job, q0, q1, lo, hi,
+                span, s, r, p, stride, dil, before):
     """im2col_cf_phased's job (image, channel) in general: its input rows [lo, hi) split by
     column phase, then each tap's output rows copied one by one from them."""
     taps = r[0] * r[1] * r[2]
     step = stride[2]
     width = p[2]
     w2 = (s[2] + step - 1) // step
-    b = job // c_total
-    c = job - b * c_total
-    plane = ((n0 + b) * c_total + c) * s[0] * s[1] * s[2]
+    b = job // cc
+    c = job - b * cc
+    plane = ((n0 + b) * c_total + c0 + c) * s[0] * s[1] * s[2]
     ph = np.empty(step * span, cf.dtype)
     for i01 in range(lo, hi):
         _split_row(ph, (i01 - lo) * w2, span, xf, plane + i01 * s[2], s[2], step)
@@ -232,7 +236,7 @@ def _phase_rows(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi
                 off2 = t2 * dil[2] - before[2]
                 a2 = off2 % step
                 first = lo2 + (off2 - a2) // step       # phase index of output lo2
-                at = _packed_at(c * taps + t, b, nb, c_total * taps, rows_first, length)
+                at = _packed_at(c * taps + t, b, nb, cc * taps, rows_first, length)
                 _fill_rows(cf, at, ph, a2 * span + first, w2, lo, 1, q0, q1, t0, t1, lo2,
                            hi2, s, p, stride, dil, before)
                 t += 1
@@ -276,8 +280,8 @@ def _plane_taps(planes, q0, q1, lo, s, r, p, stride, dil, before):
 
 
 @serial_jit
-def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, hi, s, r,
-                  stride, taps):
+def _phase_planes(xf, cf, rows_first, nb, c_total, c0, cc, length, n0, job, q0, q1, lo, hi,
+                  s, r, stride, taps):
     """im2col_cf_phased's job (image, channel) for 2D planes whose output rows are as wide
     as a column phase (ResNet's stride-2 layers, the stem): it splits its input rows [lo,
     hi) by both phases, ``ph[a1, a2, j1, j2] = x[..., a1 + stride1 * j1, a2 + stride2 *
@@ -292,9 +296,9 @@ def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, 
     h1 = max((hi + st1 - 1) // st1 - j1lo, 1)
     area = h1 * w2                                    # one phase plane
     size = st1 * st2 * area
-    b = job // c_total
-    c = job - b * c_total
-    plane = ((n0 + b) * c_total + c) * s[1] * s[2]
+    b = job // cc
+    c = job - b * cc
+    plane = ((n0 + b) * c_total + c0 + c) * s[1] * s[2]
     ph = np.empty(size, cf.dtype)
     full = s[2] - (w2 - 1) * st2                      # column phases a2 < full hold w2
     a1 = lo % st1                                     # input row lo's phase and phase row
@@ -314,7 +318,7 @@ def _phase_planes(xf, cf, rows_first, nb, c_total, length, n0, job, q0, q1, lo, 
     count = taps.shape[0]
     for t in range(count):
         va, vb, lo2, hi2 = taps[t, 0], taps[t, 1], taps[t, 2], taps[t, 3]
-        out = _packed_at(c * count + t, b, nb, c_total * count, rows_first, length)
+        out = _packed_at(c * count + t, b, nb, cc * count, rows_first, length)
         zero_run(cf, out, (va - q0) * w2)
         zero_run(cf, out + (vb - q0) * w2, (q1 - vb) * w2)
         # One copy of rows [va, vb) from their phase plane, then their fringe columns.
