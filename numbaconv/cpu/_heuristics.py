@@ -444,10 +444,10 @@ TRANSPOSED_BELOW_CF = 512
 
 #: Channels-first weight gradients of one group in tiles of whole images of fewer than
 #: BATCH_COLUMNS_BELOW output positions (several images a product) go by pieces of input
-#: channels of at least this many
-#: packed rows (channels times taps), at most FEATURE_PIECES of them, where that makes two
-#: pieces or more (``_im2col._weight_gradient_by_features``): fixed by the shape, so that
-#: the bits do not depend on the threads. Fewer rows a piece made the products slower.
+#: channels of at least this many packed rows (channels times taps), at most FEATURE_PIECES
+#: of them, where that makes two pieces or more (``_im2col._weight_gradient_by_features``):
+#: fixed by the shape, so that the bits do not depend on the threads. Smaller pieces made
+#: slower products; fewer pieces would leave cores idle.
 FEATURE_PIECE_ROWS = 576
 FEATURE_PIECES = 8
 
