@@ -40,7 +40,7 @@ region, bit for bit.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange, uint64
+from numba import prange
 
 from ..config import parallel_jit, serial_jit, serial_version
 from .._kernel_geometry import Geom
@@ -49,7 +49,7 @@ from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
                            _micro_tile_strided_narrow, _transpose, images_transposed,
                            kernel_twin, micro_tile_rows, narrow_strided_shape, narrow_tiles,
                            strided_shape, tile_shape, vector_lanes)
-from ._rows import copy_run, zero_run
+from ._rows import copy_run, slot_sums, zero_run
 from ._sliding import row_pitch
 from ._tiles import SLOTS, interruptible_ranges
 
@@ -196,7 +196,7 @@ def _weight_sums(parts, dw, slots, taps01, r2, runs, length, padded_length, padd
     block_c, block_k = SUM_BLOCK
     taps = taps01 * r2
     across = (k_total + block_k - 1) // block_k
-    stack = uint64(taps01 * runs * padded_length * padded_k)
+    stack = taps01 * runs * padded_length * padded_k
     for task in prange(((c_total + block_c - 1) // block_c) * across):
         c0 = (task // across) * block_c
         k0 = (task % across) * block_k
@@ -208,15 +208,9 @@ def _weight_sums(parts, dw, slots, taps01, r2, runs, length, padded_length, padd
                 for t2 in range(r2):
                     j = t2 * c_total + c0 + cc
                     run = j // length
-                    src = uint64(((t01 * runs + run) * padded_length + j - run * length)
-                                 * padded_k + k0)
-                    at = uint64(((cc * taps01 + t01) * r2 + t2) * nk)
-                    for m in range(uint64(nk)):
-                        block[at + m] = parts[src + m]
-                    for q in range(1, slots):
-                        part = src + uint64(q) * stack
-                        for m in range(uint64(nk)):
-                            block[at + m] += parts[part + m]
+                    slot_sums(parts, ((t01 * runs + run) * padded_length + j - run * length)
+                              * padded_k + k0, stack, slots, block,
+                              ((cc * taps01 + t01) * r2 + t2) * nk, nk)
         _transpose(block, 0, nk, dw, (k0 * c_total + c0) * taps, c_total * taps, nc * taps,
                    nk, lanes)
 

@@ -39,7 +39,7 @@ from typing import Optional
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, prange, types, uint64
+from numba import carray, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -928,39 +928,6 @@ def images_transposed(src, dst, images, rows, columns, lanes):
         j0 = (task % across) * block_columns
         _transpose(src, n * size + i0 * columns + j0, columns, dst, n * size + j0 * rows + i0,
                    rows, min(block_rows, rows - i0), min(block_columns, columns - j0), lanes)
-
-
-@parallel_jit
-def transposed_sum(parts, dst, slots, images, rows, columns, lanes):
-    """dst[n, j, i] = parts[0, n, i, j] + parts[1, n, i, j] + ... over ``slots`` stacks of
-    ``images`` (rows x columns) matrices, flat (the order of NumPy's sums one after
-    another, so the same bits): each task sums one block of them in a scratch block, then
-    moves it by the register transpose (:func:`_transpose`). NumPy's copy of a swapped view
-    reads one value per cache line: its sum then transpose of two 2304 x 256 float32 parts
-    took 0.22 + 0.87 ms."""
-    block_rows, block_columns = TRANSPOSE_BLOCK
-    down = (rows + block_rows - 1) // block_rows
-    across = (columns + block_columns - 1) // block_columns
-    size = rows * columns
-    stack = uint64(images * size)
-    for task in prange(images * down * across):
-        n = task // (down * across)
-        i0 = (task // across - n * down) * block_rows
-        j0 = (task % across) * block_columns
-        height = min(block_rows, rows - i0)
-        width = min(block_columns, columns - j0)
-        block = np.empty(height * width, dst.dtype)
-        for i in range(height):
-            src = uint64(n * size + (i0 + i) * columns + j0)
-            at = uint64(i * width)
-            for j in range(uint64(width)):
-                block[at + j] = parts[src + j]
-            for q in range(1, slots):
-                part = src + uint64(q) * stack
-                for j in range(uint64(width)):
-                    block[at + j] += parts[part + j]
-        _transpose(block, 0, width, dst, n * size + j0 * rows + i0, rows, height, width,
-                   lanes)
 
 
 @serial_jit

@@ -1,7 +1,8 @@
 """Kernels over rows that several algorithms share: zeroing, adding a bias along rows, and
-the fixed-order sum of per-job partials (deterministic reductions; see
-:func:`._tiles.add_partials`); and the runs the packing kernels zero and copy inside theirs
-(:func:`zero_run`, :func:`copy_run`)."""
+the fixed-order sums of per-job or per-slot partials, plain or laid out as a weight
+(deterministic reductions; see :func:`._tiles.add_partials`, :func:`._tiles.summed`); and
+the runs the packing kernels zero and copy inside theirs and the weight gradients sum
+inside theirs (:func:`zero_run`, :func:`copy_run`, :func:`slot_sums`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from numba import prange, uint64
 
 from ..config import inline_jit, parallel_jit, serial_jit
+from ._microkernel import TRANSPOSE_BLOCK, _transpose
 
 
 @serial_jit
@@ -29,6 +31,21 @@ def copy_run(src, start, dst, to, count):
     s, d = uint64(start), uint64(to)
     for k in range(uint64(max(count, 0))):
         dst[d + k] = src[s + k]
+
+
+@inline_jit
+def slot_sums(parts, src, stack, slots, dst, to, count):
+    """dst[to + m] = parts[src + m] + parts[src + stack + m] + ... over ``slots`` stacks
+    ``stack`` values apart, in that order (the bits of NumPy's sums one after another), for
+    m < count: a run of the sums of slot partials, flat, with uint64 indices (see
+    :func:`zero_run`)."""
+    s, d, step = uint64(src), uint64(to), uint64(stack)
+    for m in range(uint64(max(count, 0))):
+        dst[d + m] = parts[s + m]
+    for q in range(1, slots):
+        part = s + uint64(q) * step
+        for m in range(uint64(max(count, 0))):
+            dst[d + m] += parts[part + m]
 
 
 @parallel_jit
@@ -83,22 +100,43 @@ def sum_taps_last(parts, dst, slots, rows, taps, channels):
     taps, in a scratch block, then writes it out tap-minor (contiguous)."""
     block = 64
     across = (channels + block - 1) // block
-    stack = uint64(rows * taps * channels)
+    stack = rows * taps * channels
     for task in prange(rows * across):
         k = task // across
         c0 = (task - k * across) * block
         width = min(block, channels - c0)
         acc = np.empty(taps * block, dst.dtype)
         for t in range(taps):
-            src = uint64((k * taps + t) * channels + c0)
-            at = uint64(t * block)
-            for j in range(uint64(width)):
-                acc[at + j] = parts[src + j]
-            for q in range(1, slots):
-                part = src + uint64(q) * stack
-                for j in range(uint64(width)):
-                    acc[at + j] += parts[part + j]
+            slot_sums(parts, (k * taps + t) * channels + c0, stack, slots, acc, t * block,
+                      width)
         out = uint64((k * channels + c0) * taps)
         for j in range(uint64(width)):
             for t in range(uint64(taps)):
                 dst[out + j * uint64(taps) + t] = acc[t * uint64(block) + j]
+
+
+@parallel_jit
+def transposed_sum(parts, dst, slots, images, rows, columns, lanes):
+    """dst[n, j, i] = parts[0, n, i, j] + parts[1, n, i, j] + ... over ``slots`` stacks of
+    ``images`` (rows x columns) matrices, flat (the order of NumPy's sums one after
+    another, so the same bits): each task sums one block of them in a scratch block, then
+    moves it by the register transpose (:func:`._microkernel._transpose`). NumPy's copy of a
+    swapped view reads one value per cache line: its sum then transpose of two 2304 x 256
+    float32 parts took 0.22 + 0.87 ms."""
+    block_rows, block_columns = TRANSPOSE_BLOCK
+    down = (rows + block_rows - 1) // block_rows
+    across = (columns + block_columns - 1) // block_columns
+    size = rows * columns
+    stack = images * size
+    for task in prange(images * down * across):
+        n = task // (down * across)
+        i0 = (task // across - n * down) * block_rows
+        j0 = (task % across) * block_columns
+        height = min(block_rows, rows - i0)
+        width = min(block_columns, columns - j0)
+        block = np.empty(height * width, dst.dtype)
+        for i in range(height):
+            slot_sums(parts, n * size + (i0 + i) * columns + j0, stack, slots, block,
+                      i * width, width)
+        _transpose(block, 0, width, dst, n * size + j0 * rows + i0, rows, height, width,
+                   lanes)

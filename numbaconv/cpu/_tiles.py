@@ -20,7 +20,8 @@ import numpy as np
 
 from ..config import available_cpus, serial_after_fork, serial_version
 from .._kernel_geometry import Geom
-from ._rows import add_row_scalars, add_row_vector, sum_partials, sum_taps_last, zero_rows
+from ._rows import (add_row_scalars, add_row_vector, sum_partials, sum_taps_last,
+                    transposed_sum, zero_rows)
 
 #: Workspace for packed (im2col) buffers is bounded by max(this, the largest operand).
 WORKSPACE_BYTES = 64 * 2**20
@@ -694,7 +695,7 @@ def summed(partials: np.ndarray, transpose: bool = False) -> np.ndarray:
     two axes swapped when ``transpose`` (a weight gradient multiplied transposed), in one
     pass; a new C-contiguous array, or ``partials[0]`` itself when there is nothing to add
     or swap."""
-    from ._microkernel import transposed_sum, vector_lanes
+    from ._microkernel import vector_lanes
     slots = partials.shape[0]
     if not transpose:
         # NumPy's add on this thread: a parallel region woken here cost more than it saved
