@@ -122,7 +122,6 @@ def test_by_blocks_of_output_channels(monkeypatch, layout, dtype):
     partial last block), the channels-first ones through channels-last copies, non-finite
     values too; and the rule: few tiles, many channels, channels-last (or copies)."""
     from numbaconv.cpu import _heuristics, _winograd
-    from numbaconv._kernel_geometry import geom
     runs = []
     real = _winograd._forward_by_outputs
     monkeypatch.setattr(_winograd, "_forward_by_outputs", lambda *a: runs.append(1) or real(*a))
@@ -138,14 +137,21 @@ def test_by_blocks_of_output_channels(monkeypatch, layout, dtype):
     monkeypatch.undo()
 
     def by_outputs(n, c, size, layout="channels_last"):
-        shape = (n, size, size, c) if layout == "channels_last" else (n, c, size, size)
-        return _heuristics.winograd_by_outputs(geom(pb.conv_problem(
-            np.zeros(shape, np.float32), np.zeros((c, c, 3, 3), np.float32), padding=1,
-            layout=layout)), 4)
+        return _rule_on_layer(_heuristics.winograd_by_outputs, n, c, size, layout)
 
     assert by_outputs(8, 512, 7) and by_outputs(4, 512, 14) and by_outputs(32, 512, 7)
     assert not by_outputs(8, 256, 14) and not by_outputs(8, 64, 56)
     assert not by_outputs(8, 512, 7, "channels_first")
+
+
+def _rule_on_layer(rule, n, c, size, layout):
+    """``rule(g, 4)`` (a float32 heuristic) on a 3x3 ``same`` layer of n images of c channels,
+    size x size, c -> c."""
+    from numbaconv._kernel_geometry import geom
+    shape = (n, size, size, c) if layout == "channels_last" else (n, c, size, size)
+    return rule(geom(pb.conv_problem(np.zeros(shape, np.float32),
+                                     np.zeros((c, c, 3, 3), np.float32), padding=1,
+                                     layout=layout)), 4)
 
 
 def _assert_same_bits_however_shared(monkeypatch, run):
@@ -179,7 +185,6 @@ def test_by_panels_of_output_channels(monkeypatch, layout, dtype):
     non-finite values; the same bits however the panels are shared out; and the rule:
     very few tiles, many channels, in either layout."""
     from numbaconv.cpu import _heuristics, _winograd
-    from numbaconv._kernel_geometry import geom
     runs = []
     real = _winograd._forward_by_panels
     monkeypatch.setattr(_winograd, "_forward_by_panels", lambda *a: runs.append(1) or real(*a))
@@ -199,10 +204,7 @@ def test_by_panels_of_output_channels(monkeypatch, layout, dtype):
     monkeypatch.undo()
 
     def by_panels(n, c, size, layout="channels_last"):
-        shape = (n, size, size, c) if layout == "channels_last" else (n, c, size, size)
-        return _heuristics.winograd_by_panels(geom(pb.conv_problem(
-            np.zeros(shape, np.float32), np.zeros((c, c, 3, 3), np.float32), padding=1,
-            layout=layout)), 4)
+        return _rule_on_layer(_heuristics.winograd_by_panels, n, c, size, layout)
 
     assert by_panels(8, 512, 7) and by_panels(8, 512, 7, "channels_first")
     assert by_panels(4, 512, 14) and not by_panels(8, 512, 14) and not by_panels(32, 512, 7)
