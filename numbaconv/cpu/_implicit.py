@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from ..config import parallel_jit, serial_jit, serial_version
+from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
@@ -171,10 +171,9 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     if overrun.any():
         raise IndexError("implicit weight gradient: a product would reach past its arrays")
     dw = np.empty((g.k, g.c) + g.r, dtype)
-    sums = _weight_sums if parts.size > _tiles.PARALLEL_SUM_ABOVE else \
-        serial_version(_weight_sums)
-    sums(parts.reshape(-1), dw.reshape(-1), slots, g.r[0] * g.r[1], g.r[2], runs, length,
-         padded_length, padded_k, g.c, g.k, vector_lanes(dtype))
+    _tiles.sums_kernel(_weight_sums, parts.size)(
+        parts.reshape(-1), dw.reshape(-1), slots, g.r[0] * g.r[1], g.r[2], runs, length,
+        padded_length, padded_k, g.c, g.k, vector_lanes(dtype))
     return dw
 
 

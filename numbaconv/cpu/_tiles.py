@@ -633,9 +633,15 @@ def positions_in(q0: int, q1: int, g: Geom) -> int:
 def sum_in_order(parts) -> np.ndarray:
     """Sum over the first axis, or of a list, one part after another (a fixed order): a
     list's parts are the caller's own fresh arrays, summed into the first; an array's
-    slices into a copy of the first (a view would keep the whole array alive)."""
-    total = parts[0] if isinstance(parts, list) else parts[0].copy()
-    for i in range(1, len(parts)):
+    slices into a new array (a view would keep the whole array alive), the first two
+    added into it in one pass."""
+    if isinstance(parts, list):
+        total, first = parts[0], 1
+    elif len(parts) > 1:
+        total, first = np.add(parts[0], parts[1]), 2
+    else:
+        total, first = parts[0].copy(), 1
+    for i in range(first, len(parts)):
         total += parts[i]
     return total
 
@@ -667,12 +673,15 @@ def flipped_matrix(g: Geom, w: np.ndarray, channels_last=None) -> np.ndarray:
 PARALLEL_SUM_ABOVE = 2**18
 
 
+def sums_kernel(kernel, values: int):
+    """``kernel`` (a parallel kernel summing partials) for partials of ``values`` values in
+    all, or its one-thread twin up to PARALLEL_SUM_ABOVE of them."""
+    return kernel if values > PARALLEL_SUM_ABOVE else serial_version(kernel)
+
+
 def add_partials(partial, total) -> None:
     """total = partial[0] + partial[1] + ... (the same order on one thread or several)."""
-    if partial.size > PARALLEL_SUM_ABOVE:
-        sum_partials(partial, total)
-    else:
-        serial_version(sum_partials)(partial, total)
+    sums_kernel(sum_partials, partial.size)(partial, total)
 
 
 def summed_taps_last(partials: np.ndarray) -> np.ndarray:
@@ -684,9 +693,8 @@ def summed_taps_last(partials: np.ndarray) -> np.ndarray:
     partials = np.ascontiguousarray(partials)
     total = np.empty((rows, channels, taps), partials.dtype)
     if total.size:
-        kernel = sum_taps_last if partials.size > PARALLEL_SUM_ABOVE else \
-            serial_version(sum_taps_last)
-        kernel(partials.reshape(-1), total.reshape(-1), slots, rows, taps, channels)
+        sums_kernel(sum_taps_last, partials.size)(partials.reshape(-1), total.reshape(-1),
+                                                  slots, rows, taps, channels)
     return total
 
 
@@ -700,20 +708,14 @@ def summed(partials: np.ndarray, transpose: bool = False) -> np.ndarray:
     if not transpose:
         # NumPy's add on this thread: a parallel region woken here cost more than it saved
         # (ResNet's stride-2 256-channel weight gradient, 2 x 2.4 MB parts).
-        if slots == 1:
-            return partials[0]
-        total = np.add(partials[0], partials[1])
-        for i in range(2, slots):
-            total += partials[i]
-        return total
+        return partials[0] if slots == 1 else sum_in_order(partials)
     partials = np.ascontiguousarray(partials)
     *batch, rows, columns = partials.shape[1:]
     total = np.empty((*batch, columns, rows), partials.dtype)
     if total.size:
-        kernel = transposed_sum if partials.size > PARALLEL_SUM_ABOVE else \
-            serial_version(transposed_sum)
-        kernel(partials.reshape(-1), total.reshape(-1), slots, total.size // (rows * columns),
-               rows, columns, vector_lanes(partials.dtype))
+        sums_kernel(transposed_sum, partials.size)(
+            partials.reshape(-1), total.reshape(-1), slots, total.size // (rows * columns),
+            rows, columns, vector_lanes(partials.dtype))
     return total
 
 
