@@ -107,13 +107,6 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     if pieces:
         return _weight_gradient_by_features(g, x5, dy, args, tiles, transposed, pieces)
 
-    def dot(features, grads, out):
-        """Over the last axis: features (..., F, L) and grads (..., Kg, L) give dw's part,
-        (..., Kg, F), or its transpose, into ``out``."""
-        if transposed:
-            return np.matmul(features, np.swapaxes(grads, -1, -2), out=out)
-        return np.matmul(grads, np.swapaxes(features, -1, -2), out=out)
-
     # Each slot's sum goes to its own (G, Kg, F) or (G, F, Kg) part of ``partials``.
     shape = (g.groups,) + ((g.cg * g.taps, g.kg) if transposed else (g.kg, g.cg * g.taps))
     partials = np.empty((slots,) + shape, x.dtype)
@@ -126,12 +119,14 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
                 # dy's tile copied to (G, Kg, image, position), the columns' order.
                 rows = _tiles.workspace((g.k, nb, col.shape[-1] // nb), x.dtype, "rows")
                 rows[...] = dy.reshape(g.n, g.k, -1)[n0:n0 + nb].transpose(1, 0, 2)
-                dot(col, rows.reshape(g.groups, g.kg, -1), out)
+                _dot(col, rows.reshape(g.groups, g.kg, -1), out, transposed)
             elif nb == 1:
-                dot(col[0], _tiles.output_columns(g, dy, n0, nb, q0, q1)[0], out)
+                _dot(col[0], _tiles.output_columns(g, dy, n0, nb, q0, q1)[0], out,
+                     transposed)
             else:
                 out[...] = _tiles.sum_in_order(
-                    dot(col, _tiles.output_columns(g, dy, n0, nb, q0, q1), None))
+                    _dot(col, _tiles.output_columns(g, dy, n0, nb, q0, q1), None,
+                         transposed))
     elif in_place:
         # The windows (M, F) and dy's rows (M, K) are the operands of _microkernel.gram as
         # they lie; later tiles add straight into their slot's sum (``add``).
@@ -144,8 +139,8 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     else:
         def product(tile, pick, out):
             n0, nb, q0, q1 = tile
-            dot(packed_cl(g, x5, args, tile, pick).transpose(1, 2, 0),
-                _tiles.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0), out)
+            _dot(packed_cl(g, x5, args, tile, pick).transpose(1, 2, 0),
+                 _tiles.output_rows(g, dy, n0, nb, q0, q1).transpose(1, 2, 0), out, transposed)
 
     def slot(first, pick):
         total = partials[first]
@@ -171,6 +166,14 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
         (g.k, g.cg) + g.r)
 
 
+def _dot(features, grads, out, transposed: bool):
+    """Over the last axis: features (..., F, L) and grads (..., Kg, L) give dw's part,
+    (..., Kg, F), or with ``transposed`` its transpose, into ``out`` (None: a new array)."""
+    if transposed:
+        return np.matmul(features, np.swapaxes(grads, -1, -2), out=out)
+    return np.matmul(grads, np.swapaxes(features, -1, -2), out=out)
+
+
 def _weight_gradient_by_features(g: Geom, x5, dy, args, tiles: list, transposed: bool,
                                  pieces: int) -> np.ndarray:
     """The channels-first weight gradient of one group by ``pieces`` pieces of input channels
@@ -188,24 +191,19 @@ def _weight_gradient_by_features(g: Geom, x5, dy, args, tiles: list, transposed:
     dw = np.empty((g.k, features), dtype)
     dwf = dw.reshape(-1)
     lanes = vector_lanes(dtype)
-    kernel = im2col_cf_phased if g.stride[2] > 1 else im2col_cf
 
     def piece(span, pick):
         c0, c1 = span
         rows = (c1 - c0) * g.taps
         shape = (rows, g.k) if transposed else (g.k, rows)
         total = np.empty(shape, dtype)
-        for i, (n0, nb, q0, q1) in enumerate(tiles):
+        for i, tile in enumerate(tiles):
             _tiles.stop_if_interrupted()
-            col = _tiles.workspace((rows, nb, positions), dtype)
-            pick(kernel)(x5, col, True, n0, c0, q0, q1, *args)
-            col = col.reshape(rows, nb * positions)
+            n0, nb = tile[:2]
+            col = packed_cf(g, x5, args, tile, pick, True, span)[0]
             grads = grads_all[:, n0:n0 + nb].reshape(g.k, nb * positions)
             out = total if i == 0 else _tiles.workspace(shape, dtype, "product")
-            if transposed:
-                np.matmul(col, grads.T, out=out)
-            else:
-                np.matmul(grads, col.T, out=out)
+            _dot(col, grads, out, transposed)
             if i:
                 total += out
         if transposed:
@@ -218,21 +216,25 @@ def _weight_gradient_by_features(g: Geom, x5, dy, args, tiles: list, transposed:
     return dw
 
 
-def packed_cf(g: Geom, x5, args, job, pick, one_product: bool) -> np.ndarray:
+def packed_cf(g: Geom, x5, args, job, pick, one_product: bool,
+              channels: tuple = None) -> np.ndarray:
     """A channels-first tile's windows, packed into the workspace: (G, Cg * taps, nb * L),
     columns ordered (image, position), with ``one_product`` (see
-    :func:`._heuristics.batch_columns`); else (nb, G, Cg * taps, L)."""
+    :func:`._heuristics.batch_columns`); else (nb, G, Cg * taps, L). ``channels``: only the
+    input channels [c0, c1) (one group, ``one_product``): (1, (c1 - c0) * taps, nb * L)."""
     n0, nb, q0, q1 = job
+    c0, c1 = channels or (0, g.c)
+    rows = (c1 - c0) * g.taps
     columns = _tiles.positions_in(q0, q1, g)
-    shape = (g.c * g.taps, nb, columns) if one_product else (nb, g.c * g.taps, columns)
+    shape = (rows, nb, columns) if one_product else (nb, rows, columns)
     col = _tiles.workspace(shape, x5.dtype)
     # A stride above 1 along rows: phase-split rows, then contiguous runs (each tile splits
     # only the input rows its windows read).
     kernel = im2col_cf_phased if g.stride[2] > 1 else im2col_cf
-    pick(kernel)(x5, col, one_product, n0, 0, q0, q1, *args)
+    pick(kernel)(x5, col, one_product, n0, c0, q0, q1, *args)
     if one_product:
-        return col.reshape(g.groups, g.cg * g.taps, nb * columns)
-    return col.reshape(nb, g.groups, g.cg * g.taps, columns)
+        return col.reshape(g.groups, rows // g.groups, nb * columns)
+    return col.reshape(nb, g.groups, rows // g.groups, columns)
 
 
 def packed_cl(g: Geom, x5, args, job, pick) -> np.ndarray:
