@@ -181,8 +181,8 @@ def _weight_gradient_by_features(g: Geom, x5, dy, args, tiles: list, transposed:
     a piece packs its channels' windows of every tile (whole images), multiplies them by
     dy's columns, adds the tiles' products in tile order in its own (features, K) part (a
     few hundred KiB) and moves that into its columns of dw on the tile worker. No slot
-    partials, no final pass over them (four 2.4 MB partials of ResNet's stride-2 256-channel
-    layer took 0.28-0.32 ms to sum and transpose after the products)."""
+    partials, no final pass over them (figures: docs/cpu-algorithms.md, "`im2col`: the
+    channels-first weight gradient by pieces of channels")."""
     dtype = x5.dtype
     features = g.c * g.taps
     positions = g.positions

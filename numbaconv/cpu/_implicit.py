@@ -189,9 +189,8 @@ def _weight_sums(parts, dw, slots, taps01, r2, runs, length, padded_length, padd
     the bits of add_partials' sums), where run * length + l = t2 * C + c: the slots' sums,
     trimmed of their padding and laid out as the weight in one pass. Each task gathers the
     rows (c, t) of a block of channels, summed over the slots, for a block of output
-    channels, then moves them by the register transpose. NumPy's sum then copy of the
-    reversed view took 0.17 + 0.13-0.21 ms on ResNet's 128-channel stride-2 layer (about
-    a twelfth of its weight gradient)."""
+    channels, then moves them by the register transpose, in place of NumPy's sum and copy of
+    the reversed view (figures: docs/cpu-algorithms.md, the `implicit` weight gradient)."""
     block_c, block_k = SUM_BLOCK
     taps = taps01 * r2
     across = (k_total + block_k - 1) // block_k

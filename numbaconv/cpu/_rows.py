@@ -120,9 +120,9 @@ def transposed_sum(parts, dst, slots, images, rows, columns, lanes):
     """dst[n, j, i] = parts[0, n, i, j] + parts[1, n, i, j] + ... over ``slots`` stacks of
     ``images`` (rows x columns) matrices, flat (the order of NumPy's sums one after
     another, so the same bits): each task sums one block of them in a scratch block, then
-    moves it by the register transpose (:func:`._microkernel._transpose`). NumPy's copy of a
-    swapped view reads one value per cache line: its sum then transpose of two 2304 x 256
-    float32 parts took 0.22 + 0.87 ms."""
+    moves it by the register transpose (:func:`._microkernel._transpose`), where NumPy's
+    copy of a swapped view reads one value per cache line (figures: docs/cpu-algorithms.md,
+    "`im2col`: transposed weight-gradient products")."""
     block_rows, block_columns = TRANSPOSE_BLOCK
     down = (rows + block_rows - 1) // block_rows
     across = (columns + block_columns - 1) // block_columns

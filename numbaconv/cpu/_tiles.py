@@ -687,8 +687,8 @@ def add_partials(partial, total) -> None:
 def summed_taps_last(partials: np.ndarray) -> np.ndarray:
     """``partials[0] + partials[1] + ...`` (S, K, taps, Cg) in that order (as
     :func:`add_partials`), as a new (K, Cg, taps) array: channels-last weight-gradient sums
-    added and laid out as the weight in one pass (NumPy's sum and relayout of ResNet's
-    stride-2 256-channel layer's two 2.4 MB parts took 0.28 ms, this 0.21 on 2 cores)."""
+    added and laid out as the weight in one pass, in place of NumPy's sum and relayout
+    (figures: docs/cpu-algorithms.md, "`im2col`: transposed weight-gradient products")."""
     slots, rows, taps, channels = partials.shape
     partials = np.ascontiguousarray(partials)
     total = np.empty((rows, channels, taps), partials.dtype)
@@ -707,7 +707,7 @@ def summed(partials: np.ndarray, transpose: bool = False) -> np.ndarray:
     slots = partials.shape[0]
     if not transpose:
         # NumPy's add on this thread: a parallel region woken here cost more than it saved
-        # (ResNet's stride-2 256-channel weight gradient, 2 x 2.4 MB parts).
+        # (docs/cpu-algorithms.md, "`im2col`: transposed weight-gradient products").
         return partials[0] if slots == 1 else sum_in_order(partials)
     partials = np.ascontiguousarray(partials)
     *batch, rows, columns = partials.shape[1:]
