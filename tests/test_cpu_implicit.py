@@ -334,6 +334,42 @@ def test_the_heuristic_picks_stride_phases_for_shallow_strided_data_gradients(mo
                 (8, dx_channels) + x_shape[2:]
             assert choice(shape, (32, dx_channels, 3, 3), layout=layout, stride=2,
                           padding=1)[0] == want, (layout, dx_channels)
+    # And channels-last, dy of up to IMPLICIT_PHASED_MAX_DEPTH_CL channels; channels-first
+    # still up to IMPLICIT_PHASED_MAX_DEPTH.
+    assert choice((8, 56, 56, 128), (128, 128, 3, 3), stride=2, padding=1)[0] == "implicit"
+    assert choice((8, 56, 56, 96), (96, 96, 3, 3), stride=2, padding=1)[0] == "implicit"
+    assert choice((8, 28, 28, 256), (256, 256, 3, 3), stride=2, padding=1)[0] != "implicit"
+    assert choice((8, 128, 56, 56), (128, 128, 3, 3), layout="channels_first", stride=2,
+                  padding=1)[0] != "implicit"
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_tap_weights_are_the_weights_by_phase_order_padded_with_zeros(dims):
+    """The strided data gradient's weight panels against NumPy's relayout: wt[t * R + i,
+    k, c] = w[k, c, t, order[i]] for c < C, zero past C (filled over NaN)."""
+    from numbaconv.cpu._implicit import _tap_weights
+    rng = np.random.default_rng(dims)
+    k, c, r = 5, 7, 3
+    w = rng.standard_normal((k, c) + (r,) * dims).astype(np.float32)
+    order = np.array([1, 0, 2], np.int64)
+    w4 = w.reshape(k, c, -1, r)
+    wt = np.full((w4.shape[2] * r, k, c + 9), np.nan, np.float32)
+    _tap_weights(w4, order, wt)
+    expected = np.zeros_like(wt)
+    expected[:, :, :c] = w4[:, :, :, order].reshape(k, c, -1).transpose(2, 0, 1)
+    np.testing.assert_array_equal(wt, expected)
+
+
+@pytest.mark.parametrize("left", [0, 1, 3])
+def test_padded_rows_copy_each_row_between_zeros(left):
+    from numbaconv.cpu._rows import padded_rows
+    rows, length, pitch = 6, 10, 17
+    src = np.arange(rows * length, dtype=np.float64) + 1
+    dst = np.full(rows * pitch, np.nan)
+    padded_rows(src, dst, rows, length, pitch, left)
+    expected = np.zeros((rows, pitch))
+    expected[:, left:left + length] = src.reshape(rows, length)
+    np.testing.assert_array_equal(dst.reshape(rows, pitch), expected)
 
 
 def test_short_runs_take_seven_row_tiles_where_they_pad_less():

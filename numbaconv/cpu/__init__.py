@@ -28,7 +28,8 @@ Algorithms, per op (``numbaconv.explain`` says which one runs and why):
     BLAS of small layers (``IMPLICIT_NARROW_MAX_CHANNELS``; without AVX-512 also
     ``IMPLICIT_THIN_OUTPUTS``). The data gradient with a stride runs by stride phases: each
     tap's product of dy's pixels (read in place) by its weights is written straight into the
-    dx pixels of its phase, no col2im (``_heuristics.IMPLICIT_PHASED_MAX_DEPTH``);
+    dx pixels of its phase, no col2im (``_heuristics.IMPLICIT_PHASED_MAX_DEPTH``,
+    ``IMPLICIT_PHASED_MAX_DEPTH_CL``);
     channels-first through channels-last copies of dy and dx.
 ``winograd``
     2D 3x3 kernels with stride and dilation 1, one group: the forward, the data gradient and

@@ -44,6 +44,11 @@ IMPLICIT_OUTPUT_BLOCK = 64
 #: AVX-512, dx's channels fill IMPLICIT_OUTPUT_BLOCK-wide tiles, as the forward's, or the
 #: narrow tiles half as wide) and at least IMPLICIT_PHASED_MIN_PIXELS pixels over the batch.
 IMPLICIT_PHASED_MAX_DEPTH = 64
+#: With AVX-512, channels-last, up to this many channels of dy: the weight panels of a
+#: 128-channel 3x3 layer (0.6 MB) stay in L2 through a row's products, and the phases
+#: beat im2col there; at 256 channels (2.4 MB of panels) they do not
+#: (docs/cpu-algorithms.md, "the strided data gradient's operands").
+IMPLICIT_PHASED_MAX_DEPTH_CL = 128
 IMPLICIT_PHASED_MIN_OUTPUTS = 16
 IMPLICIT_PHASED_MIN_PIXELS = 2**14
 #: Channels-first, the same through channels-last copies of dy and dx, for kernels of at
@@ -349,7 +354,9 @@ def implicit_reason(op, problem) -> Optional[str]:
         pixels = problem.batch * math.prod(problem.input_size)
         taps = math.prod(problem.kernel_size)
         least = 2 if problem.channels_last else IMPLICIT_PHASED_CF_MIN_TAPS
-        if depth > IMPLICIT_PHASED_MAX_DEPTH or outputs < IMPLICIT_PHASED_MIN_OUTPUTS or \
+        deepest = IMPLICIT_PHASED_MAX_DEPTH_CL if problem.channels_last and \
+            wide_registers() else IMPLICIT_PHASED_MAX_DEPTH
+        if depth > deepest or outputs < IMPLICIT_PHASED_MIN_OUTPUTS or \
                 pixels < IMPLICIT_PHASED_MIN_PIXELS or taps < least or \
                 (wide_registers() and not _fills_output_tiles(outputs)):
             return None

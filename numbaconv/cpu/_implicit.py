@@ -49,7 +49,7 @@ from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
                            _micro_tile_strided_narrow, _transpose, images_transposed,
                            kernel_twin, micro_tile_rows, narrow_strided_shape, narrow_tiles,
                            strided_shape, tile_shape, vector_lanes)
-from ._rows import copy_run, slot_sums, zero_run
+from ._rows import copy_run, padded_rows, slot_sums, zero_run
 from ._sliding import row_pitch
 from ._tiles import SLOTS, interruptible_ranges
 
@@ -427,16 +427,17 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     # into a few L1 sets (ResNet's 256-channel stride-2 layer, measured beside another
     # job: 42 -> 32 ms). The taps of a tap row are in the order of ``groups``.
     pitch = row_pitch(padded_c, dtype)
-    wt = np.zeros((g.taps, g.k, pitch), dtype)
-    wt[:, :, :g.c] = w.reshape(g.k, g.c, -1, g.r[2])[:, :, :, order].reshape(
-        g.k, g.c, g.taps).transpose(2, 0, 1)
+    wt = np.empty((g.taps, g.k, pitch), dtype)
+    _tap_weights(w.reshape(g.k, g.c, -1, g.r[2]), np.array(order, np.int64), wt)
     shifts = list(groups[:, 3])
     left = max([0] + [-d for d in shifts])
     widest = -(-g.s[2] // g.stride[2])
     width = left + max(g.p[2], widest + max(d + count - 1 for d, count in
                                             zip(shifts, groups[:, 2]))) + mr
-    dyp = np.zeros((g.n * g.p[0] * g.p[1], width, g.k), dtype)
-    dyp[:, left:left + g.p[2]] = dy.reshape(-1, g.p[2], g.k)
+    rows_in = g.n * g.p[0] * g.p[1]
+    dyp = np.empty((rows_in, width, g.k), dtype)
+    padded_rows(np.ascontiguousarray(dy).reshape(-1), dyp.reshape(-1), rows_in, g.p[2] * g.k,
+                width * g.k, left * g.k)
     s, r, p, stride, dil, before = g.geometry_args()
     rows = g.n * g.s[0] * g.s[1]
     overrun = np.zeros(rows, np.int64)
@@ -446,6 +447,25 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
                mr, nr)
     if overrun.any():
         raise IndexError("implicit data gradient: a product would reach past its arrays")
+
+
+@parallel_jit
+def _tap_weights(w, order, wt):
+    """wt[t * R2 + i, k, c] = w[k, c, t, order[i]] (R2 = w.shape[3], t the tap rows), zero
+    for c past C: the strided data gradient's weight panels, in parallel over K (NumPy's
+    fancy-indexed copy ran on the calling thread; docs/cpu-algorithms.md, "The strided data
+    gradient's operands")."""
+    k_count, c_count, tap_rows, r2 = w.shape
+    pitch = wt.shape[2]
+    for k in prange(k_count):
+        for t in range(tap_rows):
+            for i in range(r2):
+                kx = order[i]
+                panel = t * r2 + i
+                for c in range(c_count):
+                    wt[panel, k, c] = w[k, c, t, kx]
+                for c in range(c_count, pitch):
+                    wt[panel, k, c] = 0
 
 
 def _strided_tiles(kernel, outputs: int, dtype) -> tuple:

@@ -57,6 +57,17 @@ def zero_rows(a):
 
 
 @parallel_jit
+def padded_rows(src, dst, rows, length, pitch, left):
+    """dst's row r (``pitch`` values from r * pitch) = ``left`` zeros, src's row r
+    (``length`` values from r * length), zeros to the row's end, for r < ``rows``; both
+    flat. In parallel over the rows: NumPy's zeros and slice copy run on one thread."""
+    for r in prange(rows):
+        zero_run(dst, r * pitch, left)
+        copy_run(src, r * length, dst, r * pitch + left, length)
+        zero_run(dst, r * pitch + left + length, pitch - left - length)
+
+
+@parallel_jit
 def add_row_vector(a, v, first):
     """a[i, :] += v for the rows of a (R, K) (a channels-last bias; ``first`` unused)."""
     for i in prange(a.shape[0]):
