@@ -435,20 +435,27 @@ def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     np.testing.assert_allclose(results[3], results[1], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("channels, groups", [((3, 5), 1), ((5, 3), 1), ((4, 4), 1),
-                                               ((6, 4), 2)])
-def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels, groups):
+@pytest.mark.parametrize("channels, groups, pixels", [
+    ((3, 5), 1, (3, 7, 5)), ((5, 3), 1, (3, 7, 5)), ((4, 4), 1, (3, 7, 5)),  # 105: runs of 14
+    ((6, 4), 2, (3, 7, 5)), ((40, 28), 1, (3, 16, 14)),
+    ((32, 44), 1, (3, 16, 15)), ((48, 16), 1, (2, 28, 14))])   # micro-kernel tiles, + rest
+def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels, groups,
+                                                          pixels):
     """Channels-last 1x1 weight gradients with many positions per channel are summed over
-    SLOTS runs of positions (whichever side the wider product's columns): the reference's
-    result, bitwise the same for one or two tile workers, and the one-product path's
-    result when the split is switched off."""
-    from numbaconv.cpu import _heuristics, _tiles
+    SLOTS runs of positions (one group of channels that fill the micro-kernel's tiles: its
+    products, whichever side the wider; else BLAS's): the reference's result, bitwise the
+    same for one or two tile workers, and the one-product path's result when the split is
+    switched off."""
+    from numbaconv.cpu import _gemm, _heuristics, _tiles
+    from numbaconv.cpu._microkernel import gram
     c, k = channels
+    grams = []
+    monkeypatch.setattr(_gemm, "gram", lambda *args: grams.append(1) or gram(*args))
     rng = np.random.default_rng(13)
-    x = rng.standard_normal((3, 7, 5, c))               # 105 positions: runs of 14, last 7
-    dy = rng.standard_normal((3, 7, 5, k))
+    x = rng.standard_normal(pixels + (c,))
+    dy = rng.standard_normal(pixels + (k,))
     shape = (k, c // groups, 1, 1)
-    assert 3 * 7 * 5 >= _heuristics.POSITION_SPLIT_FROM * max(c, k) // groups
+    assert np.prod(pixels) >= _heuristics.POSITION_SPLIT_FROM * max(c, k) // groups
     with nc.use_backend("reference"):
         expected = nc.conv_backward_weight(x, dy, shape, groups=groups, layout="channels_last")
     results = []
@@ -462,6 +469,8 @@ def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels,
         monkeypatch.setattr(_heuristics, "POSITION_SPLIT_FROM", 2**62)
         one_product = nc.conv_backward_weight(x, dy, shape, groups=groups,
                                               layout="channels_last")
+    # float64 tiles are 16 columns wide with AVX-512, 8 with AVX2.
+    assert bool(grams) == (groups == 1 and min(c, k) in (16, 32)), grams
     assert relative_error(results[0], expected) < TOL["float64"]
     if _tiles._blas() is not None:
         assert np.array_equal(results[0], results[1])

@@ -1,7 +1,8 @@
 """The ``gemm`` algorithm's drivers: the convolution is a plain matrix product over x (1x1
 kernels with stride 1 and no padding, or kernels exactly as large as the unpadded input). No
 packing: BLAS products (:mod:`._tiles`), or for channels-last rows numbaconv's micro-kernel
-reading them in place (:func:`._tiles.rows_matmul`)."""
+reading them in place (:func:`._tiles.rows_matmul`; the weight gradient's runs of
+positions, :func:`._microkernel.gram`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
+from ._microkernel import gram, tile_shape, vector_lanes
 
 def forward(g: Geom, x, w, y) -> None:
     if g.pointwise and not g.channels_last:
@@ -80,12 +82,16 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
 
 def _pointwise_by_positions(g: Geom, x, dy) -> np.ndarray:
     """dw (G, Kg, Cg) of a channels-last 1x1 convolution from x (M, G, Cg) and dy (M, G, Kg),
-    M = N * S: SLOTS products over runs of positions (a split fixed by the shape), each
-    with the wider side as its columns (OpenBLAS runs (64, 256) faster than (256, 64)),
-    summed in order."""
+    M = N * S: SLOTS products over runs of positions (a split fixed by the shape), summed in
+    order. One group whose channels fill the micro-kernel's tiles (:func:`_gram_fills_tiles`):
+    numbaconv's micro-kernel reads both runs in place (:func:`._microkernel.gram`), the
+    wider side as its MR rows; otherwise BLAS, the wider side as its columns (OpenBLAS runs
+    (64, 256) faster than (256, 64)). Figures at ``POSITION_SPLIT_FROM`` in
+    docs/cpu-algorithms.md."""
     m = x.shape[0]
     step = -(-m // _tiles.SLOTS)
-    transposed = g.kg > g.cg
+    in_place = _gram_fills_tiles(g, x.dtype)
+    transposed = g.kg < g.cg if in_place else g.kg > g.cg
     # Each part is (G, rows, columns) = left (G, rows, M') @ right (G, M', columns).
     left, right = (x, dy) if transposed else (dy, x)
     starts = list(range(0, m, step))
@@ -93,8 +99,21 @@ def _pointwise_by_positions(g: Geom, x, dy) -> np.ndarray:
 
     def part(index, pick):
         run = slice(starts[index], starts[index] + step)
-        np.matmul(left[run].transpose(1, 2, 0), right[run].transpose(1, 0, 2),
-                  out=partials[index])
+        if in_place:
+            gram(left[run, 0], right[run, 0], partials[index, 0])
+        else:
+            np.matmul(left[run].transpose(1, 2, 0), right[run].transpose(1, 0, 2),
+                      out=partials[index])
 
     _tiles.run_tiles(part, list(range(len(starts))))
     return _tiles.summed(partials, transpose=transposed)
+
+
+def _gram_fills_tiles(g: Geom, dtype) -> bool:
+    """Whether :func:`._microkernel.gram` takes a one-group 1x1 weight gradient's products:
+    the narrower channel count a multiple of the tiles' NR columns, the wider at least MR.
+    Elsewhere most of the product would be gram's NumPy remainder, in the orientation
+    OpenBLAS runs slowest (16 -> 32 channels: 2.5x slower than the BLAS slots)."""
+    mr, nv = tile_shape(dtype)
+    narrow, wide = sorted((g.kg, g.cg))
+    return g.groups == 1 and narrow % (nv * vector_lanes(dtype)) == 0 and wide >= mr
