@@ -1,8 +1,9 @@
-"""Kernels over rows that several algorithms share: zeroing, adding a bias along rows, and
-the fixed-order sums of per-job or per-slot partials, plain or laid out as a weight
-(deterministic reductions; see :func:`._tiles.add_partials`, :func:`._tiles.summed`); and
-the runs the packing kernels zero and copy inside theirs and the weight gradients sum
-inside theirs (:func:`zero_run`, :func:`copy_run`, :func:`slot_sums`)."""
+"""Kernels over rows that several algorithms share: zeroing, zero-padded copies of rows
+(:func:`padded_rows`), adding a bias along rows, and the fixed-order sums of per-job or
+per-slot partials, plain or laid out as a weight (deterministic reductions; see
+:func:`._tiles.add_partials`, :func:`._tiles.summed`); and the runs the packing kernels
+zero and copy inside theirs and the weight gradients sum inside theirs (:func:`zero_run`,
+:func:`copy_run`, :func:`slot_sums`)."""
 
 from __future__ import annotations
 
