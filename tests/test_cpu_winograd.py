@@ -11,6 +11,8 @@ transposed convolutions (F(2x2, 3x3) per depth slice, summed over the depth
 taps) likewise, with jobs that split depth slices.
 """
 
+import platform
+
 import numba
 import numpy as np
 import pytest
@@ -209,6 +211,32 @@ def test_by_panels_of_output_channels(monkeypatch, layout, dtype):
     assert by_panels(8, 512, 7) and by_panels(8, 512, 7, "channels_first")
     assert by_panels(4, 512, 14) and not by_panels(8, 512, 14) and not by_panels(32, 512, 7)
     assert not by_panels(8, 256, 14) and not by_panels(8, 64, 56)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="reads x86-64 assembly")
+def test_the_weight_transform_of_a_block_prefetches_the_runs_ahead():
+    """``_weights`` on a block of V's columns (the paths by panels and by outputs) fetches
+    the run of w WEIGHT_RUNS_AHEAD rows on (docs/cpu-algorithms.md, "winograd: the weight
+    transform's reads"): its machine code has the prefetch, and a block's V is the whole
+    transform's columns."""
+    from numbaconv.cpu import _winograd
+    rows, columns, width, b0 = 9, 40, 16, 8
+    w = np.random.default_rng(3).standard_normal((rows, columns, 3, 3)).astype(np.float32)
+    whole = np.empty((16, rows, columns), np.float32)
+    block = np.full((16, rows, width), np.nan, np.float32)
+    half = np.float32(0.5)
+    _winograd._weights(w.reshape(-1), whole.reshape(-1), np.uint64(rows * columns), 0, rows,
+                       rows, columns, False, True, half, 0, columns)
+    _winograd._weights(w.reshape(-1), block.reshape(-1), np.uint64(rows * width), 0, rows,
+                       rows, width, False, True, half, b0, columns)
+    np.testing.assert_array_equal(block, whole[:, :, b0:b0 + width])
+    # Compiled again, apart from Numba's disk cache (a cached kernel keeps no assembly).
+    from numbaconv.config import jit_options
+    fresh = numba.njit(**dict(jit_options(), cache=False))(_winograd._weights.py_func)
+    fresh(w.reshape(-1), block.reshape(-1), np.uint64(rows * width), 0, rows, rows, width,
+          False, True, half, b0, columns)
+    assert "prefetcht0" in "".join(fresh.inspect_asm().values())
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")

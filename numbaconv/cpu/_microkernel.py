@@ -306,6 +306,34 @@ def _transpose_tile(typingctx, src, lds, dst, ldd):
 
 
 @intrinsic
+def _prefetch(typingctx, pointer, nbytes):
+    """Prefetch every 64-byte line of [pointer, pointer + nbytes) into the caches (LLVM's
+    ``llvm.prefetch``, for reading; it never faults and changes no result). For loops whose
+    next operands lie where the hardware prefetchers do not look: a run of a few lines per
+    step, each run far from the last (``_winograd._weights``)."""
+    if not isinstance(pointer, types.CPointer) or not isinstance(nbytes, types.Integer):
+        return None
+    sig = types.void(pointer, nbytes)
+
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        fetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        base = builder.bitcast(args[0], i8p)
+        count = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
+        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), count,
+                                     ir.Constant(i64, 64)) as (offset, _):
+            # read, locality 3 (every cache level), data
+            builder.call(fetch, [builder.gep(base, [offset]), ir.Constant(i32, 0),
+                                 ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def _at(typingctx, array, offset):
     """A pointer to ``array``'s data plus ``offset`` elements (no bounds check)."""
     if not isinstance(array, types.Array):

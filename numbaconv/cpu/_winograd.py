@@ -53,8 +53,8 @@ from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
 from . import _winograd_f4 as f4
-from ._microkernel import (TRANSPOSE_BLOCK, RowPanels, _transpose, images_transposed,
-                           planes_product, tile_shape, vector_lanes)
+from ._microkernel import (TRANSPOSE_BLOCK, RowPanels, _at, _prefetch, _transpose,
+                           images_transposed, planes_product, tile_shape, vector_lanes)
 from ._winograd_f4 import _out, _tile
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
@@ -138,6 +138,12 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
     return v
 
 
+#: How many rows of w ahead :func:`_weights` fetches a block's runs: far enough to hide
+#: the memory's latency behind a few rows' transforms, near enough to stay in L1
+#: (docs/cpu-algorithms.md, "winograd: the weight transform's reads").
+WEIGHT_RUNS_AHEAD = 4
+
+
 @parallel_jit
 def _weights(wf, vf, plane, first, last, rows, width, swap, flipped, half, b0, columns):
     """V[xi, a, b] = (G g G^T)[xi] for a in [first, last), b < width, where g is w[a, b0 +
@@ -151,6 +157,12 @@ def _weights(wf, vf, plane, first, last, rows, width, swap, flipped, half, b0, c
     first_b, cs = uint64(b0), uint64(columns)
     for a in prange(first, last):
         out = uint64(a) * ws
+        # A block of V's columns (without ``swap``) reads a run of 9 * width values of w
+        # for each a, a whole row of w from the last: the hardware prefetchers do not
+        # follow, so the run WEIGHT_RUNS_AHEAD rows on is fetched now.
+        if not swap and width < columns and a + WEIGHT_RUNS_AHEAD < last:
+            _prefetch(_at(wf, (uint64(a + WEIGHT_RUNS_AHEAD) * cs + first_b) * uint64(9)),
+                      width * 9 * wf.itemsize)
         for b in range(ws):
             at = ((first_b + b) * height + uint64(a) if swap
                   else uint64(a) * cs + first_b + b) * uint64(9)
