@@ -274,3 +274,55 @@ def test_large_tile_kernels_stay_in_bounds_under_numba_boundscheck():
     """Every case in both layouts, whole and in jobs of 3 tiles, compiled with
     NUMBA_BOUNDSCHECK=1."""
     BOUNDSCHECK.result().check()
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_whole_call_scratch_comes_from_the_workspace(monkeypatch, layout):
+    """The scratch arrays as large as an operand (channels-last copies of a channels-first
+    x, dy and y, the padded input, the transformed weights, the weight gradient's slot
+    partials, U's and D's planes) come from the calling thread's workspace, kept from call
+    to call (a fresh one faults in a page at a time): filled with finite garbage when handed
+    out, every form still matches the reference (each buffer is written whole before it is
+    read), and a second call is handed the same buffers."""
+    from numbaconv.cpu import _heuristics, _tiles
+    real = _tiles.workspace
+    handed = {}
+
+    def poisoned(shape, dtype, slot="packed"):
+        buffer = real(shape, dtype, slot)
+        buffer[...] = 7
+        handed.setdefault(slot, set()).add(
+            buffer.__array_interface__["data"][0] if buffer.size else 0)
+        return buffer
+
+    monkeypatch.setattr(_tiles, "workspace", poisoned)
+    force_large_tiles(monkeypatch)
+    for case in CASES[:2]:
+        _check_all_ops(case, "float64", layout)
+    monkeypatch.setattr(_heuristics, "winograd_large_tiles", lambda *a, **k: False)
+    monkeypatch.setattr(_heuristics, "WINOGRAD_BY_PANELS_TILES", 10**9)
+    monkeypatch.setattr(_heuristics, "WINOGRAD_WGRAD_BY_PANELS_TILES", 10**9)
+    monkeypatch.setattr(_heuristics, "WINOGRAD_WGRAD_BY_PANELS_MIN_TILES", 0)
+    for case in CASES[:2]:
+        _check_all_ops(case, "float64", layout)
+    want = {"padded", "weights_v", "slot_sums", "planes_u", "planes_d"}
+    if layout == "channels_first":
+        want |= {"layout_x", "layout_y", "layout_dy"}
+    assert want <= set(handed), sorted(handed)
+    before = {slot: real((1,), np.float64, slot).__array_interface__["data"][0]
+              for slot in want}
+    _check_all_ops(CASES[0], "float64", layout)
+    assert before == {slot: real((1,), np.float64, slot).__array_interface__["data"][0]
+                      for slot in want}
+
+
+def test_whole_call_scratch_above_the_keep_limit_is_the_calls_own(monkeypatch):
+    from numbaconv.cpu import _tiles
+    monkeypatch.setattr(_tiles, "KEEP_SCRATCH_BYTES", 64)
+    small = _tiles.workspace((8,), np.float64, "padded")
+    assert np.shares_memory(small, _tiles.workspace((8,), np.float64, "padded"))
+    large = _tiles.workspace((9,), np.float64, "padded")
+    assert not np.shares_memory(large, _tiles.workspace((9,), np.float64, "padded"))
+    assert not np.shares_memory(large, small)
+    packed = _tiles.workspace((9,), np.float64, "packed")          # a tile slot: kept
+    assert np.shares_memory(packed, _tiles.workspace((9,), np.float64, "packed"))

@@ -435,7 +435,7 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     width = left + max(g.p[2], widest + max(d + count - 1 for d, count in
                                             zip(shifts, groups[:, 2]))) + mr
     rows_in = g.n * g.p[0] * g.p[1]
-    dyp = np.empty((rows_in, width, g.k), dtype)
+    dyp = _tiles.workspace((rows_in, width, g.k), dtype, "padded")
     padded_rows(np.ascontiguousarray(dy).reshape(-1), dyp.reshape(-1), rows_in, g.p[2] * g.k,
                 width * g.k, left * g.k)
     s, r, p, stride, dil, before = g.geometry_args()
@@ -489,9 +489,9 @@ def strided_data_gradient_cf(g: Geom, dy, w, dx, accumulate: bool) -> None:
     enough (``_heuristics.IMPLICIT_PHASED_CF_MIN_TAPS``; docs/cpu-algorithms.md)."""
     lanes = vector_lanes(dx.dtype)
     positions, pixels = g.p[0] * g.p[1] * g.p[2], g.s[0] * g.s[1] * g.s[2]
-    dy_cl = np.empty(g.n * positions * g.k, dy.dtype)
+    dy_cl = _tiles.workspace((g.n * positions * g.k,), dy.dtype, "layout_dy")
     images_transposed(dy.reshape(-1), dy_cl, g.n, g.k, positions, lanes)
-    dx_cl = np.empty(g.n * pixels * g.c, dx.dtype)
+    dx_cl = _tiles.workspace((g.n * pixels * g.c,), dx.dtype, "layout_x")
     if accumulate:
         images_transposed(dx.reshape(-1), dx_cl, g.n, g.c, pixels, lanes)
     strided_data_gradient(g._replace(channels_last=True), dy_cl, w, dx_cl, accumulate)

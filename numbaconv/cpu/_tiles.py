@@ -587,19 +587,37 @@ def stop_if_interrupted() -> None:
         raise _Interrupted
 
 
+#: The workspace slots of whole-call scratch (see :func:`workspace`).
+WHOLE_CALL_SLOTS = frozenset(("layout_x", "layout_y", "layout_dy", "padded", "weights_v",
+                              "slot_sums", "planes_u", "planes_d"))
+#: Whole-call scratch kept per slot and thread up to this size: larger buffers would hold
+#: that much memory for the thread's life, and are allocated for their call alone.
+KEEP_SCRATCH_BYTES = 32 * 2**20
+
+
 def workspace(shape: tuple, dtype, slot: str = "packed") -> np.ndarray:
     """A C-contiguous scratch array, reused across tiles and calls: ``slot`` "packed" for
     packed windows, "rows" for a tile's copy of y or dy (a fraction of that size),
-    "product" for a tile's part of the weight gradient (dw's size).
+    "product" for a tile's part of the weight gradient (dw's size); on the calling thread,
+    whole-call scratch as large as an operand: "layout_x", "layout_y", "layout_dy"
+    (channels-last copies of channels-first operands), "padded" (a zero-padded copy of the
+    input), "weights_v" (Winograd's transformed weights), "slot_sums" (the weight
+    gradient's slot partials), "planes_u", "planes_d" (Winograd's transformed tiles). A
+    slot serves one array at a time: each name has one use in a call.
 
     One buffer per slot and thread (so concurrent calls from several threads never share
     one), grown on demand and kept: fresh multi-megabyte allocations cost a page fault per
-    4 KiB on first touch, which measured as much as the packing itself. The buffers hold at
-    most one tile (about TILE_BYTES) and, once a weight gradient summed several tiles in one
-    slot, one dw per thread that has called a GEMM-based algorithm.
+    4 KiB on first touch, which measured as much as the packing itself (and the whole-call
+    scratch, once the C library had returned freed memory to the system, up to half of a
+    call: docs/cpu-algorithms.md, "Scratch kept from call to call"). The tile slots hold
+    at most one tile (about TILE_BYTES) and, once a weight gradient summed several tiles in
+    one slot, one dw per thread that has called a GEMM-based algorithm; a whole-call slot
+    is kept up to KEEP_SCRATCH_BYTES, larger ones are the call's own.
     """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > KEEP_SCRATCH_BYTES and slot in WHOLE_CALL_SLOTS:
+        return np.empty(shape, dtype)
     buffers = _local.__dict__.setdefault("buffers", {})
     buffer = buffers.get(slot)
     if buffer is None or buffer.nbytes < nbytes:

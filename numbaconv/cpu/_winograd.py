@@ -125,7 +125,9 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
             else:
                 v3[:, :, taps] = v
         return v3
-    v = np.empty((16, g.c, g.k) if g.channels_last else (16, g.k, g.c), w.dtype)
+    # In the calling thread's workspace: valid until its next transform.
+    v = _tiles.workspace((16, g.c, g.k) if g.channels_last else (16, g.k, g.c), w.dtype,
+                         "weights_v")
     # V's (middle, last) index is w's (first, second), or (second, first) with ``swap``.
     swap = g.channels_last != flipped
 
@@ -215,7 +217,7 @@ def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray
     if not copies:
         return _convolve(g, x, w, flipped, y)
     cl = g._replace(channels_last=True)
-    y_cl = np.empty(y.size, y.dtype)
+    y_cl = _tiles.workspace((y.size,), y.dtype, "layout_y")
     if not _convolve(cl, _channels_last(x, g.c), w, flipped, y_cl):
         return False
     images_transposed(y_cl, y.reshape(-1), g.n, y.size // (g.n * g.k), g.k,
@@ -253,7 +255,7 @@ def _forward_by_outputs(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     xf, yf = x.reshape(-1), y.reshape(-1)
     args = _input_args(g, th, tw, x.dtype)
     step = _plane_step(total * g.c, x.itemsize)
-    uf = np.empty(16 * step, x.dtype)
+    uf = _tiles.workspace((16 * step,), x.dtype, "planes_u")
     u = np.lib.stride_tricks.as_strided(uf, (16, total, g.c), (step * x.itemsize,
                                                               g.c * x.itemsize, x.itemsize))
 
@@ -315,7 +317,7 @@ def _forward_by_panels(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     # MR rows whole, up to MR - 1 values past a plane's rows: slack after the last.
     _, u_flat, u_step = _planes((total, g.c), dtype, "packed")
     step = int(u_step)
-    uf = np.empty(16 * step + mr, dtype)
+    uf = _tiles.workspace((16 * step + mr,), dtype, "planes_u")
     uf[16 * step:] = 0
     args = _input_args(cl, th, tw, dtype)
 
@@ -326,7 +328,7 @@ def _forward_by_panels(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     _tiles.run_tiles(transform, _tiles.worker_ranges(total, True))
     _tiles.run_tiles(lambda span, pick: pick(_planes_transposed)(
         u_flat, uf, step, total, g.c, lanes), [None])
-    y_cl = y.reshape(-1) if g.channels_last else np.empty(y.size, dtype)
+    y_cl = y.reshape(-1) if g.channels_last else _tiles.workspace((y.size,), dtype, "layout_y")
     big, half = np.finfo(dtype).max, dtype.type(0.5)
     wf, swap, count = w.reshape(-1), not flipped, -(-total // mr)
 
@@ -389,7 +391,8 @@ def large_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
             v3[:, kd * g.c:(kd + 1) * g.c] = large_weights(g._replace(r=(1, 3, 3)), plane,
                                                            flipped)
         return v3
-    v = np.empty((36, g.c, g.k), w.dtype)
+    # In the calling thread's workspace: valid until its next transform.
+    v = _tiles.workspace((36, g.c, g.k), w.dtype, "weights_v")
 
     def part(span, pick):
         pick(f4._weights)(w.reshape(-1), v.reshape(-1), *span, g.k, not flipped, flipped,
@@ -439,7 +442,7 @@ def _padded_input(g: Geom, x: np.ndarray, th: int, tw: int) -> tuple:
     """A zero-padded channels-last copy of x (flat; 3D: its depth slices as images) with
     rows and columns enough for every 4x4 tile's 6x6 patch, and its rows and columns."""
     ph, pw = 4 * th + 2, 4 * tw + 2
-    pf = np.empty(g.n * g.s[0] * ph * pw * g.c, x.dtype)
+    pf = _tiles.workspace((g.n * g.s[0] * ph * pw * g.c,), x.dtype, "padded")
     f4._padded_cl(x.reshape(-1), pf, g.n * g.s[0], g.s[1], g.s[2], g.c, g.before[1],
                   g.before[2], ph, pw)
     return pf, ph, pw
@@ -469,10 +472,12 @@ def _large_input(g: Geom, pf: np.ndarray, span: tuple, th: int, tw: int, ph: int
     return u, lo, hi
 
 
-def _channels_last(a: np.ndarray, channels: int) -> np.ndarray:
-    """A channels-last copy (flat) of the channels-first batch ``a`` (N, channels, ...)."""
+def _channels_last(a: np.ndarray, channels: int, slot: str = "layout_x") -> np.ndarray:
+    """A channels-last copy (flat) of the channels-first batch ``a`` (N, channels, ...), in
+    the calling thread's workspace ``slot`` (:func:`._tiles.workspace`: kept from call to
+    call, not faulted in afresh)."""
     images = a.shape[0]
-    copy = np.empty(a.size, a.dtype)
+    copy = _tiles.workspace((a.size,), a.dtype, slot)
     images_transposed(a.reshape(-1), copy, images, channels, a.size // (images * channels),
                       vector_lanes(a.dtype))
     return copy
@@ -919,8 +924,8 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         return weight_gradient_large(g, x, dy, slots)
     if large and _heuristics.winograd_via_copies(g.c, g.k):
         # Channels-first through channels-last copies of x and dy, as the forward's.
-        return weight_gradient_large(cl, _channels_last(x, g.c), _channels_last(dy, g.k),
-                                     slots)
+        return weight_gradient_large(cl, _channels_last(x, g.c),
+                                     _channels_last(dy, g.k, "layout_dy"), slots)
     three = g.r[0] == 3
     th, tw, jobs = _jobs3(g, x.itemsize) if three else _jobs(g, x.itemsize)
     slots = min(slots, len(jobs))
@@ -993,12 +998,13 @@ def _weight_gradient_by_panels(g: Geom, x: np.ndarray, dy: np.ndarray):
     mr, nr = tile_shape(dtype)[0], RowPanels.tile_columns(dtype)
     cl = g._replace(channels_last=True)
     xf = x.reshape(-1) if g.channels_last else _channels_last(x, g.c)
-    dyf = dy.reshape(-1) if g.channels_last else _channels_last(dy, g.k)
+    dyf = dy.reshape(-1) if g.channels_last else _channels_last(dy, g.k, "layout_dy")
     # U's and D's planes PLANE_SKEW bytes past a multiple of 4 KiB apart; the products read
     # whole tiles of MR channels of U and NR of D, up to MR - 1 and NR - 1 values past a
     # row: slack after the last plane.
     u_step, d_step = _plane_step(total * g.c, x.itemsize), _plane_step(total * g.k, x.itemsize)
-    uf, df = np.empty(16 * u_step + mr, dtype), np.empty(16 * d_step + nr, dtype)
+    uf = _tiles.workspace((16 * u_step + mr,), dtype, "planes_u")
+    df = _tiles.workspace((16 * d_step + nr,), dtype, "planes_d")
     uf[16 * u_step:], df[16 * d_step:] = 0, 0
     args = _input_args(cl, th, tw, dtype)
     one, zero = dtype.type(1), dtype.type(0)
@@ -1040,9 +1046,13 @@ def _panel_back(mf, step, wf, kernels, channels, pitch, half):
 def _slot_sums(job, jobs: list, slots: int, shape: tuple, dtype) -> np.ndarray:
     """The sum of ``job(span, pick, out)`` (which writes its part into ``out`` and returns
     it) over ``jobs``, dealt round-robin into ``slots`` partial sums, each summed in job
-    order on a tile worker, then added in slot order: the same bits on every run."""
+    order on a tile worker, then added in slot order: the same bits on every run. The
+    partials, and so the sum, lie in the calling thread's workspace ("slot_sums"): valid
+    until its next weight gradient."""
+    partials = _tiles.workspace((slots,) + tuple(shape), dtype, "slot_sums")
+
     def slot(first, pick):
-        part = job(jobs[first], pick, np.empty(shape, dtype))
+        part = job(jobs[first], pick, partials[first])
         for span in jobs[first + slots::slots]:
             _tiles.stop_if_interrupted()
             # A reused buffer (a fresh array per job costs page faults), then the sum.
