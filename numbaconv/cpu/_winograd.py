@@ -113,7 +113,8 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
     data gradient's (C, K, 3, 3) weight (whose output channels are g's input channels), each
     tap flipped and each (K, C) block transposed on the fly. A 3D geometry's V is the three
     depth taps' V side by side, (16, 3 * C, K) or (16, K, 3 * C) (depth tap kd's channels
-    kd * C to (kd + 1) * C; with ``flipped``, from w's depth tap 2 - kd)."""
+    kd * C to (kd + 1) * C; with ``flipped``, from w's depth tap 2 - kd). A 2D V lies in
+    the calling thread's workspace ("weights_v"): valid until its next transform."""
     if g.r[0] == 3:
         v3 = np.empty((16, 3 * g.c, g.k) if g.channels_last else (16, g.k, 3 * g.c), w.dtype)
         for kd in range(3):
@@ -125,7 +126,6 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
             else:
                 v3[:, :, taps] = v
         return v3
-    # In the calling thread's workspace: valid until its next transform.
     v = _tiles.workspace((16, g.c, g.k) if g.channels_last else (16, g.k, g.c), w.dtype,
                          "weights_v")
     # V's (middle, last) index is w's (first, second), or (second, first) with ``swap``.
@@ -383,7 +383,8 @@ def _planes_transposed(src, dst, step, rows, columns, lanes):
 def large_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
     """V (36, C, K) of F(4x4, 3x3) for the channels-last geometry ``g`` (``w`` and
     ``flipped`` as :func:`transformed_weights` takes them); 3D: the three depth taps' V
-    side by side, (36, 3 * C, K), as there."""
+    side by side, (36, 3 * C, K), as there. A 2D V lies in the calling thread's workspace
+    ("weights_v"): valid until its next transform."""
     if g.r[0] == 3:
         v3 = np.empty((36, 3 * g.c, g.k), w.dtype)
         for kd in range(3):
@@ -391,7 +392,6 @@ def large_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
             v3[:, kd * g.c:(kd + 1) * g.c] = large_weights(g._replace(r=(1, 3, 3)), plane,
                                                            flipped)
         return v3
-    # In the calling thread's workspace: valid until its next transform.
     v = _tiles.workspace((36, g.c, g.k), w.dtype, "weights_v")
 
     def part(span, pick):
