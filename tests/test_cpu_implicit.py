@@ -131,6 +131,32 @@ STRIDED = [c for c in CASES if c[3] != 1] + [
 ]
 
 
+def test_channels_first_1d_runs_on_channels_last_copies(monkeypatch):
+    """The channels-first 1D forward and data gradient (written over NaN, and accumulated)
+    by ``implicit`` go through channels-last copies (``_forward_through_copies``), and 2D
+    ones do not; STRIDE_1's 1D cases check the results in both layouts."""
+    from numbaconv.cpu import _implicit
+    runs = []
+    real = _implicit._forward_through_copies
+    monkeypatch.setattr(_implicit, "_forward_through_copies",
+                        lambda *a: runs.append(1) or real(*a))
+    case = next(c for c in STRIDE_1 if c[0] == "1d-narrow-tiles")
+    x, dy, w_shape, kw = _arrays(case, "float64", layout="channels_first")
+    w = np.random.default_rng(5).standard_normal(w_shape)
+    _check_data_gradient(x, dy, w, kw, "float64")
+    assert len(runs) == 2
+    backend = dispatch.get_backend("cpu")
+    with nc.use_backend("reference"):
+        y_ref = nc.conv(x, w, **kw)
+    got = backend.run("conv", pb.conv_problem(x, w, **kw), (x, w, None), None, "implicit")
+    assert relative_error(got, y_ref) < TOL["float64"] and len(runs) == 3
+    case = next(c for c in STRIDE_1 if c[0] == "2d-narrow-tiles")
+    x, dy, w_shape, kw = _arrays(case, "float64", layout="channels_first")
+    _check_data_gradient(x, dy, np.random.default_rng(5).standard_normal(w_shape), kw,
+                         "float64")
+    assert len(runs) == 3
+
+
 @pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", STRIDE_1, ids=[c[0] for c in STRIDE_1])
@@ -573,9 +599,16 @@ def test_the_heuristic_picks_implicit_for_wide_rows_and_the_stem(monkeypatch):
     assert data((1, 64, 9, 9), (32, 64, 3, 3), padding=1) == "im2col"        # short rows
     assert data((1, 16, 20, 20), (32, 16, 3, 3), padding=1) == "im2col"      # dx: 16
     assert data((1, 32, 20, 20), (32, 32, 3, 3), padding=1) == "implicit"    # narrow tiles
-    # Channels-first 1D rows lose to im2col; 2D kernels of other shapes keep implicit.
-    assert forward((1, 64, 40), (64, 64, 5), padding=2) == "im2col"
-    assert data((1, 64, 40), (64, 64, 5), padding=2) == "im2col"
+    # Channels-first 1D runs on channels-last copies; 2D kernels of other shapes in place.
+    for op in (forward, data):
+        assert op((1, 64, 40), (64, 64, 5), padding=2) == "implicit"
+        assert "1D, through channels-last copies" in backend.choose(
+            "conv" if op is forward else "conv_backward_data",
+            pb.conv_problem(np.zeros((1, 64, 40), np.float32),
+                            np.zeros((64, 64, 5), np.float32), padding=2)
+            if op is forward else pb.conv_backward_data_problem(
+                np.zeros((1, 64, 40), np.float32), np.zeros((64, 64, 5), np.float32),
+                (1, 64, 40), padding=2))[1]
     assert data((1, 64, 20, 20), (64, 64, 5, 5), padding=2) == "implicit"
     # Without AVX-512 the forward and the data gradient keep im2col; the weight gradient
     # keeps its rules...

@@ -31,8 +31,9 @@ IMPLICIT_STRIDED_MIN_CHANNELS = 16
 #: ...and with AVX-512 up to this many input and output channels (at 512 im2col wins).
 IMPLICIT_STRIDED_MAX_CHANNELS = 256
 #: The channels-first ``implicit`` forward and data gradient need this many input channels
-#: (fewer leave the micro-kernel's register transposes to a scalar loop) and rows of pixels
-#: in at least 2 dimensions (1D rows lose to im2col's products).
+#: (fewer leave the micro-kernel's register transposes to a scalar loop); 1D ones run on
+#: channels-last copies of their input and output (:func:`implicit_through_copies`: in
+#: place, 1D rows lost to im2col's products).
 IMPLICIT_MIN_CHANNELS_FIRST = 16
 #: Their output channels fill micro-kernel tiles this wide (float32, AVX-512): a multiple of
 #: it, or at least 8 times it (at most 1/9 of the tiles' columns wasted), or a multiple of
@@ -374,17 +375,28 @@ def implicit_reason(op, problem) -> Optional[str]:
     width, channels, outputs = \
         (problem.output_size[-1], problem.in_channels, problem.out_channels) if op == "conv" \
         else (problem.input_size[-1], problem.out_channels, problem.in_channels)
-    if width < IMPLICIT_MIN_WIDTH or (not problem.channels_last and (
-            channels < IMPLICIT_MIN_CHANNELS_FIRST or problem.ndim == 1)):
+    if width < IMPLICIT_MIN_WIDTH or (not problem.channels_last and
+                                      channels < IMPLICIT_MIN_CHANNELS_FIRST):
         return None
     if not _fills_output_tiles(outputs):
         return None
     if not wide_registers():
         return None
+    from .._kernel_geometry import geom
     layout = f"channels-last rows of {width} pixels" if problem.channels_last else \
-        "channels-first"
+        "channels-first 1D, through channels-last copies of its input and output" \
+        if implicit_through_copies(geom(problem)) else "channels-first"
     return (f"stride 1, one group, {layout}: windows read in place by numbaconv's "
             f"micro-kernel, no im2col matrix")
+
+
+def implicit_through_copies(g) -> bool:
+    """Whether a stride-1 ``implicit`` forward form (forward, data gradient) of the geometry
+    ``g`` runs on channels-last copies of its input and output: channels-first 1D problems
+    (outer sizes and kernel 1), whose rows are one image's whole length (the copies cost
+    less than interleaving the windows' channels in place; docs/cpu-algorithms.md,
+    "channels-first 1D through copies")."""
+    return not g.channels_last and g.s[:2] == (1, 1) and g.r[:2] == (1, 1)
 
 
 def _fills_output_tiles(outputs: int) -> bool:

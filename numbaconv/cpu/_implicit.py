@@ -96,9 +96,11 @@ def _tiling(g: Geom, itemsize: int) -> tuple:
     return rows, planes * -(-g.p[1] // rows)
 
 
-def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
+def forward(g: Geom, x, wmat, y, accumulate: bool, through_copies: bool = False) -> None:
     """y (=|+=) the stride-1 convolution of x with the kernel ``wmat`` (taps * C, K),
-    features ordered (tap, c), for one group, both layouts (y C-contiguous).
+    features ordered (tap, c), for one group, both layouts (y C-contiguous); with
+    ``through_copies``, a channels-first problem on channels-last copies of x and y
+    (:func:`_forward_through_copies`).
 
     The micro-kernel's tile is MR output pixels x NR output channels; its depth is one tap
     row's window features, KW * C (the windows of adjacent pixels lie C values apart in the
@@ -109,6 +111,9 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
     ``conv_backward_data``)."""
     if g.stride != (1, 1, 1):
         raise ValueError("implicit forward: stride 1 only")
+    if through_copies and not g.channels_last:
+        _forward_through_copies(g, x, wmat, y, accumulate)
+        return
     dtype = y.dtype
     kernel, mr, nr = _strided_tiles(_forward_rows, g.k, dtype)
     lanes = vector_lanes(dtype)
@@ -126,6 +131,21 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
                padded_k, accumulate, mr, nr, lanes)
     if overrun.any():
         raise IndexError("implicit forward: a product would reach past its arrays")
+
+
+def _forward_through_copies(g: Geom, x, wmat, y, accumulate: bool) -> None:
+    """:func:`forward` of a channels-first problem on channels-last copies of x and of y
+    (and of y's values first, to accumulate) in the calling thread's workspace, made by
+    :func:`._microkernel.images_transposed` (``_heuristics.implicit_through_copies``)."""
+    lanes = vector_lanes(y.dtype)
+    pixels_in, pixels_out = g.s[0] * g.s[1] * g.s[2], g.p[0] * g.p[1] * g.p[2]
+    x_cl = _tiles.workspace((x.size,), x.dtype, "layout_x")
+    images_transposed(np.ascontiguousarray(x).reshape(-1), x_cl, g.n, g.c, pixels_in, lanes)
+    y_cl = _tiles.workspace((y.size,), y.dtype, "layout_y")
+    if accumulate:
+        images_transposed(y.reshape(-1), y_cl, g.n, g.k, pixels_out, lanes)
+    forward(g._replace(channels_last=True), x_cl, wmat, y_cl, accumulate)
+    images_transposed(y_cl, y.reshape(-1), g.n, pixels_out, g.k, lanes)
 
 
 def _tile_rows(length: int, mr: int) -> int:
