@@ -509,11 +509,11 @@ def test_channels_first_natively_and_on_channels_last_copies(monkeypatch, copies
     with AVX-512 up to WINOGRAD_COPIES_MAX_CHANNELS, on channels-last copies of their input
     and output (weight gradients on a copy of x): each way against the reference (2D and 3D,
     non-finite values too), whatever this CPU would pick; and the rule itself."""
-    from numbaconv.cpu import _heuristics, _winograd
+    from numbaconv.cpu import _heuristics, _tiles
     calls = []
-    real = _winograd.images_transposed
+    real = _tiles.images_transposed           # the copies' (_tiles.channels_last_copy)
     monkeypatch.setattr(_heuristics, "winograd_via_copies", lambda c, k: copies)
-    monkeypatch.setattr(_winograd, "images_transposed", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(_tiles, "images_transposed", lambda *a: calls.append(1) or real(*a))
     for case in CASES:
         _check_all_ops(case, "float64", "channels_first")
     for case in CASES_3D:

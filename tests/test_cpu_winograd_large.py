@@ -319,10 +319,10 @@ def test_whole_call_scratch_comes_from_the_workspace(monkeypatch, layout):
 def test_whole_call_scratch_above_the_keep_limit_is_the_calls_own(monkeypatch):
     from numbaconv.cpu import _tiles
     monkeypatch.setattr(_tiles, "KEEP_SCRATCH_BYTES", 64)
-    small = _tiles.workspace((8,), np.float64, "padded")
-    assert np.shares_memory(small, _tiles.workspace((8,), np.float64, "padded"))
-    large = _tiles.workspace((9,), np.float64, "padded")
-    assert not np.shares_memory(large, _tiles.workspace((9,), np.float64, "padded"))
+    small = _tiles.scratch((8,), np.float64, "padded")
+    assert np.shares_memory(small, _tiles.scratch((8,), np.float64, "padded"))
+    large = _tiles.scratch((9,), np.float64, "padded")
+    assert not np.shares_memory(large, _tiles.scratch((9,), np.float64, "padded"))
     assert not np.shares_memory(large, small)
     packed = _tiles.workspace((9,), np.float64, "packed")          # a tile slot: kept
     assert np.shares_memory(packed, _tiles.workspace((9,), np.float64, "packed"))

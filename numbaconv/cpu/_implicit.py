@@ -45,10 +45,9 @@ from numba import prange
 from ..config import parallel_jit, serial_jit
 from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
-from ._microkernel import (_at, _micro_tile, _micro_tile_strided,
-                           _micro_tile_strided_narrow, _transpose, images_transposed,
-                           kernel_twin, micro_tile_rows, narrow_strided_shape, narrow_tiles,
-                           strided_shape, tile_shape, vector_lanes)
+from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _micro_tile_strided_narrow,
+                           _transpose, kernel_twin, micro_tile_rows, narrow_strided_shape,
+                           narrow_tiles, strided_shape, tile_shape, vector_lanes)
 from ._rows import copy_run, padded_rows, slot_sums, zero_run
 from ._sliding import row_pitch
 from ._tiles import SLOTS, interruptible_ranges
@@ -135,17 +134,13 @@ def forward(g: Geom, x, wmat, y, accumulate: bool, through_copies: bool = False)
 
 def _forward_through_copies(g: Geom, x, wmat, y, accumulate: bool) -> None:
     """:func:`forward` of a channels-first problem on channels-last copies of x and of y
-    (and of y's values first, to accumulate) in the calling thread's workspace, made by
-    :func:`._microkernel.images_transposed` (``_heuristics.implicit_through_copies``)."""
-    lanes = vector_lanes(y.dtype)
-    pixels_in, pixels_out = g.s[0] * g.s[1] * g.s[2], g.p[0] * g.p[1] * g.p[2]
-    x_cl = _tiles.workspace((x.size,), x.dtype, "layout_x")
-    images_transposed(np.ascontiguousarray(x).reshape(-1), x_cl, g.n, g.c, pixels_in, lanes)
-    y_cl = _tiles.workspace((y.size,), y.dtype, "layout_y")
-    if accumulate:
-        images_transposed(y.reshape(-1), y_cl, g.n, g.k, pixels_out, lanes)
+    (and of y's values first, to accumulate) in the calling thread's workspace
+    (:func:`._tiles.channels_last_copy`; ``_heuristics.implicit_through_copies``)."""
+    x_cl = _tiles.channels_last_copy(x, g.c, "layout_x")
+    y_cl = _tiles.channels_last_copy(y, g.k, "layout_y") if accumulate else \
+        _tiles.scratch((y.size,), y.dtype, "layout_y")
     forward(g._replace(channels_last=True), x_cl, wmat, y_cl, accumulate)
-    images_transposed(y_cl, y.reshape(-1), g.n, pixels_out, g.k, lanes)
+    _tiles.channels_first_into(y_cl, y, g.k)
 
 
 def _tile_rows(length: int, mr: int) -> int:
@@ -455,7 +450,7 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     width = left + max(g.p[2], widest + max(d + count - 1 for d, count in
                                             zip(shifts, groups[:, 2]))) + mr
     rows_in = g.n * g.p[0] * g.p[1]
-    dyp = _tiles.workspace((rows_in, width, g.k), dtype, "padded")
+    dyp = _tiles.scratch((rows_in, width, g.k), dtype, "padded")
     padded_rows(np.ascontiguousarray(dy).reshape(-1), dyp.reshape(-1), rows_in, g.p[2] * g.k,
                 width * g.k, left * g.k)
     s, r, p, stride, dil, before = g.geometry_args()
@@ -503,19 +498,14 @@ def _strided_tiles(kernel, outputs: int, dtype) -> tuple:
 
 def strided_data_gradient_cf(g: Geom, dy, w, dx, accumulate: bool) -> None:
     """:func:`strided_data_gradient` of a channels-first problem, on channels-last copies of
-    dy and dx (and of dx's values first, to accumulate) made by
-    :func:`._microkernel.images_transposed`.
+    dy and dx (and of dx's values first, to accumulate): :func:`._tiles.channels_last_copy`.
     The copies cost less than col2im's scattered adds where a pixel's product is deep
     enough (``_heuristics.IMPLICIT_PHASED_CF_MIN_TAPS``; docs/cpu-algorithms.md)."""
-    lanes = vector_lanes(dx.dtype)
-    positions, pixels = g.p[0] * g.p[1] * g.p[2], g.s[0] * g.s[1] * g.s[2]
-    dy_cl = _tiles.workspace((g.n * positions * g.k,), dy.dtype, "layout_dy")
-    images_transposed(dy.reshape(-1), dy_cl, g.n, g.k, positions, lanes)
-    dx_cl = _tiles.workspace((g.n * pixels * g.c,), dx.dtype, "layout_x")
-    if accumulate:
-        images_transposed(dx.reshape(-1), dx_cl, g.n, g.c, pixels, lanes)
+    dy_cl = _tiles.channels_last_copy(dy, g.k, "layout_dy")
+    dx_cl = _tiles.channels_last_copy(dx, g.c, "layout_x") if accumulate else \
+        _tiles.scratch((dx.size,), dx.dtype, "layout_x")
     strided_data_gradient(g._replace(channels_last=True), dy_cl, w, dx_cl, accumulate)
-    images_transposed(dx_cl, dx.reshape(-1), g.n, pixels, g.c, lanes)
+    _tiles.channels_first_into(dx_cl, dx, g.c)
 
 
 def _row_taps(g: Geom) -> tuple:

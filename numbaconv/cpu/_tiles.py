@@ -20,6 +20,7 @@ import numpy as np
 
 from ..config import available_cpus, serial_after_fork, serial_version
 from .._kernel_geometry import Geom
+from ._microkernel import images_transposed, vector_lanes
 from ._rows import (add_row_scalars, add_row_vector, sum_partials, sum_taps_last,
                     transposed_sum, zero_rows)
 
@@ -587,42 +588,64 @@ def stop_if_interrupted() -> None:
         raise _Interrupted
 
 
-#: The workspace slots of whole-call scratch (see :func:`workspace`).
-WHOLE_CALL_SLOTS = frozenset(("layout_x", "layout_y", "layout_dy", "padded", "weights_v",
-                              "slot_sums", "planes_u", "planes_d"))
-#: Whole-call scratch kept per slot and thread up to this size: larger buffers would hold
-#: that much memory for the thread's life, and are allocated for their call alone.
+#: Whole-call scratch (:func:`scratch`) kept per slot and thread up to this size: larger
+#: buffers would hold that much memory for the thread's life, and are their call's own.
 KEEP_SCRATCH_BYTES = 32 * 2**20
 
 
 def workspace(shape: tuple, dtype, slot: str = "packed") -> np.ndarray:
     """A C-contiguous scratch array, reused across tiles and calls: ``slot`` "packed" for
     packed windows, "rows" for a tile's copy of y or dy (a fraction of that size),
-    "product" for a tile's part of the weight gradient (dw's size); on the calling thread,
-    whole-call scratch as large as an operand: "layout_x", "layout_y", "layout_dy"
-    (channels-last copies of channels-first operands), "padded" (a zero-padded copy of the
-    input), "weights_v" (Winograd's transformed weights), "slot_sums" (the weight
-    gradient's slot partials), "planes_u", "planes_d" (Winograd's transformed tiles). A
-    slot serves one array at a time: each name has one use in a call.
+    "product" for a tile's part of the weight gradient (dw's size); and the slots of
+    :func:`scratch`.
 
     One buffer per slot and thread (so concurrent calls from several threads never share
     one), grown on demand and kept: fresh multi-megabyte allocations cost a page fault per
-    4 KiB on first touch, which measured as much as the packing itself (and the whole-call
-    scratch, once the C library had returned freed memory to the system, up to half of a
-    call: docs/cpu-algorithms.md, "Scratch kept from call to call"). The tile slots hold
+    4 KiB on first touch, which measured as much as the packing itself. The tile slots hold
     at most one tile (about TILE_BYTES) and, once a weight gradient summed several tiles in
-    one slot, one dw per thread that has called a GEMM-based algorithm; a whole-call slot
-    is kept up to KEEP_SCRATCH_BYTES, larger ones are the call's own.
+    one slot, one dw per thread that has called a GEMM-based algorithm.
     """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes > KEEP_SCRATCH_BYTES and slot in WHOLE_CALL_SLOTS:
-        return np.empty(shape, dtype)
     buffers = _local.__dict__.setdefault("buffers", {})
     buffer = buffers.get(slot)
     if buffer is None or buffer.nbytes < nbytes:
         buffer = buffers[slot] = np.empty(max(nbytes, 1), np.uint8)
     return buffer[:nbytes].view(dtype).reshape(shape)
+
+
+def scratch(shape: tuple, dtype, slot: str) -> np.ndarray:
+    """A C-contiguous array for one call's scratch as large as an operand, on the calling
+    thread: the :func:`workspace` ``slot`` up to KEEP_SCRATCH_BYTES, a fresh array above.
+    The slots: "layout_x", "layout_y", "layout_dy" (channels-last copies of channels-first
+    operands), "padded" (a zero-padded copy of the input), "weights_v" (Winograd's
+    transformed weights), "slot_sums" (the weight gradient's slot partials), "planes_u",
+    "planes_d" (Winograd's transformed tiles). A slot serves one array at a time: each name
+    has one use in a call. Kept, it costs no page faults where the C library had returned
+    freed memory to the system (up to half of a call: docs/cpu-algorithms.md, "Scratch kept
+    from call to call")."""
+    if math.prod(shape) * np.dtype(dtype).itemsize > KEEP_SCRATCH_BYTES:
+        return np.empty(shape, dtype)
+    return workspace(shape, dtype, slot)
+
+
+def channels_last_copy(a: np.ndarray, channels: int, slot: str) -> np.ndarray:
+    """A channels-last copy (flat) of the channels-first batch ``a`` (N, channels, ...), in
+    the :func:`scratch` ``slot``, by register transposes
+    (:func:`._microkernel.images_transposed`)."""
+    images = a.shape[0]
+    copy = scratch((a.size,), a.dtype, slot)
+    images_transposed(np.ascontiguousarray(a).reshape(-1), copy, images, channels,
+                      a.size // (images * channels), vector_lanes(a.dtype))
+    return copy
+
+
+def channels_first_into(src: np.ndarray, dst: np.ndarray, channels: int) -> None:
+    """dst (N, channels, ..., C-contiguous) = the channels-last values ``src`` (flat, as
+    :func:`channels_last_copy` makes them), laid out channels-first."""
+    images = dst.shape[0]
+    images_transposed(src, dst.reshape(-1), images, dst.size // (images * channels),
+                      channels, vector_lanes(dst.dtype))
 
 
 def largest_operand(*arrays) -> int:

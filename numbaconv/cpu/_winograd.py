@@ -54,7 +54,7 @@ from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
 from . import _winograd_f4 as f4
 from ._microkernel import (TRANSPOSE_BLOCK, RowPanels, _at, _prefetch, _transpose,
-                           images_transposed, planes_product, tile_shape, vector_lanes)
+                           planes_product, tile_shape, vector_lanes)
 from ._winograd_f4 import _out, _tile
 
 #: The transforms are parallel kernels (called on one thread in a tile worker, see
@@ -126,8 +126,8 @@ def transformed_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
             else:
                 v3[:, :, taps] = v
         return v3
-    v = _tiles.workspace((16, g.c, g.k) if g.channels_last else (16, g.k, g.c), w.dtype,
-                         "weights_v")
+    v = _tiles.scratch((16, g.c, g.k) if g.channels_last else (16, g.k, g.c), w.dtype,
+                       "weights_v")
     # V's (middle, last) index is w's (first, second), or (second, first) with ``swap``.
     swap = g.channels_last != flipped
 
@@ -217,11 +217,10 @@ def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray
     if not copies:
         return _convolve(g, x, w, flipped, y)
     cl = g._replace(channels_last=True)
-    y_cl = _tiles.workspace((y.size,), y.dtype, "layout_y")
-    if not _convolve(cl, _channels_last(x, g.c), w, flipped, y_cl):
+    y_cl = _tiles.scratch((y.size,), y.dtype, "layout_y")
+    if not _convolve(cl, _tiles.channels_last_copy(x, g.c, "layout_x"), w, flipped, y_cl):
         return False
-    images_transposed(y_cl, y.reshape(-1), g.n, y.size // (g.n * g.k), g.k,
-                      vector_lanes(y.dtype))
+    _tiles.channels_first_into(y_cl, y, g.k)
     return True
 
 
@@ -255,7 +254,7 @@ def _forward_by_outputs(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     xf, yf = x.reshape(-1), y.reshape(-1)
     args = _input_args(g, th, tw, x.dtype)
     step = _plane_step(total * g.c, x.itemsize)
-    uf = _tiles.workspace((16 * step,), x.dtype, "planes_u")
+    uf = _tiles.scratch((16 * step,), x.dtype, "planes_u")
     u = np.lib.stride_tricks.as_strided(uf, (16, total, g.c), (step * x.itemsize,
                                                               g.c * x.itemsize, x.itemsize))
 
@@ -309,15 +308,14 @@ def _forward_by_panels(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     dtype = x.dtype
     mr, nr = tile_shape(dtype)[0], RowPanels.tile_columns(dtype)
     lanes = vector_lanes(dtype)
-    pixels_out = y.size // (g.n * g.k)
-    xf = x.reshape(-1) if g.channels_last else _channels_last(x, g.c)
+    xf = x.reshape(-1) if g.channels_last else _tiles.channels_last_copy(x, g.c, "layout_x")
     cl = g._replace(channels_last=True)
     # U (16, tiles, C) by the channels-last transform, then transposed: planes (C, tiles)
     # PLANE_SKEW bytes past a multiple of 4 KiB apart; the products read the last tile of
     # MR rows whole, up to MR - 1 values past a plane's rows: slack after the last.
     _, u_flat, u_step = _planes((total, g.c), dtype, "packed")
     step = int(u_step)
-    uf = _tiles.workspace((16 * step + mr,), dtype, "planes_u")
+    uf = _tiles.scratch((16 * step + mr,), dtype, "planes_u")
     uf[16 * step:] = 0
     args = _input_args(cl, th, tw, dtype)
 
@@ -328,7 +326,7 @@ def _forward_by_panels(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     _tiles.run_tiles(transform, _tiles.worker_ranges(total, True))
     _tiles.run_tiles(lambda span, pick: pick(_planes_transposed)(
         u_flat, uf, step, total, g.c, lanes), [None])
-    y_cl = y.reshape(-1) if g.channels_last else _tiles.workspace((y.size,), dtype, "layout_y")
+    y_cl = y.reshape(-1) if g.channels_last else _tiles.scratch((y.size,), dtype, "layout_y")
     big, half = np.finfo(dtype).max, dtype.type(0.5)
     wf, swap, count = w.reshape(-1), not flipped, -(-total // mr)
 
@@ -360,7 +358,7 @@ def _forward_by_panels(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool,
     if sum(_tiles.run_tiles(job, _panel_jobs(g.k, nr))):
         return False
     if not g.channels_last:
-        images_transposed(y_cl, y.reshape(-1), g.n, pixels_out, g.k, lanes)
+        _tiles.channels_first_into(y_cl, y, g.k)
     return True
 
 
@@ -392,7 +390,7 @@ def large_weights(g: Geom, w: np.ndarray, flipped: bool) -> np.ndarray:
             v3[:, kd * g.c:(kd + 1) * g.c] = large_weights(g._replace(r=(1, 3, 3)), plane,
                                                            flipped)
         return v3
-    v = _tiles.workspace((36, g.c, g.k), w.dtype, "weights_v")
+    v = _tiles.scratch((36, g.c, g.k), w.dtype, "weights_v")
 
     def part(span, pick):
         pick(f4._weights)(w.reshape(-1), v.reshape(-1), *span, g.k, not flipped, flipped,
@@ -442,7 +440,7 @@ def _padded_input(g: Geom, x: np.ndarray, th: int, tw: int) -> tuple:
     """A zero-padded channels-last copy of x (flat; 3D: its depth slices as images) with
     rows and columns enough for every 4x4 tile's 6x6 patch, and its rows and columns."""
     ph, pw = 4 * th + 2, 4 * tw + 2
-    pf = _tiles.workspace((g.n * g.s[0] * ph * pw * g.c,), x.dtype, "padded")
+    pf = _tiles.scratch((g.n * g.s[0] * ph * pw * g.c,), x.dtype, "padded")
     f4._padded_cl(x.reshape(-1), pf, g.n * g.s[0], g.s[1], g.s[2], g.c, g.before[1],
                   g.before[2], ph, pw)
     return pf, ph, pw
@@ -470,17 +468,6 @@ def _large_input(g: Geom, pf: np.ndarray, span: tuple, th: int, tw: int, ph: int
         pick(f4._input_cl)(pf, uf[kd * g.c:], ustep, t0 + shift, t1 + shift, th, tw, ph, pw,
                            g.c, 3 * g.c, consts)
     return u, lo, hi
-
-
-def _channels_last(a: np.ndarray, channels: int, slot: str = "layout_x") -> np.ndarray:
-    """A channels-last copy (flat) of the channels-first batch ``a`` (N, channels, ...), in
-    the calling thread's workspace ``slot`` (:func:`._tiles.workspace`: kept from call to
-    call, not faulted in afresh)."""
-    images = a.shape[0]
-    copy = _tiles.workspace((a.size,), a.dtype, slot)
-    images_transposed(a.reshape(-1), copy, images, channels, a.size // (images * channels),
-                      vector_lanes(a.dtype))
-    return copy
 
 
 def forward(g: Geom, x: np.ndarray, v: np.ndarray, y: np.ndarray) -> bool:
@@ -924,8 +911,8 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
         return weight_gradient_large(g, x, dy, slots)
     if large and _heuristics.winograd_via_copies(g.c, g.k):
         # Channels-first through channels-last copies of x and dy, as the forward's.
-        return weight_gradient_large(cl, _channels_last(x, g.c),
-                                     _channels_last(dy, g.k, "layout_dy"), slots)
+        return weight_gradient_large(cl, _tiles.channels_last_copy(x, g.c, "layout_x"),
+                                     _tiles.channels_last_copy(dy, g.k, "layout_dy"), slots)
     three = g.r[0] == 3
     th, tw, jobs = _jobs3(g, x.itemsize) if three else _jobs(g, x.itemsize)
     slots = min(slots, len(jobs))
@@ -934,7 +921,7 @@ def weight_gradient(g: Geom, x: np.ndarray, dy: np.ndarray, slots: int):
     # (``_heuristics.winograd_via_copies``); dy's (4 values read per 16 written) on dy.
     gx = g
     if not g.channels_last and _heuristics.winograd_via_copies(g.c, g.k):
-        gx, x = g._replace(channels_last=True), _channels_last(x, g.c)
+        gx, x = g._replace(channels_last=True), _tiles.channels_last_copy(x, g.c, "layout_x")
     xf, dyf = x.reshape(-1), dy.reshape(-1)
     c = 3 * g.c if three else g.c               # 3D: the three depth taps' channels
     # dV as channels-last (16, C, K), channels-first (16, K, C): V's layouts (dy's).
@@ -997,14 +984,15 @@ def _weight_gradient_by_panels(g: Geom, x: np.ndarray, dy: np.ndarray):
     dtype = x.dtype
     mr, nr = tile_shape(dtype)[0], RowPanels.tile_columns(dtype)
     cl = g._replace(channels_last=True)
-    xf = x.reshape(-1) if g.channels_last else _channels_last(x, g.c)
-    dyf = dy.reshape(-1) if g.channels_last else _channels_last(dy, g.k, "layout_dy")
+    xf = x.reshape(-1) if g.channels_last else _tiles.channels_last_copy(x, g.c, "layout_x")
+    dyf = dy.reshape(-1) if g.channels_last else \
+        _tiles.channels_last_copy(dy, g.k, "layout_dy")
     # U's and D's planes PLANE_SKEW bytes past a multiple of 4 KiB apart; the products read
     # whole tiles of MR channels of U and NR of D, up to MR - 1 and NR - 1 values past a
     # row: slack after the last plane.
     u_step, d_step = _plane_step(total * g.c, x.itemsize), _plane_step(total * g.k, x.itemsize)
-    uf = _tiles.workspace((16 * u_step + mr,), dtype, "planes_u")
-    df = _tiles.workspace((16 * d_step + nr,), dtype, "planes_d")
+    uf = _tiles.scratch((16 * u_step + mr,), dtype, "planes_u")
+    df = _tiles.scratch((16 * d_step + nr,), dtype, "planes_d")
     uf[16 * u_step:], df[16 * d_step:] = 0, 0
     args = _input_args(cl, th, tw, dtype)
     one, zero = dtype.type(1), dtype.type(0)
@@ -1049,7 +1037,7 @@ def _slot_sums(job, jobs: list, slots: int, shape: tuple, dtype) -> np.ndarray:
     order on a tile worker, then added in slot order: the same bits on every run. The
     partials, and so the sum, lie in the calling thread's workspace ("slot_sums"): valid
     until its next weight gradient."""
-    partials = _tiles.workspace((slots,) + tuple(shape), dtype, "slot_sums")
+    partials = _tiles.scratch((slots,) + tuple(shape), dtype, "slot_sums")
 
     def slot(first, pick):
         part = job(jobs[first], pick, partials[first])
