@@ -95,11 +95,11 @@ def _tiling(g: Geom, itemsize: int) -> tuple:
     return rows, planes * -(-g.p[1] // rows)
 
 
-def forward(g: Geom, x, wmat, y, accumulate: bool, through_copies: bool = False) -> None:
+def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
     """y (=|+=) the stride-1 convolution of x with the kernel ``wmat`` (taps * C, K),
-    features ordered (tap, c), for one group, both layouts (y C-contiguous); with
-    ``through_copies``, a channels-first problem on channels-last copies of x and y
-    (:func:`_forward_through_copies`).
+    features ordered (tap, c), for one group, both layouts (y C-contiguous); a
+    channels-first 1D one on channels-last copies of x and y
+    (``_heuristics.implicit_through_copies``, :func:`_forward_through_copies`).
 
     The micro-kernel's tile is MR output pixels x NR output channels; its depth is one tap
     row's window features, KW * C (the windows of adjacent pixels lie C values apart in the
@@ -110,7 +110,7 @@ def forward(g: Geom, x, wmat, y, accumulate: bool, through_copies: bool = False)
     ``conv_backward_data``)."""
     if g.stride != (1, 1, 1):
         raise ValueError("implicit forward: stride 1 only")
-    if through_copies and not g.channels_last:
+    if _heuristics.implicit_through_copies(g):
         _forward_through_copies(g, x, wmat, y, accumulate)
         return
     dtype = y.dtype

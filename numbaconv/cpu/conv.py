@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._kernel_geometry import geom
-from . import _direct, _gemm, _heuristics, _im2col, _implicit, _tiles, _winograd
+from . import _direct, _gemm, _im2col, _implicit, _tiles, _winograd
 
 
 def run(problem, operands, out, algorithm):
@@ -35,8 +35,7 @@ def run(problem, operands, out, algorithm):
     elif algorithm == "implicit":
         if g.stride != (1, 1, 1) or g.groups != 1:
             raise ValueError("algorithm: 'implicit' needs stride 1 and one group")
-        _implicit.forward(g, x, _tiles.weight_cl(g, w)[0].T, y, False,
-                          _heuristics.implicit_through_copies(g))
+        _implicit.forward(g, x, _tiles.weight_cl(g, w)[0].T, y, False)
     elif algorithm == "winograd":
         _winograd.require(g)
         if not _winograd.convolve(g, x, w, False, y):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._kernel_geometry import Geom, data_gradient_as_forward, geom
-from . import _direct, _gemm, _heuristics, _im2col, _implicit, _tiles, _winograd
+from . import _direct, _gemm, _im2col, _implicit, _tiles, _winograd
 
 
 def run(problem, operands, out, algorithm):
@@ -68,8 +68,7 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool, algorithm: str) -> None:
             strided(g, dy, w, dx, accumulate)
         else:
             _implicit.forward(data_gradient_as_forward(g), dy,
-                              _tiles.flipped_matrix(g, w, True)[0], dx, accumulate,
-                              _heuristics.implicit_through_copies(g))
+                              _tiles.flipped_matrix(g, w, True)[0], dx, accumulate)
     elif algorithm == "winograd":
         _winograd.require(g)
         forward = data_gradient_as_forward(g)
