@@ -113,7 +113,7 @@ def _gram_fills_tiles(g: Geom, dtype) -> bool:
     """Whether :func:`._microkernel.gram` takes a one-group 1x1 weight gradient's products:
     the narrower channel count a multiple of the tiles' NR columns, the wider at least MR.
     Elsewhere most of the product would be gram's NumPy remainder, in the orientation
-    OpenBLAS runs slowest (16 -> 32 channels: 2.5x slower than the BLAS slots)."""
+    OpenBLAS runs slowest (figures at ``POSITION_SPLIT_FROM`` in docs/cpu-algorithms.md)."""
     mr, nv = tile_shape(dtype)
     narrow, wide = sorted((g.kg, g.cg))
     return g.groups == 1 and narrow % (nv * vector_lanes(dtype)) == 0 and wide >= mr

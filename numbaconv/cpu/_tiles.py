@@ -622,8 +622,8 @@ def scratch(shape: tuple, dtype, slot: str) -> np.ndarray:
     transformed weights), "slot_sums" (the weight gradient's slot partials), "planes_u",
     "planes_d" (Winograd's transformed tiles). A slot serves one array at a time: each name
     has one use in a call. Kept, it costs no page faults where the C library had returned
-    freed memory to the system (up to half of a call: docs/cpu-algorithms.md, "Scratch kept
-    from call to call")."""
+    freed memory to the system (docs/cpu-algorithms.md, "Scratch kept from call to
+    call")."""
     if math.prod(shape) * np.dtype(dtype).itemsize > KEEP_SCRATCH_BYTES:
         return np.empty(shape, dtype)
     return workspace(shape, dtype, slot)
