@@ -27,6 +27,20 @@ def test_cuda_backend_is_registered():
         assert "numba-cuda" in info.reason or "CUDA driver" in info.reason
 
 
+def test_numpy_without_row_stack_is_named_for_old_numba_cuda():
+    """numba-cuda 0.30.4 compiles no kernel under NumPy 2.5 (seen on an H200, 2026-11-27:
+    AttributeError on np.row_stack at the first kernel): the backend says so up front."""
+    import types
+
+    from numbaconv.cuda import _numpy_problem
+    new_numpy = types.SimpleNamespace(__version__="2.5.2")
+    reason = _numpy_problem(new_numpy, "0.30.4")
+    assert "numba-cuda 0.30.4" in reason and "NumPy 2.5.2" in reason and "numpy<2.5" in reason
+    assert _numpy_problem(new_numpy, "0.31.0") is None
+    old_numpy = types.SimpleNamespace(__version__="2.4.6", row_stack=None)
+    assert _numpy_problem(old_numpy, "0.30.4") is None
+
+
 def test_creating_the_backend_touches_no_gpu():
     code = ("import sys, numbaconv as nc; from numbaconv import dispatch; "
             "b = dispatch.get_backend('cuda'); "

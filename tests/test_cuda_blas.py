@@ -356,34 +356,32 @@ def test_importing_numbaconv_loads_no_binding():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_a_prepared_product_replays_one_call_and_takes_each_steps_slice(monkeypatch):
+def test_a_prepared_product_replays_one_call_and_moves_to_each_step(monkeypatch):
     """Prepared (the step loops' recurrent products): the same cuBLAS call each run, with
-    a's pointer replaced by the step's slice; a slice of another layout is planned anew."""
+    a's pointer moved to the step's operand (no slice made); a ``steps`` array whose step 0
+    is not a is refused."""
     rng = np.random.default_rng(3)
     gates = rng.standard_normal((4, 2, 8))  # (T, N, 4H) reserve gates, H = 2
     w_hh = rng.standard_normal((6, 3))      # the GRU's 3H rows of W_hh, P = 3
     rec = np.zeros((2, 3))
-    odd = rng.standard_normal((2, 7))[:, :6]  # rows 7 apart: another layout
     memory = Memory()
-    for array in (gates, w_hh, rec, odd):
+    for array in (gates, w_hh, rec):
         memory.register(array)
     standin, binding = standin_binding(memory)
     monkeypatch.setattr(_blas, "_device_id", lambda: 0)
     monkeypatch.setattr(_blas, "_stream_handle", lambda: 0)
     previous = _blas.set_binding(binding)
     try:
-        prepared = _blas.Prepared(gates[0][:, :6], w_hh, rec, "float64")
+        prepared = _blas.Prepared(gates[0][:, :6], w_hh, rec, "float64", steps=gates)
         assert standin.calls == []  # planned, not run
         for t in (3, 2, 0):
-            prepared(gates[t][:, :6])
+            prepared(t)
             assert np.allclose(rec, gates[t][:, :6] @ w_hh, rtol=1e-12, atol=1e-12)
         prepared()  # its own a again
         assert np.allclose(rec, gates[0][:, :6] @ w_hh, rtol=1e-12, atol=1e-12)
-        prepared(odd)
-        assert np.allclose(rec, odd @ w_hh, rtol=1e-12, atol=1e-12)
-        assert len(standin.calls) == 5
-        assert len({call for call in standin.calls[:4]}) == 1  # the same arguments but a
-        assert standin.calls[4][6] != standin.calls[0][6] or \
-            standin.calls[4][7] != standin.calls[0][7]  # odd's leading dimension
+        assert len(standin.calls) == 4
+        assert len(set(standin.calls)) == 1  # the same call; the results show a moved
+        with pytest.raises(ValueError, match="steps"):
+            _blas.Prepared(gates[1][:, :6], w_hh, rec, "float64", steps=gates)
     finally:
         _blas.restore(previous)

@@ -51,6 +51,28 @@ from ..backend import DIRECT_MAX_CHANNELS_PER_GROUP, OP_MODULES, Backend, run_op
 from ..problem import RNN_OPS
 
 
+#: The newest numba-cuda known to compile nothing under NumPy 2.5, which removed
+#: ``np.row_stack`` (numba-cuda's array support overloads it when its target loads).
+NUMBA_CUDA_WITHOUT_NUMPY_2_5 = (0, 30, 4)
+
+
+def _numpy_problem(numpy_module=None, numba_cuda_version=None) -> Optional[str]:
+    """Why no kernel would compile with this NumPy and numba-cuda, or None."""
+    import numpy
+    numpy_module = numpy if numpy_module is None else numpy_module
+    if hasattr(numpy_module, "row_stack"):
+        return None
+    if numba_cuda_version is None:
+        from importlib.metadata import version
+        numba_cuda_version = version("numba-cuda")
+    parts = tuple(int(p) for p in numba_cuda_version.split(".")[:3] if p.isdigit())
+    if parts > NUMBA_CUDA_WITHOUT_NUMPY_2_5:
+        return None
+    return (f"numba-cuda {numba_cuda_version} compiles no kernel with NumPy "
+            f"{numpy_module.__version__} (it uses np.row_stack, which NumPy 2.5 removed): "
+            f"install numpy<2.5 or a newer numba-cuda")
+
+
 def _channels_summed(op, problem) -> int:
     """Channels each output element sums over (per group)."""
     if op == "conv":
@@ -83,7 +105,7 @@ class CudaBackend(Backend):
         if ctypes.util.find_library("cuda") is None and not os.path.exists("/dev/nvidiactl"):
             return ("no CUDA driver found (libcuda); NUMBA_ENABLE_CUDASIM=1 runs the kernels "
                     "in Numba's simulator")
-        return None
+        return _numpy_problem()
 
     def algorithms(self, op, problem):
         if op in RNN_OPS:

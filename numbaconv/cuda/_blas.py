@@ -367,18 +367,27 @@ def product(a, b, c, dtype: str, *, ta=False, tb=False, accumulate=False) -> Non
 class Prepared:
     """One product planned once and run many times, as a step loop runs its recurrent
     product: the path, the handle, the cuBLAS arguments (pointers included) are worked out
-    at preparation, so that a step costs one binding call. ``prepared()`` runs it;
-    ``prepared(a)`` runs it on another ``a`` of the same shape and strides (this step's
-    slice of the reserve), replacing one pointer."""
+    at preparation, so that a step costs one binding call. ``prepared()`` runs it on ``a``.
+
+    With ``steps``, a 3-D array whose step 0 ``a`` is (``a`` is ``steps[0]``, or its
+    leading columns), ``prepared(t)`` runs it on step t's operand: on cuBLAS by moving a's
+    pointer ``t`` strides of ``steps`` on (no slice of a device array per step, which costs
+    Numba tens of microseconds), on the Numba kernel on ``steps[t][:, :a.shape[1]]``."""
 
     __slots__ = ("a", "b", "c", "dtype", "ta", "tb", "accumulate", "gemm", "arguments",
-                 "where", "layout", "a_pointer")
+                 "where", "a_pointer", "steps", "step_bytes")
 
-    def __init__(self, a, b, c, dtype: str, *, ta=False, tb=False, accumulate=False):
+    def __init__(self, a, b, c, dtype: str, *, ta=False, tb=False, accumulate=False,
+                 steps=None):
         self.a, self.b, self.c, self.dtype = a, b, c, dtype
         self.ta, self.tb, self.accumulate = bool(ta), bool(tb), bool(accumulate)
+        self.steps = steps
         self.gemm = None
-        self.layout = (tuple(a.shape), tuple(a.strides))
+        if steps is not None:
+            if len(steps.shape) != 3 or pointer(steps) != pointer(a) or \
+                    tuple(a.strides) != tuple(steps.strides[1:]):
+                raise ValueError("steps: expected the 3-D array whose step 0 is a")
+            self.step_bytes = int(steps.strides[0])
         cublas, _ = binding()
         reduce_len = a.shape[0] if ta else a.shape[1]
         if cublas is not None and c.shape[0] and c.shape[1] and reduce_len > 0:
@@ -388,16 +397,14 @@ class Prepared:
                 self.gemm, self.arguments, self.where = found
                 self.a_pointer = self.arguments[self.where]
 
-    def __call__(self, a=None) -> None:
-        if a is not None and (tuple(a.shape), tuple(a.strides)) != self.layout:
+    def __call__(self, t=None) -> None:
+        if self.gemm is None:
+            a = self.a if t is None else self.steps[t][:, :self.a.shape[1]]
             product(a, self.b, self.c, self.dtype, ta=self.ta, tb=self.tb,
                     accumulate=self.accumulate)
             return
-        if self.gemm is None:
-            product(self.a if a is None else a, self.b, self.c, self.dtype, ta=self.ta,
-                    tb=self.tb, accumulate=self.accumulate)
-            return
-        self.arguments[self.where] = self.a_pointer if a is None else pointer(a)
+        self.arguments[self.where] = self.a_pointer if t is None else \
+            self.a_pointer + t * self.step_bytes
         self.gemm(*self.arguments)
         counts["cublas"] += 1
 

@@ -7,12 +7,15 @@ use by factories keyed on their compile-time constants (mode, dtype, tile, trans
     Every output element is one thread's sum over the whole reduction in a fixed order: the
     input projections of all steps, each step's recurrent product, the input gradient and
     the weight gradients over all T*N rows are all deterministic, without atomics.
-``forward_step(mode, dtype)`` / ``backward_step(mode, dtype, projected)``
+``forward_step(mode, dtype, projected)`` / ``backward_step(mode, dtype, projected)``
     One thread per (row n, hidden unit j) of one time step: the gate nonlinearities fused
     with the state update, and their derivatives. They read and write the reserve in
     :class:`numbaconv.problem.RNNReserveLayout`, exactly as the cpu kernels do (activations,
     then gradients of the pre-activations; zeros past a sequence's end), so reserves are
     interchangeable between backends. Each thread owns its (n, j) of every state array.
+    The per-step arrays (gates, cells, y, dy, dproj, the previous states) are passed whole,
+    (T, N, F), with the step t: a step loop hands the same array objects to every launch
+    and slices nothing, which keeps its host time per step to the launch itself.
 ``commit_projection``, ``gradient_of_output``
     LSTM with projection (one thread per (n, j < P)): the projected state ``m @ W_hr.T``
     (a GEMM) becomes h and y inside the sequence; backwards, the gradient of h goes to the
@@ -118,19 +121,28 @@ def _math(dtype: str):
     return sigmoid
 
 
-def forward_step_function(mode: str, dtype: str):
-    """One step of the forward for rows n and hidden units j (one thread each).
+def forward_step_function(mode: str, dtype: str, projected: bool = False):
+    """Step t of the forward for rows n and hidden units j (one thread each).
 
-    ``xg`` (N, Gw): the input projection of this step (no bias), overwritten with the
+    ``xg`` (T, N, Gw): the input projections (no bias); step t's are overwritten with the
     activations when ``store``; ``hg`` (N, G*H): ``h @ W_hh.T``; ``h`` (N, H) and ``c``
-    (N, H, LSTM; a dummy otherwise) updated in place; ``y`` (N, H) receives h (zero past a
-    sequence's end); ``cells`` (N, H, LSTM with store) the new cell state.
+    (N, H, LSTM; a dummy otherwise) updated in place; ``y`` (T, N, H): step t receives h
+    (zero past a sequence's end); ``cells`` (T, N, H, LSTM with store): step t receives the
+    new cell state. Arrays a mode or ``store`` does not use are dummies (any array of their
+    rank and dtype).
+
+    ``projected`` (LSTM with proj_size): ``h`` is ``m = o * tanh(c)`` (N, H), the
+    projection's input, left unchanged past a sequence's end; ``y`` is not written
+    (``commit_projection`` writes y from the projection).
 
     Launch: 1D, enough threads for N*H. Arguments:
     ``xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store``.
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if projected and mode != "lstm":
+        raise ValueError(f"projected: expected False for mode {mode!r} (projections are "
+                         f"LSTM only), got True")
     acc = _acc_type(dtype)
     sigmoid = _math(dtype)
     lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
@@ -143,26 +155,27 @@ def forward_step_function(mode: str, dtype: str):
         n = e // hs
         j = e % hs
         if t >= lengths[n]:
-            y[n, j] = 0
+            if not projected:
+                y[t, n, j] = 0
             if store:
                 if lstm:
-                    cells[n, j] = c[n, j]
+                    cells[t, n, j] = c[n, j]
                     for k in range(4):
-                        xg[n, k * hs + j] = 0
+                        xg[t, n, k * hs + j] = 0
                 elif gru:
                     for k in range(4):
-                        xg[n, k * hs + j] = 0
+                        xg[t, n, k * hs + j] = 0
                 else:
-                    xg[n, j] = 0
+                    xg[t, n, j] = 0
             return
         if lstm:
-            pre_i = acc(xg[n, j]) + acc(hg[n, j]) + acc(b_ih[j]) + acc(b_hh[j])
-            pre_f = (acc(xg[n, hs + j]) + acc(hg[n, hs + j]) + acc(b_ih[hs + j])
+            pre_i = acc(xg[t, n, j]) + acc(hg[n, j]) + acc(b_ih[j]) + acc(b_hh[j])
+            pre_f = (acc(xg[t, n, hs + j]) + acc(hg[n, hs + j]) + acc(b_ih[hs + j])
                      + acc(b_hh[hs + j]))
-            pre_g = (acc(xg[n, 2 * hs + j]) + acc(hg[n, 2 * hs + j]) + acc(b_ih[2 * hs + j])
-                     + acc(b_hh[2 * hs + j]))
-            pre_o = (acc(xg[n, 3 * hs + j]) + acc(hg[n, 3 * hs + j]) + acc(b_ih[3 * hs + j])
-                     + acc(b_hh[3 * hs + j]))
+            pre_g = (acc(xg[t, n, 2 * hs + j]) + acc(hg[n, 2 * hs + j])
+                     + acc(b_ih[2 * hs + j]) + acc(b_hh[2 * hs + j]))
+            pre_o = (acc(xg[t, n, 3 * hs + j]) + acc(hg[n, 3 * hs + j])
+                     + acc(b_ih[3 * hs + j]) + acc(b_hh[3 * hs + j]))
             gi = sigmoid(pre_i)
             gf = sigmoid(pre_f)
             gg = math.tanh(pre_g)
@@ -171,58 +184,62 @@ def forward_step_function(mode: str, dtype: str):
             hn = go * math.tanh(cn)
             c[n, j] = cn
             h[n, j] = hn
-            y[n, j] = hn
+            if not projected:
+                y[t, n, j] = hn
             if store:
-                cells[n, j] = cn
-                xg[n, j] = gi
-                xg[n, hs + j] = gf
-                xg[n, 2 * hs + j] = gg
-                xg[n, 3 * hs + j] = go
+                cells[t, n, j] = cn
+                xg[t, n, j] = gi
+                xg[t, n, hs + j] = gf
+                xg[t, n, 2 * hs + j] = gg
+                xg[t, n, 3 * hs + j] = go
         elif gru:
-            r = sigmoid(acc(xg[n, j]) + acc(b_ih[j]) + acc(hg[n, j]) + acc(b_hh[j]))
-            z = sigmoid(acc(xg[n, hs + j]) + acc(b_ih[hs + j]) + acc(hg[n, hs + j])
+            r = sigmoid(acc(xg[t, n, j]) + acc(b_ih[j]) + acc(hg[n, j]) + acc(b_hh[j]))
+            z = sigmoid(acc(xg[t, n, hs + j]) + acc(b_ih[hs + j]) + acc(hg[n, hs + j])
                         + acc(b_hh[hs + j]))
             hn = acc(hg[n, 2 * hs + j]) + acc(b_hh[2 * hs + j])
-            nv = math.tanh(acc(xg[n, 2 * hs + j]) + acc(b_ih[2 * hs + j]) + r * hn)
+            nv = math.tanh(acc(xg[t, n, 2 * hs + j]) + acc(b_ih[2 * hs + j]) + r * hn)
             hnew = (acc(1) - z) * nv + z * acc(h[n, j])
             h[n, j] = hnew
-            y[n, j] = hnew
+            y[t, n, j] = hnew
             if store:
-                xg[n, j] = r
-                xg[n, hs + j] = z
-                xg[n, 2 * hs + j] = nv
-                xg[n, 3 * hs + j] = hn
+                xg[t, n, j] = r
+                xg[t, n, hs + j] = z
+                xg[t, n, 2 * hs + j] = nv
+                xg[t, n, 3 * hs + j] = hn
         else:
-            pre = acc(xg[n, j]) + acc(hg[n, j]) + acc(b_ih[j]) + acc(b_hh[j])
+            pre = acc(xg[t, n, j]) + acc(hg[n, j]) + acc(b_ih[j]) + acc(b_hh[j])
             if relu:
                 a = pre if (pre > 0 or pre != pre) else acc(0)
             else:
                 a = math.tanh(pre)
             h[n, j] = a
-            y[n, j] = a
+            y[t, n, j] = a
             if store:
-                xg[n, j] = a
+                xg[t, n, j] = a
 
     return forward_step
 
 
 def backward_step_function(mode: str, dtype: str, projected: bool = False):
-    """One step of the data gradient for rows n and hidden units j (one thread each).
+    """Step t of the data gradient for rows n and hidden units j (one thread each).
 
-    ``gates`` (N, Gw): this step's activations, overwritten with the gradients of the
+    ``gates`` (T, N, Gw): the activations, step t's overwritten with the gradients of the
     pre-activations (GRU: dr, dz, r * dn, dn); ``dh`` (N, H): the direct part of the state
     gradient (see :mod:`numbaconv.cpu._rnn_cells`), ``rec`` (N, H): ``dgates_prev @ W_hh``;
-    ``dy`` (N, H); LSTM: ``cells`` (N, H) this step's cell state, ``prev`` the previous one,
-    ``dc`` (N, H) the cell gradient, updated; GRU: ``prev`` the previous output and ``hx``
-    the initial state (read at a reverse sequence's first step, with ``reverse``).
+    ``dy`` (T, N, H); LSTM: ``cells`` (T, N, H) the cell states, ``dc`` (N, H) the cell
+    gradient, updated. The state before step t (LSTM: the cell state, GRU: the output) is
+    ``states[tp]`` (T, N, H), tp the step processed before t (t - 1, or t + 1 with
+    ``reverse``), or ``init`` (N, H) where there is none (the first processed step, and for
+    a reverse GRU a sequence's last step). Arrays a mode does not read are dummies (any
+    array of their rank and dtype).
 
     ``projected`` (LSTM with proj_size): ``dh`` (N, H) is ``dm = dproj @ W_hr``, the gradient
     of ``o * tanh(c)``, read only (``gradient_of_output`` already folded rec and dy into
-    dproj; ``rec`` and ``dy`` are not read); ``cells`` receives ``o * tanh(c)`` (zero past
-    the sequence's end), the projection's input for the weight gradient, as on cpu.
+    dproj; ``rec`` and ``dy`` are not read); ``cells[t]`` receives ``o * tanh(c)`` (zero
+    past the sequence's end), the projection's input for the weight gradient, as on cpu.
 
     Launch: 1D, enough threads for N*H. Arguments:
-    ``gates, cells, prev, hx, dh, rec, dy, dc, lengths, t, reverse``.
+    ``gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse``.
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
@@ -233,7 +250,7 @@ def backward_step_function(mode: str, dtype: str, projected: bool = False):
     lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
     one = acc(1)
 
-    def backward_step(gates, cells, prev, hx, dh, rec, dy, dc, lengths, t, reverse):
+    def backward_step(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse):
         e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         hs = dh.shape[1]
         if e >= dh.shape[0] * hs:
@@ -243,55 +260,58 @@ def backward_step_function(mode: str, dtype: str, projected: bool = False):
         if t >= lengths[n]:
             if lstm or gru:
                 for k in range(4):
-                    gates[n, k * hs + j] = 0
+                    gates[t, n, k * hs + j] = 0
             else:
-                gates[n, j] = 0
+                gates[t, n, j] = 0
             if projected:
-                cells[n, j] = 0
+                cells[t, n, j] = 0
             else:
                 dh[n, j] = acc(dh[n, j]) + acc(rec[n, j])
             return
         if projected:
             gh = acc(dh[n, j])
         else:
-            gh = acc(dh[n, j]) + acc(rec[n, j]) + acc(dy[n, j])
+            gh = acc(dh[n, j]) + acc(rec[n, j]) + acc(dy[t, n, j])
+        tp = t + 1 if reverse else t - 1
+        first = tp < 0 or tp >= gates.shape[0]
         if lstm:
-            gi = acc(gates[n, j])
-            gf = acc(gates[n, hs + j])
-            gg = acc(gates[n, 2 * hs + j])
-            go = acc(gates[n, 3 * hs + j])
-            tc = math.tanh(acc(cells[n, j]))
+            gi = acc(gates[t, n, j])
+            gf = acc(gates[t, n, hs + j])
+            gg = acc(gates[t, n, 2 * hs + j])
+            go = acc(gates[t, n, 3 * hs + j])
+            tc = math.tanh(acc(cells[t, n, j]))
+            cp = acc(init[n, j]) if first else acc(states[tp, n, j])
             dcn = acc(dc[n, j]) + gh * go * (one - tc * tc)
             if projected:
-                cells[n, j] = go * tc
+                cells[t, n, j] = go * tc
             else:
                 dh[n, j] = 0
-            gates[n, 3 * hs + j] = gh * tc * go * (one - go)
+            gates[t, n, 3 * hs + j] = gh * tc * go * (one - go)
             dc[n, j] = dcn * gf
-            gates[n, hs + j] = dcn * acc(prev[n, j]) * gf * (one - gf)
-            gates[n, j] = dcn * gg * gi * (one - gi)
-            gates[n, 2 * hs + j] = dcn * gi * (one - gg * gg)
+            gates[t, n, hs + j] = dcn * cp * gf * (one - gf)
+            gates[t, n, j] = dcn * gg * gi * (one - gi)
+            gates[t, n, 2 * hs + j] = dcn * gi * (one - gg * gg)
         elif gru:
-            r = acc(gates[n, j])
-            z = acc(gates[n, hs + j])
-            nn = acc(gates[n, 2 * hs + j])
-            hn = acc(gates[n, 3 * hs + j])
-            if reverse and t + 1 >= lengths[n]:
-                hp = acc(hx[n, j])
+            r = acc(gates[t, n, j])
+            z = acc(gates[t, n, hs + j])
+            nn = acc(gates[t, n, 2 * hs + j])
+            hn = acc(gates[t, n, 3 * hs + j])
+            if first or (reverse and t + 1 >= lengths[n]):
+                hp = acc(init[n, j])
             else:
-                hp = acc(prev[n, j])
+                hp = acc(states[tp, n, j])
             dn = gh * (one - z) * (one - nn * nn)
             dh[n, j] = gh * z
-            gates[n, hs + j] = gh * (hp - nn) * z * (one - z)
-            gates[n, j] = dn * hn * r * (one - r)
-            gates[n, 2 * hs + j] = dn * r
-            gates[n, 3 * hs + j] = dn
+            gates[t, n, hs + j] = gh * (hp - nn) * z * (one - z)
+            gates[t, n, j] = dn * hn * r * (one - r)
+            gates[t, n, 2 * hs + j] = dn * r
+            gates[t, n, 3 * hs + j] = dn
         else:
-            a = acc(gates[n, j])
+            a = acc(gates[t, n, j])
             if relu:
-                gates[n, j] = gh if a > 0 else acc(0) * gh
+                gates[t, n, j] = gh if a > 0 else acc(0) * gh
             else:
-                gates[n, j] = gh * (one - a * a)
+                gates[t, n, j] = gh * (one - a * a)
             dh[n, j] = 0
 
     return backward_step
@@ -300,9 +320,9 @@ def backward_step_function(mode: str, dtype: str, projected: bool = False):
 # --- projection (LSTM with proj_size) -------------------------------------------------------
 
 def commit_projection_function(dtype: str):
-    """The projected state ``hp = m @ W_hr.T`` (N, P) becomes ``h`` (N, P) and ``y`` (N, P)
-    where row n is inside its sequence at step t; ``y`` is zero elsewhere and ``h`` keeps
-    its value (twin of the cpu ``commit_projection``).
+    """The projected state ``hp = m @ W_hr.T`` (N, P) becomes ``h`` (N, P) and step t of ``y``
+    (T, N, P) where row n is inside its sequence at step t; ``y[t]`` is zero elsewhere and
+    ``h`` keeps its value (twin of the cpu ``commit_projection``).
 
     Launch: 1D, enough threads for N*P. Arguments: ``hp, h, y, lengths, t``.
     """
@@ -317,17 +337,18 @@ def commit_projection_function(dtype: str):
         if t < lengths[n]:
             v = hp[n, j]
             h[n, j] = v
-            y[n, j] = v
+            y[t, n, j] = v
         else:
-            y[n, j] = 0
+            y[t, n, j] = 0
 
     return commit_projection
 
 
 def gradient_of_output_function(dtype: str):
-    """LSTM with projection, one backward step: ``dproj = dh + rec + dy`` (N, P) inside the
-    sequence, where dh becomes zero (the cell adds no direct part); outside, ``dproj = 0``
-    and dh becomes ``dh + rec`` (twin of the cpu ``gradient_of_output``).
+    """LSTM with projection, backward step t: ``dproj[t] = dh + rec + dy[t]`` (N, P; dy and
+    dproj (T, N, P)) inside the sequence, where dh becomes zero (the cell adds no direct
+    part); outside, ``dproj[t] = 0`` and dh becomes ``dh + rec`` (twin of the cpu
+    ``gradient_of_output``).
 
     Launch: 1D, enough threads for N*P. Arguments: ``dh, rec, dy, dproj, lengths, t``.
     """
@@ -342,10 +363,10 @@ def gradient_of_output_function(dtype: str):
         j = e % p
         g = acc(dh[n, j]) + acc(rec[n, j])
         if t < lengths[n]:
-            dproj[n, j] = g + acc(dy[n, j])
+            dproj[t, n, j] = g + acc(dy[t, n, j])
             dh[n, j] = 0
         else:
-            dproj[n, j] = 0
+            dproj[t, n, j] = 0
             dh[n, j] = g
 
     return gradient_of_output
@@ -550,19 +571,21 @@ def signatures(dtype: str, tile: tuple):
     for ta, tb in ((False, True), (False, False), (True, False)):
         found.append((f"rnn_gemm_{'T' if ta else 'N'}{'T' if tb else 'N'}_{dtype}",
                       gemm_function(ta, tb, dtype, tile), (a2, a2, a2, types.boolean)))
+    forward = (a3, a2, a1, a1, a2, a2, a3, a3, lens, types.int64, types.boolean)
+    backward = (a3, a3, a3, a2, a2, a2, a3, a2, lens, types.int64, types.boolean)
     for mode in MODES:
         found.append((f"rnn_forward_step_{mode}_{dtype}", forward_step_function(mode, dtype),
-                      (a2, a2, a1, a1, a2, a2, a2, a2, lens, types.int64, types.boolean)))
+                      forward))
         found.append((f"rnn_backward_step_{mode}_{dtype}",
-                      backward_step_function(mode, dtype),
-                      (a2, a2, a2, a2, a2, a2, a2, a2, lens, types.int64, types.boolean)))
+                      backward_step_function(mode, dtype), backward))
+    found.append((f"rnn_forward_step_lstm_proj_{dtype}",
+                  forward_step_function("lstm", dtype, True), forward))
     found.append((f"rnn_backward_step_lstm_proj_{dtype}",
-                  backward_step_function("lstm", dtype, True),
-                  (a2, a2, a2, a2, a2, a2, a2, a2, lens, types.int64, types.boolean)))
+                  backward_step_function("lstm", dtype, True), backward))
     found.append((f"rnn_commit_projection_{dtype}", commit_projection_function(dtype),
-                  (a2, a2, a2, lens, types.int64)))
+                  (a2, a2, a3, lens, types.int64)))
     found.append((f"rnn_gradient_of_output_{dtype}", gradient_of_output_function(dtype),
-                  (a2, a2, a2, a2, lens, types.int64)))
+                  (a2, a2, a3, a3, lens, types.int64)))
     found.append((f"rnn_add2_{dtype}", add2_function(dtype), (a2, a2, a2, types.boolean)))
     found.append((f"rnn_mul2_{dtype}", mul2_function(dtype), (a2, a2, a2)))
     found.append((f"rnn_copy3_{dtype}", copy3_function(dtype), (a3, a3, types.boolean)))

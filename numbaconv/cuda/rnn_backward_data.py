@@ -11,7 +11,8 @@ from __future__ import annotations
 from ..problem import layer_params
 from ._layout import as_device, device_array
 from ._blas import Prepared, product
-from .rnn_forward import contiguous_params, copy2, device_lengths, launch, scratch, steps
+from .rnn_forward import (configured, contiguous_params, copy2, device_lengths, launch,
+                          scratch, steps)
 
 
 def run(problem, operands, out, algorithm):
@@ -35,6 +36,8 @@ def run(problem, operands, out, algorithm):
     dc = scratch("backward dc", (n, hs), dt) if lstm else dh
     proj = bool(cfg.proj_size)
     dm = scratch("backward dm", (n, hs), dt) if proj else None  # dproj @ W_hr
+    step = configured("backward_step", (mode, dt, proj), n * hs)
+    output_gradient = configured("gradient_of_output", (dt,), n * p) if proj else None
     dout = dy
     for layer in reversed(range(cfg.num_layers)):
         din = device_array((t_len, n, cfg.layer_input_size(layer)), dt)
@@ -44,36 +47,35 @@ def run(problem, operands, out, algorithm):
             w_ih, w_hh, _, _, w_hr = layer_params(cfg, params, layer, d)
             ld = layer * d_num + d
             gates = layout.gates(reserve, layer, d)
-            cells = layout.cells(reserve, layer, d) if lstm else None
-            dproj = layout.dproj(reserve, layer, d) if proj else None
             dy_d = dout[:, :, d * p:(d + 1) * p]
+            # Whole (T, N, F) arrays and the step to every launch, no per-step slices; a
+            # kernel that does not read an array gets gates (or dh) in its place. The state
+            # before a step: LSTM's cell state, GRU's output, or the initial one.
+            if lstm:
+                cells = states = layout.cells(reserve, layer, d)
+                init = cx[ld]
+            elif gru:
+                cells, states, init = gates, outputs[:, :, d * p:(d + 1) * p], hx[ld]
+            else:
+                cells, states, init = gates, gates, dh
             copy2(dhy[ld], dh, dt)
             if lstm:
                 copy2(dcy[ld], dc, dt)
             launch("zero2", (dt,), n * p, rec)
-            # planned once; each step passes its own slice of the reserve
-            recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec, dt)
-            projection = Prepared(dproj[0], w_hr, dm, dt) if proj else None
+            # planned once; each step moves it to its own step of the reserve
+            recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec, dt,
+                                 steps=gates)
+            if proj:
+                dproj = layout.dproj(reserve, layer, d)
+                projection = Prepared(dproj[0], w_hr, dm, dt, steps=dproj)
             for t in reversed(steps(t_len, d)):
-                tp = t - 1 if d == 0 else t + 1
-                first = tp < 0 or tp >= t_len
-                if lstm:
-                    prev = cx[ld] if first else cells[tp]
-                elif gru:
-                    prev = hx[ld] if first else outputs[tp, :, d * p:(d + 1) * p]
-                else:
-                    prev = dh
                 if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
-                    launch("gradient_of_output", (dt,), n * p, dh, rec, dy_d[t], dproj[t],
-                           lens, t)
-                    projection(dproj[t])
-                    launch("backward_step", (mode, dt, True), n * hs, gates[t], cells[t],
-                           prev, hx[ld], dm, dm, dm, dc, lens, t, d == 1)
+                    output_gradient(dh, rec, dy_d, dproj, lens, t)
+                    projection(t)
+                    step(gates, cells, states, init, dm, dm, gates, dc, lens, t, d == 1)
                 else:
-                    launch("backward_step", (mode, dt, False), n * hs, gates[t],
-                           cells[t] if lstm else dh, prev, hx[ld], dh, rec, dy_d[t], dc,
-                           lens, t, d == 1)
-                recurrent(gates[t][:, :3 * hs] if gru else gates[t])
+                    step(gates, cells, states, init, dh, rec, dy_d, dc, lens, t, d == 1)
+                recurrent(t)
             copy2(dh, dhx[ld], dt, add=rec)
             if lstm:
                 copy2(dc, dcx[ld], dt)

@@ -23,10 +23,16 @@ from ._blas import Prepared, elementwise_launch, product
 from ._layout import as_device, device_array
 
 
+def configured(name, key, count):
+    """The element-wise kernel ``name`` configured for ``count`` threads, to be called with
+    its arguments (a step loop configures once and launches every step)."""
+    grid, block = elementwise_launch(count, cuda_threads_per_block())
+    return _rnn_kernels.kernel(name, *key)[grid, block]
+
+
 def launch(name, key, count, *args):
     """An element-wise kernel over ``count`` threads."""
-    grid, block = elementwise_launch(count, cuda_threads_per_block())
-    _rnn_kernels.kernel(name, *key)[grid, block](*args)
+    configured(name, key, count)(*args)
 
 
 def copy2(src, dst, dtype, add=None):
@@ -184,6 +190,8 @@ def run(problem, operands, out, algorithm):
     masked = masked_scratch(problem, dt) if training else None
     inp = x_rows
     out_l = None
+    step = configured("forward_step", (cfg.mode, dt, proj), n * hs)
+    commit = configured("commit_projection", (dt,), n * p) if proj else None
     for layer in range(cfg.num_layers):
         if training:  # with its dropout masks applied
             inp = layer_input(layout, reserve, layer, x_rows, masked, dt)
@@ -201,21 +209,20 @@ def run(problem, operands, out, algorithm):
             copy2(hx[ld], h, dt)
             if lstm:
                 copy2(cx[ld], c, dt)
-            cells = layout.cells(reserve, layer, d) if training and lstm else None
+            # Whole (T, N, F) arrays and the step to every launch, no per-step slices; a
+            # kernel that does not use an array gets gates in its place.
+            cells = layout.cells(reserve, layer, d) if training and lstm else gates
             # planned once, run every step: the same arrays each time
             recurrent = Prepared(h, w_hh, hg, dt, tb=True)
             projection = Prepared(m, w_hr, hp, dt, tb=True) if proj else None
             for t in steps(t_len, d):
                 recurrent()
                 if proj:  # the cell writes m; h and y come from its projection
-                    launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
-                           m, c, m, cells[t] if cells is not None else c, lens, t, training)
+                    step(gates, hg, b_ih, b_hh, m, c, gates, cells, lens, t, training)
                     projection()
-                    launch("commit_projection", (dt,), n * p, hp, h, y_d[t], lens, t)
+                    commit(hp, h, y_d, lens, t)
                 else:
-                    launch("forward_step", (cfg.mode, dt), n * hs, gates[t], hg, b_ih, b_hh,
-                           h, c, y_d[t], cells[t] if cells is not None else c, lens, t,
-                           training)
+                    step(gates, hg, b_ih, b_hh, h, c, y_d, cells, lens, t, training)
             copy2(h, hy[ld], dt)
             if lstm:
                 copy2(c, cy[ld], dt)
