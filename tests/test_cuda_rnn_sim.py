@@ -392,6 +392,54 @@ def test_every_product_goes_through_cublas(product_path, cfg, lengths):
     assert relative_error(out.copy_to_host(), want["dparams"]) < TOL["float64"]
 
 
+@pytest.fixture
+def persistent(monkeypatch):
+    """The cuda backend's rnn_forward on the ``persistent`` algorithm while ``state["on"]``,
+    whatever was chosen (choices are cached per problem, so the backend's run is what is
+    switched); ``state["runs"]`` counts the forced runs."""
+    from numbaconv.cuda import CudaBackend
+    run = CudaBackend.run
+    state = {"on": True, "runs": 0}
+
+    def forced(self, op, problem, operands, out, algorithm):
+        if state["on"] and op == "rnn_forward" and \
+                "persistent" in self.algorithms(op, problem):
+            state["runs"] += 1
+            algorithm = "persistent"
+        return run(self, op, problem, operands, out, algorithm)
+
+    monkeypatch.setattr(CudaBackend, "run", forced)
+    return state
+
+
+@pytest.mark.parametrize("cfg, lengths", [
+    (nc.RNNConfig("lstm", I, H), None),
+    (nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True), np.array([3, 1, 2])),
+    (nc.RNNConfig("rnn_relu", I, H, num_layers=2, dropout=0.5), np.array([2, 3, 3])),
+], ids=["lstm", "gru-bidirectional-lengths", "rnn_relu-dropout-lengths"])
+def test_persistent_forward(product_path, persistent, cfg, lengths):
+    """The persistent forward (every step of a layer and direction in one cooperative
+    launch) against the reference, through a whole training step whose backward reads its
+    reserve; on the Numba product path its outputs, states and reserve are the step
+    loop's bit for bit (the same sums in the same order)."""
+    compare(cfg, "float64", lengths)
+    assert persistent["runs"] == 1
+    if product_path != "numba":
+        return
+    a = device(arrays(cfg, "float32", lengths, seed=2))
+    results = []
+    for on in (True, False):
+        persistent["on"] = on
+        with nc.use_backend("cuda"):
+            results.append([host(v) for v in forward(cfg, a)])
+    assert persistent["runs"] == 2
+    for got, want in zip(*results):
+        if want is None:
+            assert got is None
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
 def launch_counts(cfg, t_len, monkeypatch):
     """{op: (kernel launches, products)} of one training step on (t_len, N): kernels counted
     at the launch, products on either path (Numba gemm launches, cuBLAS calls)."""
@@ -403,6 +451,9 @@ def launch_counts(cfg, t_len, monkeypatch):
         kernel = real(name, *key)
 
         class Counted:
+            def __getattr__(self, name):  # overloads, typeof_pyval, compile
+                return getattr(kernel, name)
+
             def __getitem__(self, config):
                 launch = kernel[config]
 
@@ -456,6 +507,17 @@ def test_launches_per_step(product_path, name, cfg, monkeypatch):
     for op, (kernels, products) in LAUNCHES_PER_STEP[name].items():
         step = ((long[op][0] - short[op][0]) / per, (long[op][1] - short[op][1]) / per)
         assert step == (kernels, products), (op, step, short[op])
+
+
+def test_the_persistent_forward_launches_nothing_per_step(product_path, persistent,
+                                                         monkeypatch):
+    """With the persistent forward a longer sequence adds no launch and no product: one
+    cooperative launch per layer and direction runs every step."""
+    cfg = nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True)
+    short = launch_counts(cfg, 3, monkeypatch)
+    long = launch_counts(cfg, 4, monkeypatch)
+    assert long["forward"] == short["forward"]
+    assert persistent["runs"] == 2
 
 
 def test_a_steady_training_step_allocates_only_its_results(monkeypatch):

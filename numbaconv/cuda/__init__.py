@@ -38,6 +38,11 @@ each kernel's performance model, read from its machine code):
     any number of layers, both directions, sequence lengths, dropout between layers in
     training (masks drawn on the host by the frontend, as for cpu), batch_first (device
     arrays transposed on the device by the frontend).
+``persistent`` (rnn_forward without proj_size)
+    All steps of a layer and direction in one cooperative launch: the recurrent product by
+    shared-memory tiles and the cells between grid-wide barriers, no launch a step. Not
+    chosen by default yet (it has not been timed on a GPU); autotuning times it against
+    ``fused``.
 """
 
 from __future__ import annotations
@@ -109,6 +114,8 @@ class CudaBackend(Backend):
 
     def algorithms(self, op, problem):
         if op in RNN_OPS:
+            if op == "rnn_forward" and not problem.config.proj_size:
+                return ("fused", "persistent")
             return ("fused",)
         if op == "conv_backward_bias":
             return ("reduce",)

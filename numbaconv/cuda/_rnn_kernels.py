@@ -16,6 +16,10 @@ use by factories keyed on their compile-time constants (mode, dtype, tile, trans
     The per-step arrays (gates, cells, y, dy, dproj, the previous states) are passed whole,
     (T, N, F), with the step t: a step loop hands the same array objects to every launch
     and slices nothing, which keeps its host time per step to the launch itself.
+``forward_sequence(mode, dtype, tile)``
+    The ``persistent`` forward: all steps of a layer and direction in one cooperative
+    launch, the recurrent product by shared-memory tiles and the cells between grid-wide
+    barriers, so that a sequence costs one launch instead of a product and a kernel a step.
 ``commit_projection``, ``gradient_of_output``
     LSTM with projection (one thread per (n, j < P)): the projected state ``m @ W_hr.T``
     (a GEMM) becomes h and y inside the sequence; backwards, the gradient of h goes to the
@@ -121,39 +125,29 @@ def _math(dtype: str):
     return sigmoid
 
 
-def forward_step_function(mode: str, dtype: str, projected: bool = False):
-    """Step t of the forward for rows n and hidden units j (one thread each).
-
-    ``xg`` (T, N, Gw): the input projections (no bias); step t's are overwritten with the
-    activations when ``store``; ``hg`` (N, G*H): ``h @ W_hh.T``; ``h`` (N, H) and ``c``
-    (N, H, LSTM; a dummy otherwise) updated in place; ``y`` (T, N, H): step t receives h
-    (zero past a sequence's end); ``cells`` (T, N, H, LSTM with store): step t receives the
-    new cell state. Arrays a mode or ``store`` does not use are dummies (any array of their
-    rank and dtype).
-
-    ``projected`` (LSTM with proj_size): ``h`` is ``m = o * tanh(c)`` (N, H), the
-    projection's input, left unchanged past a sequence's end; ``y`` is not written
-    (``commit_projection`` writes y from the projection).
-
-    Launch: 1D, enough threads for N*H. Arguments:
-    ``xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store``.
-    """
+def forward_cell_function(mode: str, dtype: str, projected: bool = False):
+    """A device function ``cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, n,
+    j)``: the forward of step t for row n and hidden unit j, whose arguments are the
+    ``forward_step`` kernel's (below)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     if projected and mode != "lstm":
         raise ValueError(f"projected: expected False for mode {mode!r} (projections are "
                          f"LSTM only), got True")
+    return _forward_cell(mode, dtype, projected)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_cell(mode: str, dtype: str, projected: bool):
     acc = _acc_type(dtype)
     sigmoid = _math(dtype)
     lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
 
-    def forward_step(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store):
-        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    # inline=True: inlined into each kernel at Numba's IR level (typed with the kernel, as
+    # compile_ptx needs without a GPU; a separately compiled device function asks the GPU).
+    @cuda.jit(device=True, inline=True)
+    def cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, n, j):
         hs = h.shape[1]
-        if e >= h.shape[0] * hs:
-            return
-        n = e // hs
-        j = e % hs
         if t >= lengths[n]:
             if not projected:
                 y[t, n, j] = 0
@@ -217,7 +211,116 @@ def forward_step_function(mode: str, dtype: str, projected: bool = False):
             if store:
                 xg[t, n, j] = a
 
+    return cell
+
+
+def forward_step_function(mode: str, dtype: str, projected: bool = False):
+    """Step t of the forward for rows n and hidden units j (one thread each).
+
+    ``xg`` (T, N, Gw): the input projections (no bias); step t's are overwritten with the
+    activations when ``store``; ``hg`` (N, G*H): ``h @ W_hh.T``; ``h`` (N, H) and ``c``
+    (N, H, LSTM; a dummy otherwise) updated in place; ``y`` (T, N, H): step t receives h
+    (zero past a sequence's end); ``cells`` (T, N, H, LSTM with store): step t receives the
+    new cell state. Arrays a mode or ``store`` does not use are dummies (any array of their
+    rank and dtype).
+
+    ``projected`` (LSTM with proj_size): ``h`` is ``m = o * tanh(c)`` (N, H), the
+    projection's input, left unchanged past a sequence's end; ``y`` is not written
+    (``commit_projection`` writes y from the projection).
+
+    Launch: 1D, enough threads for N*H. Arguments:
+    ``xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if projected and mode != "lstm":
+        raise ValueError(f"projected: expected False for mode {mode!r} (projections are "
+                         f"LSTM only), got True")
+    cell = forward_cell_function(mode, dtype, projected)
+
+    def forward_step(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store):
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        hs = h.shape[1]
+        if e < h.shape[0] * hs:
+            cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, e // hs, e % hs)
+
     return forward_step
+
+
+def forward_sequence_function(mode: str, dtype: str, tile: tuple):
+    """Every step of one layer and direction's forward in one cooperative launch (the
+    ``persistent`` algorithm): per step, ``hg = h @ W_hh.T`` by shared-memory tiles as
+    ``gemm`` computes it (each output one thread's sum over H in a fixed order), a grid-wide
+    barrier, the cell of every (n, j) as ``forward_step`` computes it, a barrier. Without
+    projection; the arguments are ``forward_step``'s, with ``w`` (G*H, H) W_hh instead of
+    the step and ``reverse``: ``xg, w, b_ih, b_hh, h, hg, c, y, cells, lengths, store,
+    reverse``.
+
+    Launch: block ``(tile_q, tile_m)``, a 1-D grid of at most as many blocks as can be
+    resident at once (``max_cooperative_grid_blocks``); blocks loop over the product's
+    tiles and the cells beyond the grid. Each ``hg`` element is the sum ``gemm`` forms, in
+    the same order, and each cell is ``forward_step``'s.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    acc = _acc_type(dtype)
+    cell = forward_cell_function(mode, dtype, False)
+    tm, tq, tl = tile
+    threads = tm * tq
+
+    def forward_sequence(xg, w, b_ih, b_hh, h, hg, c, y, cells, lengths, store, reverse):
+        sa = cuda.shared.array((tm, tl), acc)
+        sb = cuda.shared.array((tl, tq), acc)
+        grid = cuda.cg.this_grid()
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * tq + tx
+        blocks = cuda.gridDim.x
+        rows = h.shape[0]
+        hs = h.shape[1]
+        cols = hg.shape[1]
+        col_tiles = (cols + tq - 1) // tq
+        tiles = ((rows + tm - 1) // tm) * col_tiles
+        seq = xg.shape[0]
+        for s in range(seq):
+            t = seq - 1 - s if reverse else s
+            for tile in range(cuda.blockIdx.x, tiles, blocks):
+                m0 = (tile // col_tiles) * tm
+                q0 = (tile % col_tiles) * tq
+                total = acc(0)
+                for l0 in range(0, hs, tl):
+                    for e in range(tid, tm * tl, threads):
+                        mi = e // tl
+                        li = e % tl
+                        m = m0 + mi
+                        l = l0 + li
+                        v = acc(0)
+                        if m < rows and l < hs:
+                            v = acc(h[m, l])
+                        sa[mi, li] = v
+                    for e in range(tid, tl * tq, threads):
+                        li = e // tq
+                        qi = e % tq
+                        l = l0 + li
+                        q = q0 + qi
+                        v = acc(0)
+                        if l < hs and q < cols:
+                            v = acc(w[q, l])
+                        sb[li, qi] = v
+                    cuda.syncthreads()
+                    for li in range(tl):
+                        total += sa[ty, li] * sb[li, tx]
+                    cuda.syncthreads()
+                m = m0 + ty
+                q = q0 + tx
+                if m < rows and q < cols:
+                    hg[m, q] = total
+            grid.sync()
+            for e in range(cuda.blockIdx.x * threads + tid, rows * hs, blocks * threads):
+                cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, e // hs, e % hs)
+            grid.sync()
+
+    return forward_sequence
 
 
 def backward_step_function(mode: str, dtype: str, projected: bool = False):
@@ -543,6 +646,7 @@ def kernel(name: str, *key):
 FUNCTIONS = {
     "gemm": gemm_function,
     "forward_step": forward_step_function,
+    "forward_sequence": forward_sequence_function,
     "backward_step": backward_step_function,
     "commit_projection": commit_projection_function,
     "gradient_of_output": gradient_of_output_function,
@@ -559,7 +663,8 @@ FUNCTIONS = {
 def signatures(dtype: str, tile: tuple):
     """Every RNN kernel of one dtype as ``(label, python function, signature)``, with the
     array layouts the drivers pass for the common case: what the compile tests hand to
-    ``numba.cuda.compile_ptx``."""
+    ``numba.cuda.compile_ptx``. Not ``forward_sequence``: numba-cuda (0.30.4) compiles a
+    grid-wide barrier only with a GPU present (its ``cg.this_grid`` asks the device)."""
     from numba import types
     elem = {"float16": types.float16, "float32": types.float32,
             "float64": types.float64}[dtype]

@@ -1,7 +1,9 @@
 """cuda ``rnn_forward``: the input projections of all steps as one GEMM per layer and
 direction (written straight into the reserve's gate region), then per step the recurrent
 product ``h @ W_hh.T`` (GEMM) and one fused kernel for the gates and the state update; with
-proj_size, the projection ``m @ W_hr.T`` (GEMM) and a kernel committing it to h and y. In
+proj_size, the projection ``m @ W_hr.T`` (GEMM) and a kernel committing it to h and y.
+The ``persistent`` algorithm (without proj_size) runs all steps of a layer and direction
+in one cooperative launch of ``forward_sequence`` instead. In
 training, layers 1.. read the previous layer's output times the dropout masks the frontend
 wrote into the reserve. Twin of :mod:`numbaconv.cpu.rnn_forward`; the reserve is the same
 layout, on the device.
@@ -16,10 +18,10 @@ import threading
 
 import numpy as np
 
-from ..config import cuda_threads_per_block
+from ..config import cuda_threads_per_block, cuda_tile
 from ..problem import layer_params
 from . import _rnn_kernels
-from ._blas import Prepared, elementwise_launch, product
+from ._blas import Prepared, blocks, elementwise_launch, product
 from ._layout import as_device, device_array
 
 
@@ -39,6 +41,45 @@ def copy2(src, dst, dtype, add=None):
     """``dst = src [+ add]`` (2-D device arrays, any strides)."""
     launch("add2", (dtype,), dst.shape[0] * dst.shape[1], src,
            src if add is None else add, dst, add is not None)
+
+
+#: Blocks a cooperative launch may have, per (kernel, argument types, threads, device).
+_COOPERATIVE_BLOCKS: dict = {}
+
+
+def cooperative_blocks(kernel, args, threads) -> int:
+    """How many blocks of ``threads`` threads of ``kernel`` (which synchronises its grid)
+    can be resident at once for these arguments: the most a cooperative launch may have.
+    Compiles the kernel for them first (once); the simulator allows one block."""
+    from .._device import simulated
+    if simulated():
+        return kernel.overloads[None].max_cooperative_grid_blocks(threads)
+    from ._blas import _device_id
+    sig = tuple(kernel.typeof_pyval(a) for a in args)
+    key = (id(kernel), sig, threads, _device_id())
+    found = _COOPERATIVE_BLOCKS.get(key)
+    if found is None:
+        kernel.compile(sig)
+        found = _COOPERATIVE_BLOCKS[key] = int(
+            kernel.overloads[sig].max_cooperative_grid_blocks(threads))
+    return found
+
+
+def forward_sequence(mode, dtype, args):
+    """One layer and direction's forward in one cooperative launch (the ``persistent``
+    algorithm): ``args`` as :func:`numbaconv.cuda._rnn_kernels.forward_sequence_function`
+    takes them."""
+    tile = cuda_tile()
+    tm, tq, _ = tile
+    kernel = _rnn_kernels.kernel("forward_sequence", mode, dtype, tile)
+    h, hg = args[4], args[5]
+    rows, hs = h.shape
+    wanted = max(blocks(rows, tm) * blocks(hg.shape[1], tq), blocks(rows * hs, tm * tq))
+    grid = min(wanted, cooperative_blocks(kernel, args, tm * tq))
+    if grid < 1:
+        raise RuntimeError(f"forward_sequence: no block of {tm * tq} threads fits on the "
+                           f"device for a cooperative launch")
+    kernel[grid, (tq, tm)](*args)
 
 
 #: Each host thread's scratch: {(device, name): device array}. Per thread, because every
@@ -212,6 +253,13 @@ def run(problem, operands, out, algorithm):
             # Whole (T, N, F) arrays and the step to every launch, no per-step slices; a
             # kernel that does not use an array gets gates in its place.
             cells = layout.cells(reserve, layer, d) if training and lstm else gates
+            if algorithm == "persistent":  # every step in one launch
+                forward_sequence(cfg.mode, dt, (gates, w_hh, b_ih, b_hh, h, hg, c, y_d, cells,
+                                                lens, training, d == 1))
+                copy2(h, hy[ld], dt)
+                if lstm:
+                    copy2(c, cy[ld], dt)
+                continue
             # planned once, run every step: the same arrays each time
             recurrent = Prepared(h, w_hh, hg, dt, tb=True)
             projection = Prepared(m, w_hr, hp, dt, tb=True) if proj else None
