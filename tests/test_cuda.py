@@ -41,9 +41,9 @@ def test_numpy_without_row_stack_is_named_for_old_numba_cuda():
     assert _numpy_problem(old_numpy, "0.30.4") is None
 
 
-def test_persistent_is_offered_for_the_forward_without_projection_only():
-    """The persistent forward (tests/test_cuda_rnn_sim.py) is a candidate for autotuning,
-    not the default, and only where it applies."""
+def test_persistent_is_offered_without_projection_only():
+    """The persistent forward and data gradient (tests/test_cuda_rnn_sim.py) are offered,
+    not chosen, and only where they apply."""
     from numbaconv import dispatch
     from numbaconv.rnn_problem import RNNProblem
     backend = dispatch.get_backend("cuda")
@@ -51,7 +51,8 @@ def test_persistent_is_offered_for_the_forward_without_projection_only():
                          (nc.RNNConfig("lstm", 4, 5, proj_size=2), False)):
         for op in ("rnn_forward", "rnn_backward_data", "rnn_backward_weights"):
             problem = RNNProblem(op, cfg, 3, 2, "float32", "cuda", True)
-            want = ("fused", "persistent") if offered and op == "rnn_forward" else ("fused",)
+            want = ("fused", "persistent") if offered and op != "rnn_backward_weights" \
+                else ("fused",)
             assert backend.algorithms(op, problem) == want, (op, cfg)
             assert backend.choose(op, problem)[0] == "fused"
 

@@ -394,16 +394,15 @@ def test_every_product_goes_through_cublas(product_path, cfg, lengths):
 
 @pytest.fixture
 def persistent(monkeypatch):
-    """The cuda backend's rnn_forward on the ``persistent`` algorithm while ``state["on"]``,
-    whatever was chosen (choices are cached per problem, so the backend's run is what is
-    switched); ``state["runs"]`` counts the forced runs."""
+    """The cuda backend's rnn_forward and rnn_backward_data on the ``persistent`` algorithm
+    while ``state["on"]``, whatever was chosen (choices are cached per problem, so the
+    backend's run is what is switched); ``state["runs"]`` counts the forced runs."""
     from numbaconv.cuda import CudaBackend
     run = CudaBackend.run
     state = {"on": True, "runs": 0}
 
     def forced(self, op, problem, operands, out, algorithm):
-        if state["on"] and op == "rnn_forward" and \
-                "persistent" in self.algorithms(op, problem):
+        if state["on"] and "persistent" in self.algorithms(op, problem):
             state["runs"] += 1
             algorithm = "persistent"
         return run(self, op, problem, operands, out, algorithm)
@@ -417,27 +416,29 @@ def persistent(monkeypatch):
     (nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True), np.array([3, 1, 2])),
     (nc.RNNConfig("rnn_relu", I, H, num_layers=2, dropout=0.5), np.array([2, 3, 3])),
 ], ids=["lstm", "gru-bidirectional-lengths", "rnn_relu-dropout-lengths"])
-def test_persistent_forward(product_path, persistent, cfg, lengths):
-    """The persistent forward (every step of a layer and direction in one cooperative
-    launch) against the reference, through a whole training step whose backward reads its
-    reserve; on the Numba product path its outputs, states and reserve are the step
-    loop's bit for bit (the same sums in the same order)."""
+def test_persistent_forward_and_data_gradient(product_path, persistent, cfg, lengths):
+    """The persistent forward and data gradient (every step of a layer and direction in one
+    cooperative launch) against the reference, through a whole training step; on the Numba
+    product path the step's results and reserve are the step loops' bit for bit (the same
+    sums in the same order)."""
     compare(cfg, "float64", lengths)
-    assert persistent["runs"] == 1
+    assert persistent["runs"] == 2
     if product_path != "numba":
         return
-    a = device(arrays(cfg, "float32", lengths, seed=2))
+    a = arrays(cfg, "float32", lengths, seed=2)
     results = []
     for on in (True, False):
         persistent["on"] = on
         with nc.use_backend("cuda"):
-            results.append([host(v) for v in forward(cfg, a)])
-    assert persistent["runs"] == 2
-    for got, want in zip(*results):
+            got = {k: host(v) for k, v in train_step(cfg, device(a)).items()}
+        got["reserve"] = regions(cfg, got["reserve"])  # without its unwritten padding
+        results.append(got)
+    assert persistent["runs"] == 4
+    for k, want in results[1].items():
         if want is None:
-            assert got is None
+            assert results[0][k] is None, k
         else:
-            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(results[0][k], want, err_msg=k)
 
 
 def launch_counts(cfg, t_len, monkeypatch):
@@ -509,15 +510,16 @@ def test_launches_per_step(product_path, name, cfg, monkeypatch):
         assert step == (kernels, products), (op, step, short[op])
 
 
-def test_the_persistent_forward_launches_nothing_per_step(product_path, persistent,
-                                                         monkeypatch):
-    """With the persistent forward a longer sequence adds no launch and no product: one
-    cooperative launch per layer and direction runs every step."""
+def test_the_persistent_loops_launch_nothing_per_step(product_path, persistent,
+                                                      monkeypatch):
+    """With the persistent forward and data gradient a longer sequence adds no launch and
+    no product: one cooperative launch per layer and direction runs every step."""
     cfg = nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True)
     short = launch_counts(cfg, 3, monkeypatch)
     long = launch_counts(cfg, 4, monkeypatch)
-    assert long["forward"] == short["forward"]
-    assert persistent["runs"] == 2
+    for op in ("forward", "backward_data", "backward_weights"):
+        assert long[op] == short[op], op
+    assert persistent["runs"] == 4
 
 
 def test_a_steady_training_step_allocates_only_its_results(monkeypatch):

@@ -1,4 +1,5 @@
-"""The cuda backend's two ``rnn_forward`` algorithms on the GPU benchmark's recurrent cases.
+"""The cuda backend's two algorithms for ``rnn_forward`` and ``rnn_backward_data`` on the GPU
+benchmark's recurrent cases.
 
 ``fused`` (the default) issues a cuBLAS product and a kernel per step; ``persistent`` runs
 every step of a layer and direction in one cooperative launch. For each case: one training
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     forced = {"algorithm": None}
 
     def run_forced(self, op, problem, operands, out, algorithm):
-        if op == "rnn_forward" and forced["algorithm"] is not None:
+        if op in ("rnn_forward", "rnn_backward_data") and forced["algorithm"] is not None \
+                and forced["algorithm"] in self.algorithms(op, problem):
             algorithm = forced["algorithm"]
         return run(self, op, problem, operands, out, algorithm)
 

@@ -38,11 +38,11 @@ each kernel's performance model, read from its machine code):
     any number of layers, both directions, sequence lengths, dropout between layers in
     training (masks drawn on the host by the frontend, as for cpu), batch_first (device
     arrays transposed on the device by the frontend).
-``persistent`` (rnn_forward without proj_size)
+``persistent`` (rnn_forward, rnn_backward_data; without proj_size)
     All steps of a layer and direction in one cooperative launch: the recurrent product by
-    shared-memory tiles and the cells between grid-wide barriers, no launch a step. Not
-    chosen by default yet (it has not been timed on a GPU); autotuning times it against
-    ``fused``.
+    shared-memory tiles and the cells between grid-wide barriers, no launch a step. Offered
+    beside ``fused`` but not chosen yet: it has not been timed on a GPU
+    (docs/benchmarks/gpu_rnn_algorithms.py times both).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class CudaBackend(Backend):
 
     def algorithms(self, op, problem):
         if op in RNN_OPS:
-            if op == "rnn_forward" and not problem.config.proj_size:
+            if op != "rnn_backward_weights" and not problem.config.proj_size:
                 return ("fused", "persistent")
             return ("fused",)
         if op == "conv_backward_bias":

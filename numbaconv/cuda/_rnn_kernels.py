@@ -16,10 +16,11 @@ use by factories keyed on their compile-time constants (mode, dtype, tile, trans
     The per-step arrays (gates, cells, y, dy, dproj, the previous states) are passed whole,
     (T, N, F), with the step t: a step loop hands the same array objects to every launch
     and slices nothing, which keeps its host time per step to the launch itself.
-``forward_sequence(mode, dtype, tile)``
-    The ``persistent`` forward: all steps of a layer and direction in one cooperative
-    launch, the recurrent product by shared-memory tiles and the cells between grid-wide
-    barriers, so that a sequence costs one launch instead of a product and a kernel a step.
+``forward_sequence(mode, dtype, tile)`` / ``backward_sequence(mode, dtype, tile)``
+    The ``persistent`` forward and data gradient: all steps of a layer and direction in one
+    cooperative launch, the recurrent product by shared-memory tiles and the cells between
+    grid-wide barriers, so that a sequence costs one launch instead of a product and a
+    kernel a step.
 ``commit_projection``, ``gradient_of_output``
     LSTM with projection (one thread per (n, j < P)): the projected state ``m @ W_hr.T``
     (a GEMM) becomes h and y inside the sequence; backwards, the gradient of h goes to the
@@ -349,17 +350,28 @@ def backward_step_function(mode: str, dtype: str, projected: bool = False):
     if projected and mode != "lstm":
         raise ValueError(f"projected: expected False for mode {mode!r} (projections are "
                          f"LSTM only), got True")
-    acc = _acc_type(dtype)
-    lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
-    one = acc(1)
+    cell = _backward_cell(mode, dtype, projected)
 
     def backward_step(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse):
         e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         hs = dh.shape[1]
-        if e >= dh.shape[0] * hs:
-            return
-        n = e // hs
-        j = e % hs
+        if e < dh.shape[0] * hs:
+            cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse, e // hs,
+                 e % hs)
+
+    return backward_step
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_cell(mode: str, dtype: str, projected: bool):
+    """The device function ``backward_step`` runs for one (n, j): its arguments and n, j."""
+    acc = _acc_type(dtype)
+    lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
+    one = acc(1)
+
+    @cuda.jit(device=True, inline=True)
+    def cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse, n, j):
+        hs = dh.shape[1]
         if t >= lengths[n]:
             if lstm or gru:
                 for k in range(4):
@@ -417,7 +429,83 @@ def backward_step_function(mode: str, dtype: str, projected: bool = False):
                 gates[t, n, j] = gh * (one - a * a)
             dh[n, j] = 0
 
-    return backward_step
+    return cell
+
+
+def backward_sequence_function(mode: str, dtype: str, tile: tuple):
+    """Every step of one layer and direction's data gradient in one cooperative launch
+    (the ``persistent`` algorithm), in the step loop's order: per step the cell of every
+    (n, j) as ``backward_step`` computes it, a grid-wide barrier, ``rec = dgates_t @ W_hh``
+    by shared-memory tiles as ``gemm`` computes it (dgates: the gate gradients the cells
+    just wrote, GRU's first 3H columns), a barrier. Without projection. Arguments:
+    ``backward_step``'s with ``w`` (G*H, H) W_hh instead of the step: ``gates, cells,
+    states, init, w, dh, rec, dy, dc, lengths, reverse`` (``reverse``: the layer's reverse
+    direction, whose data gradient runs t = 0 .. T-1).
+
+    Launch: as ``forward_sequence``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    acc = _acc_type(dtype)
+    cell = _backward_cell(mode, dtype, False)
+    tm, tq, tl = tile
+    threads = tm * tq
+
+    def backward_sequence(gates, cells, states, init, w, dh, rec, dy, dc, lengths, reverse):
+        sa = cuda.shared.array((tm, tl), acc)
+        sb = cuda.shared.array((tl, tq), acc)
+        grid = cuda.cg.this_grid()
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * tq + tx
+        blocks = cuda.gridDim.x
+        rows = dh.shape[0]
+        hs = dh.shape[1]
+        cols = rec.shape[1]
+        reduce_len = w.shape[0]
+        col_tiles = (cols + tq - 1) // tq
+        tiles = ((rows + tm - 1) // tm) * col_tiles
+        seq = gates.shape[0]
+        for s in range(seq):
+            t = s if reverse else seq - 1 - s
+            for e in range(cuda.blockIdx.x * threads + tid, rows * hs, blocks * threads):
+                cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse,
+                     e // hs, e % hs)
+            grid.sync()
+            for tile in range(cuda.blockIdx.x, tiles, blocks):
+                m0 = (tile // col_tiles) * tm
+                q0 = (tile % col_tiles) * tq
+                total = acc(0)
+                for l0 in range(0, reduce_len, tl):
+                    for e in range(tid, tm * tl, threads):
+                        mi = e // tl
+                        li = e % tl
+                        m = m0 + mi
+                        l = l0 + li
+                        v = acc(0)
+                        if m < rows and l < reduce_len:
+                            v = acc(gates[t, m, l])
+                        sa[mi, li] = v
+                    for e in range(tid, tl * tq, threads):
+                        li = e // tq
+                        qi = e % tq
+                        l = l0 + li
+                        q = q0 + qi
+                        v = acc(0)
+                        if l < reduce_len and q < cols:
+                            v = acc(w[l, q])
+                        sb[li, qi] = v
+                    cuda.syncthreads()
+                    for li in range(tl):
+                        total += sa[ty, li] * sb[li, tx]
+                    cuda.syncthreads()
+                m = m0 + ty
+                q = q0 + tx
+                if m < rows and q < cols:
+                    rec[m, q] = total
+            grid.sync()
+
+    return backward_sequence
 
 
 # --- projection (LSTM with proj_size) -------------------------------------------------------
@@ -647,6 +735,7 @@ FUNCTIONS = {
     "gemm": gemm_function,
     "forward_step": forward_step_function,
     "forward_sequence": forward_sequence_function,
+    "backward_sequence": backward_sequence_function,
     "backward_step": backward_step_function,
     "commit_projection": commit_projection_function,
     "gradient_of_output": gradient_of_output_function,

@@ -3,8 +3,9 @@ gate derivatives, written over the reserve's activations, and the recurrent prod
 ``dgates @ W_hh`` (GEMM); after the loop, the input gradient of all steps as one GEMM per
 layer and direction, times the layer's dropout masks. With proj_size, each step first
 writes the gradient of h to the reserve's dproj (``gradient_of_output``) and the GEMM
-``dproj @ W_hr`` gives the cell kernel its input. Twin of
-:mod:`numbaconv.cpu.rnn_backward_data`."""
+``dproj @ W_hr`` gives the cell kernel its input. The ``persistent`` algorithm (without
+proj_size) runs all steps of a layer and direction in one cooperative launch of
+``backward_sequence`` instead. Twin of :mod:`numbaconv.cpu.rnn_backward_data`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..problem import layer_params
 from ._layout import as_device, device_array
 from ._blas import Prepared, product
 from .rnn_forward import (configured, contiguous_params, copy2, device_lengths, launch,
-                          scratch, steps)
+                          persistent_launch, scratch, steps)
 
 
 def run(problem, operands, out, algorithm):
@@ -62,20 +63,25 @@ def run(problem, operands, out, algorithm):
             if lstm:
                 copy2(dcy[ld], dc, dt)
             launch("zero2", (dt,), n * p, rec)
-            # planned once; each step moves it to its own step of the reserve
-            recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec, dt,
-                                 steps=gates)
-            if proj:
-                dproj = layout.dproj(reserve, layer, d)
-                projection = Prepared(dproj[0], w_hr, dm, dt, steps=dproj)
-            for t in reversed(steps(t_len, d)):
-                if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
-                    output_gradient(dh, rec, dy_d, dproj, lens, t)
-                    projection(t)
-                    step(gates, cells, states, init, dm, dm, gates, dc, lens, t, d == 1)
-                else:
-                    step(gates, cells, states, init, dh, rec, dy_d, dc, lens, t, d == 1)
-                recurrent(t)
+            if algorithm == "persistent":  # every step in one launch
+                persistent_launch("backward_sequence", mode, dt,
+                                  (gates, cells, states, init, w_hh, dh, rec, dy_d, dc, lens,
+                                   d == 1), rows=n, units=hs, product_cols=p)
+            else:
+                # planned once; each step moves it to its own step of the reserve
+                recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec,
+                                     dt, steps=gates)
+                if proj:
+                    dproj = layout.dproj(reserve, layer, d)
+                    projection = Prepared(dproj[0], w_hr, dm, dt, steps=dproj)
+                for t in reversed(steps(t_len, d)):
+                    if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
+                        output_gradient(dh, rec, dy_d, dproj, lens, t)
+                        projection(t)
+                        step(gates, cells, states, init, dm, dm, gates, dc, lens, t, d == 1)
+                    else:
+                        step(gates, cells, states, init, dh, rec, dy_d, dc, lens, t, d == 1)
+                    recurrent(t)
             copy2(dh, dhx[ld], dt, add=rec)
             if lstm:
                 copy2(dc, dcx[ld], dt)

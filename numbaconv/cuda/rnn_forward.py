@@ -65,20 +65,19 @@ def cooperative_blocks(kernel, args, threads) -> int:
     return found
 
 
-def forward_sequence(mode, dtype, args):
-    """One layer and direction's forward in one cooperative launch (the ``persistent``
-    algorithm): ``args`` as :func:`numbaconv.cuda._rnn_kernels.forward_sequence_function`
-    takes them."""
+def persistent_launch(name, mode, dtype, args, *, rows, units, product_cols):
+    """One cooperative launch of ``forward_sequence`` or ``backward_sequence`` (the
+    ``persistent`` algorithm) on ``args``: enough blocks for the larger of the recurrent
+    product's tiles (``rows x product_cols``) and the cells (``rows x units``), at most
+    as many as can be resident at once."""
     tile = cuda_tile()
     tm, tq, _ = tile
-    kernel = _rnn_kernels.kernel("forward_sequence", mode, dtype, tile)
-    h, hg = args[4], args[5]
-    rows, hs = h.shape
-    wanted = max(blocks(rows, tm) * blocks(hg.shape[1], tq), blocks(rows * hs, tm * tq))
+    kernel = _rnn_kernels.kernel(name, mode, dtype, tile)
+    wanted = max(blocks(rows, tm) * blocks(product_cols, tq), blocks(rows * units, tm * tq))
     grid = min(wanted, cooperative_blocks(kernel, args, tm * tq))
     if grid < 1:
-        raise RuntimeError(f"forward_sequence: no block of {tm * tq} threads fits on the "
-                           f"device for a cooperative launch")
+        raise RuntimeError(f"{name}: no block of {tm * tq} threads fits on the device for a "
+                           f"cooperative launch")
     kernel[grid, (tq, tm)](*args)
 
 
@@ -254,8 +253,9 @@ def run(problem, operands, out, algorithm):
             # kernel that does not use an array gets gates in its place.
             cells = layout.cells(reserve, layer, d) if training and lstm else gates
             if algorithm == "persistent":  # every step in one launch
-                forward_sequence(cfg.mode, dt, (gates, w_hh, b_ih, b_hh, h, hg, c, y_d, cells,
-                                                lens, training, d == 1))
+                persistent_launch("forward_sequence", cfg.mode, dt,
+                                  (gates, w_hh, b_ih, b_hh, h, hg, c, y_d, cells, lens,
+                                   training, d == 1), rows=n, units=hs, product_cols=gh)
                 copy2(h, hy[ld], dt)
                 if lstm:
                     copy2(c, cy[ld], dt)
