@@ -256,21 +256,18 @@ def run(problem, operands, out, algorithm):
                 persistent_launch("forward_sequence", cfg.mode, dt,
                                   (gates, w_hh, b_ih, b_hh, h, hg, c, y_d, cells, lens,
                                    training, d == 1), rows=n, units=hs, product_cols=gh)
-                copy2(h, hy[ld], dt)
-                if lstm:
-                    copy2(c, cy[ld], dt)
-                continue
-            # planned once, run every step: the same arrays each time
-            recurrent = Prepared(h, w_hh, hg, dt, tb=True)
-            projection = Prepared(m, w_hr, hp, dt, tb=True) if proj else None
-            for t in steps(t_len, d):
-                recurrent()
-                if proj:  # the cell writes m; h and y come from its projection
-                    step(gates, hg, b_ih, b_hh, m, c, gates, cells, lens, t, training)
-                    projection()
-                    commit(hp, h, y_d, lens, t)
-                else:
-                    step(gates, hg, b_ih, b_hh, h, c, y_d, cells, lens, t, training)
+            else:
+                # planned once, run every step: the same arrays each time
+                recurrent = Prepared(h, w_hh, hg, dt, tb=True)
+                projection = Prepared(m, w_hr, hp, dt, tb=True) if proj else None
+                for t in steps(t_len, d):
+                    recurrent()
+                    if proj:  # the cell writes m; h and y come from its projection
+                        step(gates, hg, b_ih, b_hh, m, c, gates, cells, lens, t, training)
+                        projection()
+                        commit(hp, h, y_d, lens, t)
+                    else:
+                        step(gates, hg, b_ih, b_hh, h, c, y_d, cells, lens, t, training)
             copy2(h, hy[ld], dt)
             if lstm:
                 copy2(c, cy[ld], dt)
