@@ -248,6 +248,62 @@ def forward_step_function(mode: str, dtype: str, projected: bool = False):
     return forward_step
 
 
+@functools.lru_cache(maxsize=None)
+def _block_product(dtype: str, tile: tuple, tb: bool):
+    """The device function a persistent kernel's block runs for its share of
+    ``c = a @ op(b)`` (``op`` transposes with ``tb``; the reduction over ``b``'s rows, or
+    columns with ``tb``): tiles ``blockIdx.x, + gridDim.x, ...`` of ``tile`` outputs, each
+    one thread's sum over shared-memory steps in the order ``gemm`` sums. Called by every
+    thread of the block (it synchronises the block); ``sa``, ``sb`` its shared tiles."""
+    acc = _acc_type(dtype)
+    tm, tq, tl = tile
+    threads = tm * tq
+
+    @cuda.jit(device=True, inline=True)
+    def block_product(a, b, c, sa, sb):
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * tq + tx
+        rows = c.shape[0]
+        cols = c.shape[1]
+        reduce_len = b.shape[1] if tb else b.shape[0]
+        col_tiles = (cols + tq - 1) // tq
+        tiles = ((rows + tm - 1) // tm) * col_tiles
+        for tile_index in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+            m0 = (tile_index // col_tiles) * tm
+            q0 = (tile_index % col_tiles) * tq
+            total = acc(0)
+            for l0 in range(0, reduce_len, tl):
+                for e in range(tid, tm * tl, threads):
+                    mi = e // tl
+                    li = e % tl
+                    m = m0 + mi
+                    l = l0 + li
+                    v = acc(0)
+                    if m < rows and l < reduce_len:
+                        v = acc(a[m, l])
+                    sa[mi, li] = v
+                for e in range(tid, tl * tq, threads):
+                    li = e // tq
+                    qi = e % tq
+                    l = l0 + li
+                    q = q0 + qi
+                    v = acc(0)
+                    if l < reduce_len and q < cols:
+                        v = acc(b[q, l]) if tb else acc(b[l, q])
+                    sb[li, qi] = v
+                cuda.syncthreads()
+                for li in range(tl):
+                    total += sa[ty, li] * sb[li, tx]
+                cuda.syncthreads()
+            m = m0 + ty
+            q = q0 + tx
+            if m < rows and q < cols:
+                c[m, q] = total
+
+    return block_product
+
+
 def forward_sequence_function(mode: str, dtype: str, tile: tuple):
     """Every step of one layer and direction's forward in one cooperative launch (the
     ``persistent`` algorithm): per step, ``hg = h @ W_hh.T`` by shared-memory tiles as
@@ -266,6 +322,7 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     acc = _acc_type(dtype)
     cell = forward_cell_function(mode, dtype, False)
+    product = _block_product(dtype, tile, True)
     tm, tq, tl = tile
     threads = tm * tq
 
@@ -273,51 +330,15 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
         sa = cuda.shared.array((tm, tl), acc)
         sb = cuda.shared.array((tl, tq), acc)
         grid = cuda.cg.this_grid()
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tq + tx
-        blocks = cuda.gridDim.x
-        rows = h.shape[0]
+        first = cuda.blockIdx.x * threads + cuda.threadIdx.y * tq + cuda.threadIdx.x
+        every = cuda.gridDim.x * threads
         hs = h.shape[1]
-        cols = hg.shape[1]
-        col_tiles = (cols + tq - 1) // tq
-        tiles = ((rows + tm - 1) // tm) * col_tiles
         seq = xg.shape[0]
         for s in range(seq):
             t = seq - 1 - s if reverse else s
-            for tile in range(cuda.blockIdx.x, tiles, blocks):
-                m0 = (tile // col_tiles) * tm
-                q0 = (tile % col_tiles) * tq
-                total = acc(0)
-                for l0 in range(0, hs, tl):
-                    for e in range(tid, tm * tl, threads):
-                        mi = e // tl
-                        li = e % tl
-                        m = m0 + mi
-                        l = l0 + li
-                        v = acc(0)
-                        if m < rows and l < hs:
-                            v = acc(h[m, l])
-                        sa[mi, li] = v
-                    for e in range(tid, tl * tq, threads):
-                        li = e // tq
-                        qi = e % tq
-                        l = l0 + li
-                        q = q0 + qi
-                        v = acc(0)
-                        if l < hs and q < cols:
-                            v = acc(w[q, l])
-                        sb[li, qi] = v
-                    cuda.syncthreads()
-                    for li in range(tl):
-                        total += sa[ty, li] * sb[li, tx]
-                    cuda.syncthreads()
-                m = m0 + ty
-                q = q0 + tx
-                if m < rows and q < cols:
-                    hg[m, q] = total
+            product(h, w, hg, sa, sb)
             grid.sync()
-            for e in range(cuda.blockIdx.x * threads + tid, rows * hs, blocks * threads):
+            for e in range(first, h.shape[0] * hs, every):
                 cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, e // hs, e % hs)
             grid.sync()
 
@@ -448,6 +469,7 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     acc = _acc_type(dtype)
     cell = _backward_cell(mode, dtype, False)
+    product = _block_product(dtype, tile, False)
     tm, tq, tl = tile
     threads = tm * tq
 
@@ -455,54 +477,17 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
         sa = cuda.shared.array((tm, tl), acc)
         sb = cuda.shared.array((tl, tq), acc)
         grid = cuda.cg.this_grid()
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tq + tx
-        blocks = cuda.gridDim.x
-        rows = dh.shape[0]
+        first = cuda.blockIdx.x * threads + cuda.threadIdx.y * tq + cuda.threadIdx.x
+        every = cuda.gridDim.x * threads
         hs = dh.shape[1]
-        cols = rec.shape[1]
-        reduce_len = w.shape[0]
-        col_tiles = (cols + tq - 1) // tq
-        tiles = ((rows + tm - 1) // tm) * col_tiles
         seq = gates.shape[0]
         for s in range(seq):
             t = s if reverse else seq - 1 - s
-            for e in range(cuda.blockIdx.x * threads + tid, rows * hs, blocks * threads):
+            for e in range(first, dh.shape[0] * hs, every):
                 cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse,
                      e // hs, e % hs)
             grid.sync()
-            for tile in range(cuda.blockIdx.x, tiles, blocks):
-                m0 = (tile // col_tiles) * tm
-                q0 = (tile % col_tiles) * tq
-                total = acc(0)
-                for l0 in range(0, reduce_len, tl):
-                    for e in range(tid, tm * tl, threads):
-                        mi = e // tl
-                        li = e % tl
-                        m = m0 + mi
-                        l = l0 + li
-                        v = acc(0)
-                        if m < rows and l < reduce_len:
-                            v = acc(gates[t, m, l])
-                        sa[mi, li] = v
-                    for e in range(tid, tl * tq, threads):
-                        li = e // tq
-                        qi = e % tq
-                        l = l0 + li
-                        q = q0 + qi
-                        v = acc(0)
-                        if l < reduce_len and q < cols:
-                            v = acc(w[l, q])
-                        sb[li, qi] = v
-                    cuda.syncthreads()
-                    for li in range(tl):
-                        total += sa[ty, li] * sb[li, tx]
-                    cuda.syncthreads()
-                m = m0 + ty
-                q = q0 + tx
-                if m < rows and q < cols:
-                    rec[m, q] = total
+            product(gates[t], w, rec, sa, sb)
             grid.sync()
 
     return backward_sequence
