@@ -51,6 +51,59 @@ def _acc_type(dtype: str):
 
 # --- GEMM ----------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
+def _output_tile(dtype: str, tile: tuple, ta: bool, tb: bool):
+    """The device function every thread of a block calls for one ``tile`` of ``c (+)= op(a)
+    @ op(b)`` (``op`` transposes with ``ta``/``tb``): ``output_tile(a, b, c, accumulate,
+    sa, sb, m0, q0)`` for the tile at row m0, column q0, ``sa``/``sb`` the block's shared
+    tiles. Each output is one thread's sum over shared-memory steps of ``tile[2]``, in order.
+    It synchronises the block."""
+    acc = _acc_type(dtype)
+    tm, tq, tl = tile
+    threads = tm * tq
+
+    @cuda.jit(device=True, inline=True)
+    def output_tile(a, b, c, accumulate, sa, sb, m0, q0):
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * tq + tx
+        rows = c.shape[0]
+        cols = c.shape[1]
+        reduce_len = a.shape[0] if ta else a.shape[1]
+        total = acc(0)
+        for l0 in range(0, reduce_len, tl):
+            for e in range(tid, tm * tl, threads):
+                mi = e // tl
+                li = e % tl
+                m = m0 + mi
+                l = l0 + li
+                v = acc(0)
+                if m < rows and l < reduce_len:
+                    v = acc(a[l, m]) if ta else acc(a[m, l])
+                sa[mi, li] = v
+            for e in range(tid, tl * tq, threads):
+                li = e // tq
+                qi = e % tq
+                l = l0 + li
+                q = q0 + qi
+                v = acc(0)
+                if l < reduce_len and q < cols:
+                    v = acc(b[q, l]) if tb else acc(b[l, q])
+                sb[li, qi] = v
+            cuda.syncthreads()
+            for li in range(tl):
+                total += sa[ty, li] * sb[li, tx]
+            cuda.syncthreads()
+        m = m0 + ty
+        q = q0 + tx
+        if m < rows and q < cols:
+            if accumulate:
+                total += acc(c[m, q])
+            c[m, q] = total
+
+    return output_tile
+
+
 def gemm_function(ta: bool, tb: bool, dtype: str, tile: tuple):
     """``c[m, q] (+)= sum_l A[m, l] * B[l, q]`` with ``A = a.T if ta else a`` and
     ``B = b.T if tb else b``.
@@ -62,53 +115,16 @@ def gemm_function(ta: bool, tb: bool, dtype: str, tile: tuple):
     """
     acc = _acc_type(dtype)
     tm, tq, tl = tile
-    threads = tm * tq
+    output_tile = _output_tile(dtype, tile, ta, tb)
 
     def gemm(a, b, c, accumulate):
         sa = cuda.shared.array((tm, tl), acc)
         sb = cuda.shared.array((tl, tq), acc)
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tq + tx
-        rows = c.shape[0]
-        cols = c.shape[1]
-        reduce_len = a.shape[0] if ta else a.shape[1]
-        row_tiles = (rows + tm - 1) // tm
-        col_tiles = (cols + tq - 1) // tq
+        row_tiles = (c.shape[0] + tm - 1) // tm
+        col_tiles = (c.shape[1] + tq - 1) // tq
         for row_tile in range(cuda.blockIdx.x, row_tiles, cuda.gridDim.x):
-            m0 = row_tile * tm
             for col_tile in range(cuda.blockIdx.y, col_tiles, cuda.gridDim.y):
-                q0 = col_tile * tq
-                total = acc(0)
-                for l0 in range(0, reduce_len, tl):
-                    for e in range(tid, tm * tl, threads):
-                        mi = e // tl
-                        li = e % tl
-                        m = m0 + mi
-                        l = l0 + li
-                        v = acc(0)
-                        if m < rows and l < reduce_len:
-                            v = acc(a[l, m]) if ta else acc(a[m, l])
-                        sa[mi, li] = v
-                    for e in range(tid, tl * tq, threads):
-                        li = e // tq
-                        qi = e % tq
-                        l = l0 + li
-                        q = q0 + qi
-                        v = acc(0)
-                        if l < reduce_len and q < cols:
-                            v = acc(b[q, l]) if tb else acc(b[l, q])
-                        sb[li, qi] = v
-                    cuda.syncthreads()
-                    for li in range(tl):
-                        total += sa[ty, li] * sb[li, tx]
-                    cuda.syncthreads()
-                m = m0 + ty
-                q = q0 + tx
-                if m < rows and q < cols:
-                    if accumulate:
-                        total += acc(c[m, q])
-                    c[m, q] = total
+                output_tile(a, b, c, accumulate, sa, sb, row_tile * tm, col_tile * tq)
 
     return gemm
 
@@ -248,62 +264,6 @@ def forward_step_function(mode: str, dtype: str, projected: bool = False):
     return forward_step
 
 
-@functools.lru_cache(maxsize=None)
-def _block_product(dtype: str, tile: tuple, tb: bool):
-    """The device function a persistent kernel's block runs for its share of
-    ``c = a @ op(b)`` (``op`` transposes with ``tb``; the reduction over ``b``'s rows, or
-    columns with ``tb``): tiles ``blockIdx.x, + gridDim.x, ...`` of ``tile`` outputs, each
-    one thread's sum over shared-memory steps in the order ``gemm`` sums. Called by every
-    thread of the block (it synchronises the block); ``sa``, ``sb`` its shared tiles."""
-    acc = _acc_type(dtype)
-    tm, tq, tl = tile
-    threads = tm * tq
-
-    @cuda.jit(device=True, inline=True)
-    def block_product(a, b, c, sa, sb):
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tq + tx
-        rows = c.shape[0]
-        cols = c.shape[1]
-        reduce_len = b.shape[1] if tb else b.shape[0]
-        col_tiles = (cols + tq - 1) // tq
-        tiles = ((rows + tm - 1) // tm) * col_tiles
-        for tile_index in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-            m0 = (tile_index // col_tiles) * tm
-            q0 = (tile_index % col_tiles) * tq
-            total = acc(0)
-            for l0 in range(0, reduce_len, tl):
-                for e in range(tid, tm * tl, threads):
-                    mi = e // tl
-                    li = e % tl
-                    m = m0 + mi
-                    l = l0 + li
-                    v = acc(0)
-                    if m < rows and l < reduce_len:
-                        v = acc(a[m, l])
-                    sa[mi, li] = v
-                for e in range(tid, tl * tq, threads):
-                    li = e // tq
-                    qi = e % tq
-                    l = l0 + li
-                    q = q0 + qi
-                    v = acc(0)
-                    if l < reduce_len and q < cols:
-                        v = acc(b[q, l]) if tb else acc(b[l, q])
-                    sb[li, qi] = v
-                cuda.syncthreads()
-                for li in range(tl):
-                    total += sa[ty, li] * sb[li, tx]
-                cuda.syncthreads()
-            m = m0 + ty
-            q = q0 + tx
-            if m < rows and q < cols:
-                c[m, q] = total
-
-    return block_product
-
-
 def forward_sequence_function(mode: str, dtype: str, tile: tuple):
     """Every step of one layer and direction's forward in one cooperative launch (the
     ``persistent`` algorithm): per step, ``hg = h @ W_hh.T`` by shared-memory tiles as
@@ -322,7 +282,7 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     acc = _acc_type(dtype)
     cell = forward_cell_function(mode, dtype, False)
-    product = _block_product(dtype, tile, True)
+    output_tile = _output_tile(dtype, tile, False, True)
     tm, tq, tl = tile
     threads = tm * tq
 
@@ -334,9 +294,13 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
         every = cuda.gridDim.x * threads
         hs = h.shape[1]
         seq = xg.shape[0]
+        col_tiles = (hg.shape[1] + tq - 1) // tq
+        tiles = ((hg.shape[0] + tm - 1) // tm) * col_tiles
         for s in range(seq):
             t = seq - 1 - s if reverse else s
-            product(h, w, hg, sa, sb)
+            for i in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):  # hg = h @ W_hh.T
+                output_tile(h, w, hg, False, sa, sb, (i // col_tiles) * tm,
+                            (i % col_tiles) * tq)
             grid.sync()
             for e in range(first, h.shape[0] * hs, every):
                 cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, e // hs, e % hs)
@@ -469,7 +433,7 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     acc = _acc_type(dtype)
     cell = _backward_cell(mode, dtype, False)
-    product = _block_product(dtype, tile, False)
+    output_tile = _output_tile(dtype, tile, False, False)
     tm, tq, tl = tile
     threads = tm * tq
 
@@ -481,13 +445,18 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
         every = cuda.gridDim.x * threads
         hs = dh.shape[1]
         seq = gates.shape[0]
+        col_tiles = (rec.shape[1] + tq - 1) // tq
+        tiles = ((rec.shape[0] + tm - 1) // tm) * col_tiles
         for s in range(seq):
             t = s if reverse else seq - 1 - s
             for e in range(first, dh.shape[0] * hs, every):
                 cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse,
                      e // hs, e % hs)
             grid.sync()
-            product(gates[t], w, rec, sa, sb)
+            dgates = gates[t, :, :w.shape[0]]  # GRU: dr, dz, r * dn (not dn)
+            for i in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):  # rec = dgates @ W_hh
+                output_tile(dgates, w, rec, False, sa, sb, (i // col_tiles) * tm,
+                            (i % col_tiles) * tq)
             grid.sync()
 
     return backward_sequence
