@@ -186,6 +186,22 @@ print(json.dumps(dict(rows=[r.as_dict() for r in rows], late=[r.as_dict() for r 
 
 
 @needs_simulator
+@needs_simulator
+def test_the_rnn_algorithms_script_compares_both_loops():
+    """docs/benchmarks/gpu_rnn_algorithms.py (how the persistent loops get timed on a GPU)
+    runs under the simulator: both algorithms on the LSTM twin, and, on the Numba product
+    path the simulator has, the same results to the bit."""
+    proc = subprocess.run([sys.executable, os.path.join("docs", "benchmarks",
+                                                         "gpu_rnn_algorithms.py"),
+                           "--sim", "--case", "lstm_T3", "--reps", "1"],
+                          cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith("lstm_T3_N2_4_5")]
+    assert [r[1] for r in rows] == ["fused", "persistent"], proc.stdout
+    assert all(float(r[4]) == 0.0 for r in rows), proc.stdout
+
+
 def test_a_wrong_training_step_is_a_failure_and_is_not_timed():
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WRONG_RNN)], cwd=ROOT,
                           env=SIM_ENV, capture_output=True, text=True, timeout=300)

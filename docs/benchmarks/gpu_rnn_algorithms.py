@@ -47,8 +47,10 @@ def main(argv=None) -> int:
     forced = {"algorithm": None}
 
     def run_forced(self, op, problem, operands, out, algorithm):
-        if op in ("rnn_forward", "rnn_backward_data") and forced["algorithm"] is not None \
-                and forced["algorithm"] in self.algorithms(op, problem):
+        if op in ("rnn_forward", "rnn_backward_data") and forced["algorithm"] is not None:
+            if forced["algorithm"] not in self.algorithms(op, problem):
+                raise RuntimeError(f"{op}: the cuda backend does not offer "
+                                   f"{forced['algorithm']!r} for this case")
             algorithm = forced["algorithm"]
         return run(self, op, problem, operands, out, algorithm)
 
