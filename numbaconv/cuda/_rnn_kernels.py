@@ -142,20 +142,19 @@ def _math(dtype: str):
     return sigmoid
 
 
-def forward_cell_function(mode: str, dtype: str, projected: bool = False):
-    """A device function ``cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, n,
-    j)``: the forward of step t for row n and hidden unit j, whose arguments are the
-    ``forward_step`` kernel's (below)."""
+def _check_cell(mode: str, projected: bool) -> None:
+    """The step and sequence kernels' factories: a known mode, and a projection only for an
+    LSTM."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     if projected and mode != "lstm":
         raise ValueError(f"projected: expected False for mode {mode!r} (projections are "
                          f"LSTM only), got True")
-    return _forward_cell(mode, dtype, projected)
 
 
 @functools.lru_cache(maxsize=None)
 def _forward_cell(mode: str, dtype: str, projected: bool):
+    """The device function ``forward_step`` runs for one (n, j): its arguments and n, j."""
     acc = _acc_type(dtype)
     sigmoid = _math(dtype)
     lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
@@ -248,12 +247,8 @@ def forward_step_function(mode: str, dtype: str, projected: bool = False):
     Launch: 1D, enough threads for N*H. Arguments:
     ``xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store``.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    if projected and mode != "lstm":
-        raise ValueError(f"projected: expected False for mode {mode!r} (projections are "
-                         f"LSTM only), got True")
-    cell = forward_cell_function(mode, dtype, projected)
+    _check_cell(mode, projected)
+    cell = _forward_cell(mode, dtype, projected)
 
     def forward_step(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store):
         e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -278,10 +273,9 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
     tiles and the cells beyond the grid. Each ``hg`` element is the sum ``gemm`` forms, in
     the same order, and each cell is ``forward_step``'s.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    _check_cell(mode, False)
     acc = _acc_type(dtype)
-    cell = forward_cell_function(mode, dtype, False)
+    cell = _forward_cell(mode, dtype, False)
     output_tile = _output_tile(dtype, tile, False, True)
     tm, tq, tl = tile
     threads = tm * tq
@@ -330,11 +324,7 @@ def backward_step_function(mode: str, dtype: str, projected: bool = False):
     Launch: 1D, enough threads for N*H. Arguments:
     ``gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse``.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    if projected and mode != "lstm":
-        raise ValueError(f"projected: expected False for mode {mode!r} (projections are "
-                         f"LSTM only), got True")
+    _check_cell(mode, projected)
     cell = _backward_cell(mode, dtype, projected)
 
     def backward_step(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse):
@@ -429,8 +419,7 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
 
     Launch: as ``forward_sequence``.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    _check_cell(mode, False)
     acc = _acc_type(dtype)
     cell = _backward_cell(mode, dtype, False)
     output_tile = _output_tile(dtype, tile, False, False)
@@ -706,8 +695,9 @@ FUNCTIONS = {
 def signatures(dtype: str, tile: tuple):
     """Every RNN kernel of one dtype as ``(label, python function, signature)``, with the
     array layouts the drivers pass for the common case: what the compile tests hand to
-    ``numba.cuda.compile_ptx``. Not ``forward_sequence``: numba-cuda (0.30.4) compiles a
-    grid-wide barrier only with a GPU present (its ``cg.this_grid`` asks the device)."""
+    ``numba.cuda.compile_ptx``. Not ``forward_sequence`` and ``backward_sequence``:
+    numba-cuda (0.30.4) compiles a grid-wide barrier only with a GPU present (its
+    ``cg.this_grid`` asks the device)."""
     from numba import types
     elem = {"float16": types.float16, "float32": types.float32,
             "float64": types.float64}[dtype]
