@@ -745,6 +745,32 @@ def test_products_shared_out_among_the_workers(monkeypatch, shapes):
     assert nested == [[(i, j, True) for j in (0, 1)] for i in range(4)]
 
 
+@pytest.mark.parametrize("out_shape, split", [
+    ((8, 1, 6, 70), 8),         # eight whole products, four a worker
+    ((5, 1, 6, 70), 5),         # three and two: within WHOLE_PRODUCTS_IMBALANCE
+    ((3, 1, 6, 70), 70),        # two and one would leave a worker idle: the columns
+    ((1, 1, 90, 7), 90),        # no stack: the longest axis
+])
+def test_stacks_of_products_are_shared_out_whole_where_they_divide_evenly(monkeypatch,
+                                                                         out_shape, split):
+    """_tiles.matmul gives each worker whole products of a stack that divides evenly
+    enough among them, else slices of out's longest axis."""
+    from numbaconv.cpu import _tiles
+    _force_tile_workers(monkeypatch, 2)
+    monkeypatch.setattr(_tiles, "SHARED_PRODUCT_ABOVE", 0)
+    sizes = []
+    real = _tiles.worker_ranges
+    monkeypatch.setattr(_tiles, "worker_ranges",
+                        lambda size, share=True: sizes.append(size) or real(size, share))
+    rng = np.random.default_rng(16)
+    a = rng.standard_normal(out_shape[:-1] + (4,))
+    b = rng.standard_normal(out_shape[:-2] + (4, out_shape[-1]))
+    out = np.full(out_shape, np.nan)
+    _tiles.matmul(a, b, out)
+    assert sizes == [split]
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-13, atol=1e-13)
+
+
 def test_tile_workers_leave_blas_threads_as_they_were(monkeypatch):
     """The workers hold NumPy's OpenBLAS to one thread (a process-wide setting) only while
     they run: a leaked setting once halved the speed of every later product."""

@@ -111,9 +111,26 @@ def fixed_parts(size: int) -> int:
     return parts
 
 
+#: A stack of products is shared out in whole products (not slices of each) when the
+#: busiest worker then has at most this much more than an even share: whole products
+#: multiply faster, but leave a worker idle when they divide badly (docs/cpu-algorithms.md).
+WHOLE_PRODUCTS_IMBALANCE = 1.25
+
+
+def _whole_products_balance(shape: tuple, shared: bool) -> bool:
+    """Whether the products of an out of ``shape`` share out evenly enough (see
+    :data:`WHOLE_PRODUCTS_IMBALANCE`) along its longest batch axis."""
+    if len(shape) < 3 or not shared:
+        return False
+    size = max(shape[:-2])
+    workers = tile_workers(size)
+    return workers > 1 and -(-size // workers) * workers <= WHOLE_PRODUCTS_IMBALANCE * size
+
+
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -> np.ndarray:
     """``np.matmul(a, b, out=out)``, shared out among the tile workers (one BLAS thread each)
-    in slices of out's longest axis, so that numbaconv never runs OpenBLAS's own thread
+    in slices of out's longest batch axis where its products divide evenly among them, else
+    of out's longest axis, so that numbaconv never runs OpenBLAS's own thread
     pool: its threads spin for about 0.1 s after each product, taking a core from the tile
     workers of whatever runs next (measured on 2 cores: a channels-last 3x3 data gradient
     right after a two-thread product took 24-26 ms instead of 14-19 ms). ``a`` may have
@@ -126,7 +143,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -
     whole, and a single product is cut into slices fixed by its shape
     (:func:`fixed_ranges`), whatever the number of workers."""
     shared = out.size * a.shape[-1] > SHARED_PRODUCT_ABOVE
-    if not fixed:
+    if not fixed and not _whole_products_balance(out.shape, shared):
         axis = int(np.argmax(out.shape))
         spans = worker_ranges(out.shape[axis], shared)
     elif out.ndim > 2 and max(out.shape[:-2]) > 1:
