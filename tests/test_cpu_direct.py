@@ -233,6 +233,65 @@ def test_same_rows_weight_gradient_reads_the_rows_in_place(monkeypatch):
         assert_non_finite_like(_run("conv_backward_weight", p, (x, dy)), expected, "dw")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_channel_pieces_cover_the_channels_once_within_cache_lines(dtype):
+    """_sliding.channel_pieces: for every start past a cache line, its whole vectors and
+    narrow pieces cover each channel once; where it takes the narrow pieces, no vector
+    crosses a line (the pixels all start alike: channels fill whole lines); pixels that fall
+    in many L1 sets take the plain split."""
+    from numbaconv.cpu._sliding import LINE, channel_pieces, row_lanes
+    itemsize, lanes = np.dtype(dtype).itemsize, row_lanes(dtype)
+    taken = 0
+    for channels in (lanes, 4 * lanes, 64, 128, 512):
+        for offset in range(0, LINE, itemsize):
+            (head, tail), narrow = channel_pieces(offset, channels, dtype)
+            vectors = [(k, lanes) for k in range(head, channels - tail, lanes)]
+            vectors += [tuple(piece) for piece in narrow.tolist()]
+            covered = np.zeros(channels, int)
+            for first, width in vectors:
+                assert 0 < width <= lanes and first + width <= channels
+                covered[first:first + width] += 1
+            assert (covered == 1).all(), (channels, offset)
+            if len(narrow):
+                taken += 1
+                assert all((offset + first * itemsize) // LINE
+                           == (offset + (first + width) * itemsize - 1) // LINE
+                           for first, width in vectors), (channels, offset)
+    assert taken
+    assert not len(channel_pieces(16, LINE // itemsize * 24, dtype)[1])     # 8 sets
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_same_rows_weight_gradient_is_the_same_wherever_the_rows_start(dtype):
+    """The channels-last ``same`` 3x3 weight gradient (_cl_same3_weight) walks narrower
+    vectors up to the first cache line of each pixel and from its last where x and dy start
+    past a line alike (_sliding.channel_pieces): bitwise the dw of the same arrays on a
+    line, at every start (and where x and dy start differently), and the reference's."""
+    from numbaconv.cpu._sliding import LINE, channel_pieces
+    itemsize = np.dtype(dtype).itemsize
+    channels = 1024 // itemsize                 # 1 KB a pixel: 4 L1 sets, the pieces taken
+    assert len(channel_pieces(16, channels, dtype)[1])
+    kw = dict(padding=1, groups=channels, layout="channels_last")
+    x, w, dy = _arrays((2, channels, 4, 6), (3, 3), dtype, "channels_last", padding=1)
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+
+    def placed(a, offset):
+        spare = np.empty(a.size + 2 * LINE // itemsize, a.dtype)
+        skip = (offset - spare.ctypes.data) % LINE // itemsize
+        b = spare[skip:skip + a.size].reshape(a.shape)
+        b[...] = a
+        assert b.ctypes.data % LINE == offset
+        return b
+
+    on_line = _run("conv_backward_weight", p, (placed(x, 0), placed(dy, 0)))
+    assert relative_error(on_line, expected) < TOL[dtype]
+    for x_offset, dy_offset in [(o, o) for o in range(itemsize, LINE, itemsize)] + [(16, 48)]:
+        dw = _run("conv_backward_weight", p, (placed(x, x_offset), placed(dy, dy_offset)))
+        assert np.array_equal(dw, on_line), (x_offset, dy_offset)
+
+
 def test_same_planes_weight_gradient_takes_the_column_strips(monkeypatch):
     """A channels-first depthwise 3x3 weight gradient of ``same`` windows on rows of at
     least SAME_WEIGHT_MIN_WIDTH pixels runs _cf_same3_weight (strips of 8, 2 and 1 columns

@@ -63,7 +63,8 @@ from . import _direct_cf_slab as cf_slab
 from . import _direct_cl as cl
 from . import _heuristics
 from ._rows import zero_rows
-from ._sliding import lanes_for, row_lanes, row_pitch, same_units
+from ._sliding import (LINE, channel_pieces, empty_at, lanes_for, row_lanes, row_pitch,
+                       same_units)
 from ._tiles import add_partials, interruptible_ranges
 
 #: Parallel jobs to aim for: spatial rows are split until a problem has this many (or runs
@@ -191,14 +192,19 @@ def weight_gradient(g, x, dy) -> np.ndarray:
         rows = _row_split(g.p[1], g.n * g.p[0])
         jobs = g.n * g.p[0] * -(-g.p[1] // rows)
         x5 = g.x5(x)
-        partial = np.empty((jobs, g.cg, g.taps, g.k), dy.dtype)
         dy3 = dy.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
         if _same_weight_rows(g, form, x5, dy):           # one pass (cg = 1), 9 taps
+            # Vectors on whole cache lines where x's and dy's pixels start alike, the
+            # partial sums' too (allocated as far past a line).
+            offset = _line_offset(x, dy)
+            partial = empty_at(offset, (jobs, g.cg, g.taps, g.k), dy.dtype)
+            whole, narrow = channel_pieces(offset, g.k, dy.dtype)
             zero = np.zeros(x5.shape[3] * g.k, dy.dtype)
             for first, last in _pieces(g, jobs):
                 cl._cl_same3_weight(x5, dy3, partial, zero, out, before, stride, dil,
-                                    row_lanes(dy.dtype), rows, first, last)
+                                    row_lanes(dy.dtype), whole, narrow, rows, first, last)
         else:
+            partial = np.empty((jobs, g.cg, g.taps, g.k), dy.dtype)
             cmap, identity = _channel_map(g)
             for first, last in _pieces(g, jobs):
                 cl._cl_weight_partials(x5, dy3, partial, cmap, identity, out, size, before,
@@ -275,6 +281,13 @@ def _same3(g, form, src5, wk, dst3) -> None:
     for first, last in _pieces(g, dst3.shape[0]):
         cl._cl_same3(src5, wk, dst3, zero, out, before, stride, dil,
                      *same_units(src5.shape[4], dst3.dtype), first, last)
+
+
+def _line_offset(a: np.ndarray, b: np.ndarray) -> int:
+    """How far past a cache line both arrays start, 0 where they differ (see
+    :func:`._sliding.channel_pieces`)."""
+    offset = a.ctypes.data % LINE
+    return offset if b.ctypes.data % LINE == offset else 0
 
 
 def _same_planes(form, wsrc, src5, dst5, add) -> int:

@@ -13,7 +13,7 @@ from numba import prange
 from ..config import inline_jit, parallel_jit, serial_jit
 from ._microkernel import _at
 from ._sliding import (conv3_row, conv3_same1, conv3_same2, conv3_same4, conv3_same8, grad3_row,
-                       grad3_same)
+                       grad3_same, grad3_same1, grad3_same2, grad3_same4, grad3_same8)
 
 #: Row-level helpers of the channels-last kernels are called (``serial_jit``), not inlined:
 #: inlined into _cl_conv's parallel loop they compile far slower and run no faster
@@ -486,12 +486,15 @@ def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units, first
 
 
 @parallel_jit
-def _cl_same3_weight(src, dy3, partial, zero, out, before, stride, dil, lanes, rows,
-                     first_job, last_job):
+def _cl_same3_weight(src, dy3, partial, zero, out, before, stride, dil, lanes,
+                     first_whole_tail, narrow, rows, first_job, last_job):
     """partial[job, 0, t, k]: the depthwise 3x3 weight gradient of one job's output rows
     (image, plane, block of ``rows`` rows), ``same`` padding and stride 1 along the rows,
     channels-last, x's rows read where they lie (no row buffers) by
-    :func:`._sliding.grad3_same`, one vector of ``lanes`` channels a call.
+    :func:`._sliding.grad3_same`, one vector of channels a call: vectors of ``lanes`` from
+    channel ``first_whole_tail[0]`` to ``first_whole_tail[1]`` channels before the last,
+    the ``narrow[i]`` (first channel, lanes) around them on narrower vectors
+    (:func:`._sliding.channel_pieces`).
 
     src (N, S0, S1, S2, K) C-contiguous; dy3 (N * P0 * P1, P2, K) C-contiguous, P2 == S2 >=
     2; partial (jobs, 1, 9, K) C-contiguous; zero: S2 * K zeros, the rows above and below
@@ -501,6 +504,7 @@ def _cl_same3_weight(src, dy3, partial, zero, out, before, stride, dil, lanes, r
     _, src_depth, src_height, src_width, kk = src.shape
     out_depth, out_height = out[0], out[1]
     blocks = (out_height + rows - 1) // rows
+    first_whole, narrow_tail = first_whole_tail
     for i in prange(last_job - first_job):
         job = first_job + i
         blk = job % blocks
@@ -516,10 +520,22 @@ def _cl_same3_weight(src, dy3, partial, zero, out, before, stride, dil, lanes, r
             ra, rb, rc = _same_source_rows(plane, p1 * stride[1] - before[1], dil[1],
                                            src_height, src_width * kk)
             drow = ((n * out_depth + o0) * out_height + p1) * src_width * kk
-            for k0 in range(0, kk, lanes):
+            for k0 in range(first_whole, kk - narrow_tail, lanes):
                 pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
                 grad3_same(pa, pb, pc, kk, _at(dy3, drow + k0), kk, _at(partial, sums + k0),
                            kk, src_width)
+            for piece in range(narrow.shape[0]):
+                k0, width = narrow[piece, 0], narrow[piece, 1]
+                pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
+                pd, ps = _at(dy3, drow + k0), _at(partial, sums + k0)
+                if width == 8:
+                    grad3_same8(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+                elif width == 4:
+                    grad3_same4(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+                elif width == 2:
+                    grad3_same2(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+                else:
+                    grad3_same1(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
 
 
 @parallel_jit

@@ -42,6 +42,7 @@ and every row ``units * lanes`` channels from the pointer on.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from llvmlite import ir
@@ -51,7 +52,8 @@ from numba.extending import intrinsic
 
 from ._microkernel import _llvm_float, vector_lanes
 
-#: Bytes per cache line: row buffers get a pitch of an odd number of them.
+#: Bytes per cache line: row buffers get a pitch of an odd number of them, and a vector
+#: load that crosses one costs two (see :func:`channel_pieces`).
 LINE = 64
 
 
@@ -71,6 +73,68 @@ def row_pitch(channels: int, dtype) -> int:
 def row_lanes(dtype) -> int:
     """Lanes of the row kernels' vectors for ``dtype`` (what callers must step by)."""
     return vector_lanes(dtype)
+
+
+#: Sets of the L1 data cache (64 on Zen 4, Zen 5 and recent Intel cores: 32-48 KB, 8-12
+#: ways, 64-byte lines): consecutive pixels of a row whose pitch is a multiple of many lines
+#: fall in few of them.
+L1_SETS = 64
+#: The narrow pieces (:func:`channel_pieces`) are taken where a row's pixels fall in at most
+#: this many L1 sets (there a vector that straddles two lines loses its second line before
+#: the next vector's walk reads it), and where they add at most PIECES_PER_VECTOR times the
+#: plain split's walks: elsewhere the extra walks cost more (docs/cpu-algorithms.md).
+PIECES_MAX_SETS = 4
+PIECES_PER_VECTOR = 1.25
+
+
+def channel_pieces(offset: int, channels: int, dtype) -> tuple:
+    """How vectors walk a pixel's ``channels`` values, its first at ``offset`` bytes past a
+    cache line (the same for every pixel): ``((head, tail), narrow)``, whole
+    :func:`row_lanes` vectors from channel ``head`` to ``tail`` channels before the last and
+    the ``narrow`` pieces (first channel, lanes), int64 (P, 2), on 8, 4, 2 or 1 lanes,
+    before and after them. Whole vectors from channel 0 and nothing narrow where the pixels
+    start on a line, or do not all start alike, or fall in many L1 sets
+    (:data:`PIECES_MAX_SETS`); else the narrow pieces up to the first line and from the
+    last, whole vectors on whole lines between. NumPy allocates 16 bytes past a line.
+    ``channels`` is a multiple of the row lanes."""
+    itemsize = np.dtype(dtype).itemsize
+    lanes = row_lanes(dtype)
+    plain = ((0, 0), np.zeros((0, 2), np.int64))
+    head = (LINE - offset) % LINE // itemsize
+    pitch = channels * itemsize
+    if not head or offset % itemsize or pitch % LINE:
+        return plain
+    if L1_SETS // math.gcd(pitch // LINE, L1_SETS) > PIECES_MAX_SETS:
+        return plain
+    tail = LINE // itemsize - head
+    narrow = _binary(0, head, lanes) + _binary(channels - tail, tail, lanes)
+    walks = len(narrow) + (channels - head - tail) // lanes
+    if walks > PIECES_PER_VECTOR * (channels // lanes):
+        return plain
+    return (head, tail), np.array(narrow, np.int64)
+
+
+def empty_at(offset: int, shape: tuple, dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose first element lies ``offset`` bytes past a cache
+    line (a view of a slightly larger array)."""
+    itemsize = np.dtype(dtype).itemsize
+    count = math.prod(shape)
+    spare = np.empty(count + LINE // itemsize, dtype)
+    skip = (offset - spare.ctypes.data) % LINE // itemsize
+    return spare[skip:skip + count].reshape(shape)
+
+
+def _binary(start: int, count: int, lanes: int) -> list:
+    """[(first, width), ...]: ``count`` values from ``start`` in power-of-two pieces of at
+    most ``lanes``, largest first."""
+    pieces = []
+    width = lanes
+    while count:
+        while width > count:
+            width //= 2
+        pieces.append((start, width))
+        start, count = start + width, count - width
+    return pieces
 
 
 def lanes_for(channels: int, dtype) -> int:
@@ -362,6 +426,11 @@ grad3_row = _row_kernel(_emit_grad3)
 #: The weight-gradient row of ``same`` padding, read where it lies (see
 #: :func:`_emit_grad3_same`).
 grad3_same = _row_kernel(_emit_grad3_same)
+#: The ``same`` weight-gradient row on vectors of 8, 4, 2 and 1 lanes (any dtype): the
+#: pieces of a row's channels before its first and after its last cache line
+#: (:func:`channel_pieces`).
+grad3_same8, grad3_same4, grad3_same2, grad3_same1 = (
+    _row_kernel(_emit_grad3_same, lanes) for lanes in (8, 4, 2, 1))
 #: The weight-gradient row on vectors of 16, 8, 4, 2 and 1 lanes (any dtype), whatever the
 #: CPU's width: the channels-first planes' column strips narrow down to the row's end
 #: (:func:`._direct_cf_plane._cf_same3_weight`).
