@@ -135,12 +135,9 @@ def forward(g: Geom, x, wmat, y, accumulate: bool) -> None:
 def _forward_through_copies(g: Geom, x, wmat, y, accumulate: bool) -> None:
     """:func:`forward` of a channels-first problem on channels-last copies of x and of y
     (and of y's values first, to accumulate) in the calling thread's workspace
-    (:func:`._tiles.channels_last_copy`; ``_heuristics.implicit_through_copies``)."""
-    x_cl = _tiles.channels_last_copy(x, g.c, "layout_x")
-    y_cl = _tiles.channels_last_copy(y, g.k, "layout_y") if accumulate else \
-        _tiles.scratch((y.size,), y.dtype, "layout_y")
-    forward(g._replace(channels_last=True), x_cl, wmat, y_cl, accumulate)
-    _tiles.channels_first_into(y_cl, y, g.k)
+    (:func:`._tiles.via_channels_last`; ``_heuristics.implicit_through_copies``)."""
+    _tiles.via_channels_last(lambda gl, x_cl, y_cl: forward(gl, x_cl, wmat, y_cl, accumulate),
+                             g, x, g.c, "layout_x", y, g.k, "layout_y", accumulate)
 
 
 def _tile_rows(length: int, mr: int) -> int:
@@ -498,14 +495,12 @@ def _strided_tiles(kernel, outputs: int, dtype) -> tuple:
 
 def strided_data_gradient_cf(g: Geom, dy, w, dx, accumulate: bool) -> None:
     """:func:`strided_data_gradient` of a channels-first problem, on channels-last copies of
-    dy and dx (and of dx's values first, to accumulate): :func:`._tiles.channels_last_copy`.
+    dy and dx (and of dx's values first, to accumulate): :func:`._tiles.via_channels_last`.
     The copies cost less than col2im's scattered adds where a pixel's product is deep
     enough (``_heuristics.IMPLICIT_PHASED_CF_MIN_TAPS``; docs/cpu-algorithms.md)."""
-    dy_cl = _tiles.channels_last_copy(dy, g.k, "layout_dy")
-    dx_cl = _tiles.channels_last_copy(dx, g.c, "layout_x") if accumulate else \
-        _tiles.scratch((dx.size,), dx.dtype, "layout_x")
-    strided_data_gradient(g._replace(channels_last=True), dy_cl, w, dx_cl, accumulate)
-    _tiles.channels_first_into(dx_cl, dx, g.c)
+    _tiles.via_channels_last(
+        lambda gl, dy_cl, dx_cl: strided_data_gradient(gl, dy_cl, w, dx_cl, accumulate),
+        g, dy, g.k, "layout_dy", dx, g.c, "layout_x", accumulate)
 
 
 def _row_taps(g: Geom) -> tuple:

@@ -665,6 +665,23 @@ def channels_first_into(src: np.ndarray, dst: np.ndarray, channels: int) -> None
                       channels, vector_lanes(dst.dtype))
 
 
+def via_channels_last(run, g: Geom, src: np.ndarray, src_channels: int, src_slot: str,
+                      dst: np.ndarray, dst_channels: int, dst_slot: str,
+                      accumulate: bool = False):
+    """``run(g_cl, src_cl, dst_cl)`` for a channels-first problem on channels-last copies
+    (flat, :func:`channels_last_copy`) of its input ``src`` and of its output ``dst`` (of
+    dst's values first when ``accumulate``, else uninitialised), in the calling thread's
+    :func:`scratch` slots; dst gets the result back, channels-first, unless run returns
+    False (it gave up: dst untouched). Returns run's result."""
+    src_cl = channels_last_copy(src, src_channels, src_slot)
+    dst_cl = (channels_last_copy(dst, dst_channels, dst_slot) if accumulate
+              else scratch((dst.size,), dst.dtype, dst_slot))
+    done = run(g._replace(channels_last=True), src_cl, dst_cl)
+    if done is not False:
+        channels_first_into(dst_cl, dst, dst_channels)
+    return done
+
+
 def largest_operand(*arrays) -> int:
     return max(a.nbytes for a in arrays if a is not None)
 

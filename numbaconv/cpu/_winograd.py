@@ -208,20 +208,16 @@ def convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray
     by panels of output channels where ``_heuristics.winograd_by_panels`` says so
     (:func:`_forward_by_panels`, either layout). Otherwise a channels-first problem that
     runs faster channels-last (``_heuristics.winograd_via_copies``) runs on channels-last
-    copies of x and y (:func:`_channels_last`): fresh arrays as large as x and y for the
-    length of the call."""
+    copies of x and y in the calling thread's scratch arrays
+    (:func:`._tiles.via_channels_last`)."""
     copies = not g.channels_last and _heuristics.winograd_via_copies(g.c, g.k)
     if _heuristics.winograd_by_panels(g, x.itemsize) and not _heuristics.winograd_large_tiles(
             g._replace(channels_last=g.channels_last or copies), x.itemsize):
         return _forward_by_panels(g, x, w, flipped, y)
     if not copies:
         return _convolve(g, x, w, flipped, y)
-    cl = g._replace(channels_last=True)
-    y_cl = _tiles.scratch((y.size,), y.dtype, "layout_y")
-    if not _convolve(cl, _tiles.channels_last_copy(x, g.c, "layout_x"), w, flipped, y_cl):
-        return False
-    _tiles.channels_first_into(y_cl, y, g.k)
-    return True
+    return _tiles.via_channels_last(lambda gl, x_cl, y_cl: _convolve(gl, x_cl, w, flipped, y_cl),
+                                    g, x, g.c, "layout_x", y, g.k, "layout_y")
 
 
 def _convolve(g: Geom, x: np.ndarray, w: np.ndarray, flipped: bool, y: np.ndarray) -> bool:
