@@ -22,7 +22,7 @@ the ``plot`` extra).
 process of its own (:mod:`numbaconv.bench_process`), so that no other library's OpenMP
 runtime or thread pool runs beside it; ``in_process=True`` times them all in the caller's.
 Times are medians over ``repeat`` samples after one warm-up call (which pays for any lazy
-compilation). A sample of a call faster than a couple of milliseconds loops over the call
+compilation) and more untimed calls for up to :data:`ROW_WARMUP` seconds. A sample of a call faster than a couple of milliseconds loops over the call
 enough times to rise above the clock's resolution and divides, as :mod:`timeit` does.
 
 Examples
@@ -80,6 +80,13 @@ __all__ = ["PYTORCH", "GROUPS", "GROUP_TARGETS", "TARGET_OPS", "BenchCase", "gro
 #: become errors: long enough for a slow machine's compilation, short enough that a hung
 #: engine does not stall the run for good.
 DEFAULT_BLOCK_TIMEOUT = 900.0
+
+#: Seconds of untimed calls (at most 50) before each row is timed, for every engine: the
+#: first calls on a shape's freshly made operands can run at half speed (on this project's
+#: VMs, where memory not touched for a while is slow to touch again), and a row timed
+#: right away measured that instead of the steady call a training loop repeats
+#: (docs/usage.md#benchmarks). Costs at most this much per row.
+ROW_WARMUP = 0.1
 
 
 # --- the benchmark table -----------------------------------------------------------------
@@ -478,7 +485,7 @@ def _time_pytorch(call: Call, torch, repeat: int) -> Row:
         return _row(call, PYTORCH, "skipped",
                     detail="no PyTorch equivalent (asymmetric padding)")
     try:
-        return _row(call, PYTORCH, "ok", time_call(fn, repeat=repeat))
+        return _row(call, PYTORCH, "ok", time_call(fn, repeat=repeat, warmup_for=ROW_WARMUP))
     except Exception as exc:  # an old PyTorch lacking an op: report it, keep going
         return _row(call, PYTORCH, "error", detail=f"{type(exc).__name__}: {exc}")
 
@@ -486,7 +493,7 @@ def _time_pytorch(call: Call, torch, repeat: int) -> Row:
 def _time_backend(name: str, call: Call, repeat: int) -> Row:
     try:
         with dispatch.use_backend(name):
-            timing = time_call(call, repeat=repeat)
+            timing = time_call(call, repeat=repeat, warmup_for=ROW_WARMUP)
     except Exception as exc:  # report the broken backend and keep timing the others
         return _row(call, name, "error", detail=f"{type(exc).__name__}: {exc}")
     return _row(call, name, "ok", timing)

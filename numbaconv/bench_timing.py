@@ -71,7 +71,8 @@ def per_call(fn: Callable[[], object], number: int) -> float:
 
 
 def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
-              number: Optional[int] = None, min_sample: float = 2e-3) -> Timing:
+              number: Optional[int] = None, min_sample: float = 2e-3,
+              warmup_for: float = 0.0, warmup_most: int = 50) -> Timing:
     """Median per-call time of ``fn()``.
 
     Parameters
@@ -82,6 +83,10 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
         Number of samples (>= 1).
     warmup : int
         Untimed calls first (the first call of a Numba backend compiles).
+    warmup_for : float
+        Then more untimed calls, until they have lasted this many seconds or ``warmup_most``
+        calls were made in all (see :data:`numbaconv.bench.ROW_WARMUP`).
+    warmup_most : int
     number : int, optional
         Calls per sample; by default enough for a sample to last ``min_sample`` seconds.
     min_sample : float
@@ -95,6 +100,10 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
         raise ValueError(f"repeat: expected an int >= 1, got {repeat}")
     for _ in range(warmup):
         fn()
+    made, start = warmup, time.perf_counter()
+    while made < warmup_most and time.perf_counter() - start < warmup_for:
+        fn()
+        made += 1
     if number is None:
         number = _autonumber(fn, min_sample)
     with collector_off():

@@ -316,8 +316,8 @@ def cmd_bench(args) -> int:
     errors = [r for r in rows if r.status == "error"]
     if args.json:
         record = dict(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), quick=args.quick,
-                      repeat=repeat, threads=threads, dtype=args.dtype,
-                      layout=layout, layouts=list(layouts),
+                      repeat=repeat, row_warmup=bench.ROW_WARMUP, threads=threads,
+                      dtype=args.dtype, layout=layout, layouts=list(layouts),
                       torch=torch_version, environment=env,
                       engines="in-process" if args.in_process else "processes",
                       rounds=rounds, groups=list(dict.fromkeys(args.group or ())) or None,

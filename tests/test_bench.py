@@ -194,6 +194,23 @@ def test_run_benchmarks_reports_progress_and_pytorch_time():
 
 # --- memory-bound rows: the copy floor ----------------------------------------------------
 
+def test_time_call_warms_up_for_a_time_or_a_number_of_calls():
+    """time_call's untimed calls: ``warmup`` of them, then more until ``warmup_for`` seconds
+    have passed or ``warmup_most`` calls were made; the bench's rows take ROW_WARMUP."""
+    from numbaconv.bench_timing import time_call
+    calls = []
+    time_call(lambda: calls.append(1), repeat=1, number=1, warmup=2)
+    assert len(calls) == 2 + 1
+    calls.clear()
+    time_call(lambda: calls.append(1), repeat=1, number=1, warmup=2, warmup_for=60.0,
+              warmup_most=7)
+    assert len(calls) == 7 + 1
+    calls.clear()
+    time_call(lambda: calls.append(1), repeat=2, number=1, warmup_for=0.02)
+    assert 1 + 2 < len(calls) <= 50 + 2
+    assert 0 < bench.ROW_WARMUP <= 0.5
+
+
 def test_traffic_bytes_are_the_operands_and_the_result():
     case = next(c for c in bench.QUICK_SHAPES if c.group == "depthwise")
     arrays = numbaconv.testing.case_arrays(case, "channels_last", "float32")

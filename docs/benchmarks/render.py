@@ -182,9 +182,11 @@ def conv_section(record: dict) -> list:
         lines.append(f"- {peak.get('name', 'GEMM')} peak: {peak['gflops']:.1f} GFLOP/s "
                      f"(np.matmul, {peak.get('size')}x{peak.get('size')} "
                      f"{peak.get('dtype')}, measured in the same run)")
+    warmup = ("a warm-up call" if record.get("row_warmup") is None else
+              f"a warm-up call and more for up to {record['row_warmup']:g} s")
     lines.append(f"- {record.get('dtype')}, {', '.join(record.get('layouts') or [])}; "
                  f"{record.get('threads')} threads for Numba, BLAS and PyTorch; median of "
-                 f"{record.get('repeat')} after a warm-up call")
+                 f"{record.get('repeat')} after {warmup}")
     lines.append("- engines: " + {
         "processes": "each timed in a process of its own",
         "in-process": "all timed in one process (`--in-process`)",
