@@ -22,8 +22,9 @@ the ``plot`` extra).
 process of its own (:mod:`numbaconv.bench_process`), so that no other library's OpenMP
 runtime or thread pool runs beside it; ``in_process=True`` times them all in the caller's.
 Times are medians over ``repeat`` samples after one warm-up call (which pays for any lazy
-compilation) and more untimed calls for up to :data:`ROW_WARMUP` seconds. A sample of a call faster than a couple of milliseconds loops over the call
-enough times to rise above the clock's resolution and divides, as :mod:`timeit` does.
+compilation) and more untimed calls for up to :data:`ROW_WARMUP` seconds. A sample of a
+call faster than a couple of milliseconds loops over the call enough times to rise above
+the clock's resolution and divides, as :mod:`timeit` does.
 
 Examples
 --------

@@ -87,6 +87,7 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
         Then more untimed calls, until they have lasted this many seconds or ``warmup_most``
         calls were made in all (see :data:`numbaconv.bench.ROW_WARMUP`).
     warmup_most : int
+        The most warm-up calls in all.
     number : int, optional
         Calls per sample; by default enough for a sample to last ``min_sample`` seconds.
     min_sample : float
