@@ -9,11 +9,13 @@ which runs every op the backend supports on every case of :data:`CASES`, in both
 both float dtypes, with and without ``out=``/``accumulate=True``, and compares each result with
 the ``reference`` backend. Unsupported combinations are reported as skipped (with the
 backend's reason), never as passed. :func:`check_rnn_backend` does the same for the recurrent
-ops on :data:`RNN_CASES`.
+ops on :data:`RNN_CASES`. :func:`algorithm_forced` runs a backend's ops on one of its
+algorithms whatever the dispatcher chose (for tests and for timing one against another).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -381,3 +383,46 @@ def check_rnn_backend(name: str, cases=RNN_CASES, dtypes=("float32", "float64"),
 
 #: Random operands for an op on a problem (what the autotuner times), re-exported.
 random_operands = _operands.random_operands
+
+
+@contextlib.contextmanager
+def algorithm_forced(backend, ops, algorithm, *, strict: bool = False):
+    """Inside, the backend class ``backend`` runs ``ops`` on ``algorithm`` whatever the
+    dispatcher chose, where it offers that algorithm for the problem (with ``strict``, a
+    ValueError where it does not). The dispatcher caches its choice per problem, so the
+    backend's ``run`` is what is switched (for every instance of the class).
+
+    Yields a dict: ``"runs"`` counts the forced runs; set ``"algorithm"`` to another one,
+    or to None to force nothing, inside the block.
+
+    Examples
+    --------
+    >>> from numbaconv.cpu import CpuBackend
+    >>> with algorithm_forced(CpuBackend, ("conv",), "im2col") as forced:
+    ...     y = conv(np.ones((1, 2, 4, 4)), np.ones((3, 2, 3, 3)))
+    >>> forced["runs"]
+    1
+    """
+    state = {"algorithm": algorithm, "runs": 0}
+    own = "run" in vars(backend)
+    run = backend.run
+
+    def forced(self, op, problem, operands, out, chosen):
+        wanted = state["algorithm"]
+        if wanted is not None and op in ops:
+            if wanted in self.algorithms(op, problem):
+                state["runs"] += 1
+                chosen = wanted
+            elif strict:
+                raise ValueError(f"algorithm: {type(self).__name__} does not offer "
+                                 f"{wanted!r} for {op} on this problem")
+        return run(self, op, problem, operands, out, chosen)
+
+    backend.run = forced
+    try:
+        yield state
+    finally:
+        if own:
+            backend.run = run
+        else:
+            del backend.run

@@ -118,3 +118,32 @@ def test_recurrent_check_catches_a_wrong_weight_gradient():
     status = {(r.op, r.mode): r.status for r in results}
     assert status[("rnn_forward", "plain")] == "pass"
     assert {s for (op, _), s in status.items() if op == "rnn_backward_weights"} == {"FAIL"}
+
+
+def test_algorithm_forced_runs_the_backends_ops_on_one_algorithm():
+    """numbaconv.testing.algorithm_forced: the forced algorithm where the backend offers
+    it (counted), the dispatcher's choice for other ops, a ValueError with ``strict`` where
+    it is not offered, and the backend's own run back afterwards."""
+    from numbaconv.cpu import CpuBackend
+    from numbaconv.testing import algorithm_forced
+    real = CpuBackend.run
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 2, 5, 5)), rng.standard_normal((3, 2, 1, 1))
+    with nc.use_backend("reference"):
+        expected = nc.conv(x, w)
+    with nc.use_backend("cpu"):
+        with algorithm_forced(CpuBackend, ("conv",), "im2col") as forced:
+            assert CpuBackend.run is not real
+            np.testing.assert_allclose(nc.conv(x, w), expected, rtol=1e-12)
+            nc.conv_backward_data(np.ones((1, 3, 5, 5)), w, x.shape)   # not forced
+            assert forced["runs"] == 1
+            forced["algorithm"] = None
+            nc.conv(x, w)
+            assert forced["runs"] == 1
+        with algorithm_forced(CpuBackend, ("conv",), "winograd", strict=True):
+            with pytest.raises(ValueError, match="does not offer 'winograd' for conv"):
+                nc.conv(x, w)                       # a 1x1 kernel: no Winograd
+        with algorithm_forced(CpuBackend, ("conv",), "winograd") as forced:
+            nc.conv(x, w)                           # not offered: the chosen one runs
+            assert forced["runs"] == 0
+    assert CpuBackend.run is real

@@ -393,22 +393,15 @@ def test_every_product_goes_through_cublas(product_path, cfg, lengths):
 
 
 @pytest.fixture
-def persistent(monkeypatch):
-    """The cuda backend's rnn_forward and rnn_backward_data on the ``persistent`` algorithm
-    while ``state["on"]``, whatever was chosen (choices are cached per problem, so the
-    backend's run is what is switched); ``state["runs"]`` counts the forced runs."""
+def persistent():
+    """The cuda backend's rnn_forward and rnn_backward_data on the ``persistent`` algorithm,
+    whatever was chosen (:func:`numbaconv.testing.algorithm_forced`: ``state["runs"]``
+    counts the forced runs, ``state["algorithm"] = None`` stops forcing)."""
     from numbaconv.cuda import CudaBackend
-    run = CudaBackend.run
-    state = {"on": True, "runs": 0}
-
-    def forced(self, op, problem, operands, out, algorithm):
-        if state["on"] and "persistent" in self.algorithms(op, problem):
-            state["runs"] += 1
-            algorithm = "persistent"
-        return run(self, op, problem, operands, out, algorithm)
-
-    monkeypatch.setattr(CudaBackend, "run", forced)
-    return state
+    from numbaconv.testing import algorithm_forced
+    with algorithm_forced(CudaBackend, ("rnn_forward", "rnn_backward_data"),
+                          "persistent") as state:
+        yield state
 
 
 @pytest.mark.parametrize("cfg, lengths", [
@@ -428,7 +421,7 @@ def test_persistent_forward_and_data_gradient(product_path, persistent, cfg, len
     a = arrays(cfg, "float32", lengths, seed=2)
     results = []
     for on in (True, False):
-        persistent["on"] = on
+        persistent["algorithm"] = "persistent" if on else None
         with nc.use_backend("cuda"):
             got = {k: host(v) for k, v in train_step(cfg, device(a)).items()}
         got["reserve"] = regions(cfg, got["reserve"])  # without its unwritten padding

@@ -42,19 +42,7 @@ def main(argv=None) -> int:
 
     import numbaconv
     from numbaconv.cuda import CudaBackend
-
-    run = CudaBackend.run
-    forced = {"algorithm": None}
-
-    def run_forced(self, op, problem, operands, out, algorithm):
-        if op in ("rnn_forward", "rnn_backward_data") and forced["algorithm"] is not None:
-            if forced["algorithm"] not in self.algorithms(op, problem):
-                raise RuntimeError(f"{op}: the cuda backend does not offer "
-                                   f"{forced['algorithm']!r} for this case")
-            algorithm = forced["algorithm"]
-        return run(self, op, problem, operands, out, algorithm)
-
-    CudaBackend.run = run_forced
+    from numbaconv.testing import algorithm_forced
 
     def median_ms(fn):
         times = []
@@ -78,8 +66,8 @@ def main(argv=None) -> int:
 
         results = {}
         for algorithm in ("fused", "persistent"):
-            forced["algorithm"] = algorithm
-            with numbaconv.use_backend("cuda"):
+            with numbaconv.use_backend("cuda"), algorithm_forced(
+                    CudaBackend, ("rnn_forward", "rnn_backward_data"), algorithm, strict=True):
                 step = b.numbaconv_rnn_step(operands)
                 results[algorithm] = {k: v.copy_to_host() for k, v in step.items()}
                 forward_ms = median_ms(forward)
