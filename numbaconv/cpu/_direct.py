@@ -193,19 +193,20 @@ def weight_gradient(g, x, dy) -> np.ndarray:
         jobs = g.n * g.p[0] * -(-g.p[1] // rows)
         x5 = g.x5(x)
         dy3 = dy.reshape(g.n * g.p[0] * g.p[1], g.p[2], g.k)
+        shape = (jobs, g.cg, g.taps, g.k)
         if _same_weight_rows(g, form, x5, dy):           # one pass (cg = 1), 9 taps
             # Vectors on whole cache lines where x's and dy's pixels start alike (and fall
             # in few L1 sets), the partial sums' too (allocated as far past a line).
-            whole, narrow = channel_pieces(_line_offset(x, dy), g.k, dy.dtype)
-            shape = (jobs, g.cg, g.taps, g.k)
-            partial = (empty_at(_line_offset(x, dy), shape, dy.dtype) if len(narrow)
+            offset = _line_offset(x, dy)
+            whole, narrow = channel_pieces(offset, g.k, dy.dtype)
+            partial = (empty_at(offset, shape, dy.dtype) if len(narrow)
                        else np.empty(shape, dy.dtype))
             zero = np.zeros(x5.shape[3] * g.k, dy.dtype)
             for first, last in _pieces(g, jobs):
                 cl._cl_same3_weight(x5, dy3, partial, zero, out, before, stride, dil,
                                     row_lanes(dy.dtype), whole, narrow, rows, first, last)
         else:
-            partial = np.empty((jobs, g.cg, g.taps, g.k), dy.dtype)
+            partial = np.empty(shape, dy.dtype)
             cmap, identity = _channel_map(g)
             for first, last in _pieces(g, jobs):
                 cl._cl_weight_partials(x5, dy3, partial, cmap, identity, out, size, before,
