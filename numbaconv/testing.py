@@ -387,8 +387,8 @@ random_operands = _operands.random_operands
 
 @contextlib.contextmanager
 def algorithm_forced(backend, ops, algorithm, *, strict: bool = False):
-    """Inside, the backend class ``backend`` runs ``ops`` on ``algorithm`` whatever the
-    dispatcher chose, where it offers that algorithm for the problem (with ``strict``, a
+    """Inside, the backend class ``backend`` runs ``ops`` (a sequence of op names: a
+    ValueError otherwise) on ``algorithm`` whatever the dispatcher chose, where it offers that algorithm for the problem (with ``strict``, a
     ValueError where it does not). The dispatcher caches its choice per problem, so the
     backend's ``run`` is what is switched (for every instance of the class).
 
@@ -403,6 +403,9 @@ def algorithm_forced(backend, ops, algorithm, *, strict: bool = False):
     >>> forced["runs"]
     1
     """
+    if isinstance(ops, str) or not all(op in CONV_OPS + RNN_OPS for op in ops):
+        raise ValueError(f"ops: expected a sequence of op names from {CONV_OPS + RNN_OPS}, "
+                         f"got {ops!r}")
     state = {"algorithm": algorithm, "runs": 0}
     own = "run" in vars(backend)
     run = backend.run

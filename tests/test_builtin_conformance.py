@@ -147,3 +147,8 @@ def test_algorithm_forced_runs_the_backends_ops_on_one_algorithm():
             nc.conv(x, w)                           # not offered: the chosen one runs
             assert forced["runs"] == 0
     assert CpuBackend.run is real
+    for ops in ("conv", ("conv", "convolution")):
+        with pytest.raises(ValueError, match="ops: expected a sequence of op names"):
+            with algorithm_forced(CpuBackend, ops, "im2col"):
+                pass
+    assert CpuBackend.run is real
