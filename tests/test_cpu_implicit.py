@@ -32,10 +32,12 @@ def _lanes(dtype):
 
 
 # (name, x shape channels-first, kernel, stride, padding, dilation, out channels; "nr":
-# one whole micro-kernel tile of columns, so dy is read in place)
+# one whole micro-kernel tile of columns, so dy is read in place; "lanes": one vector, the
+# one-vector tiles' columns, dy read in place too)
 CASES = [
     ("2d", (2, 3, 9, 8), (3, 3), 1, 1, 1, 5),
     ("2d-whole-tiles", (2, 4, 7, 6), (3, 3), 1, 1, 1, "nr"),
+    ("2d-one-vector", (2, 5, 7, 9), (3, 3), 1, 1, 1, "lanes"),
     ("2d-stem", (1, 3, 13, 12), (7, 7), 2, 3, 1, "nr"),
     ("2d-strided-asymmetric", (1, 5, 11, 13), (3, 2), (2, 3), ((1, 2), (0, 1)), 1, 7),
     ("2d-column-dilation", (2, 6, 6, 11), (3, 3), 1, (1, 2), (1, 2), "nr"),
@@ -50,7 +52,9 @@ CASES = [
 
 def _arrays(case, dtype, seed=0, layout="channels_last"):
     _, x_shape, kernel, stride, padding, dilation, k = case
-    k = _lanes(dtype) if k == "nr" else k
+    if k in ("nr", "lanes"):
+        from numbaconv.cpu._microkernel import vector_lanes
+        k = _lanes(dtype) if k == "nr" else vector_lanes(dtype)
     rng = np.random.default_rng(seed)
     kw = dict(stride=stride, padding=padding, dilation=dilation)
     w_shape = (k, x_shape[1]) + kernel

@@ -306,6 +306,26 @@ def test_panel_rows_pad_the_least_with_enough_accumulators():
             [6, 10, 8, 10, 12, 8]
 
 
+def test_single_vector_rows_only_for_one_vector_of_columns_padding_the_least():
+    for dtype in ("float32", "float64"):
+        lanes = mk.vector_lanes(dtype)
+        high = mk.SINGLE_VECTOR_MAX_ROWS[lanes * np.dtype(dtype).itemsize]
+        low = min(mk.PANEL_ACCUMULATORS, high)
+        assert mk.single_vector_rows(48, lanes + 1, dtype) is None
+        for columns in (1, lanes):
+            for rows in range(1, 4 * high):
+                height = mk.single_vector_rows(rows, columns, dtype)
+                padded = -(-rows // height) * height
+                assert low <= height <= high, (dtype, rows)
+                assert all(padded <= -(-rows // h) * h for h in range(low, high + 1))
+                # The tallest of those that pad the least.
+                assert not any(-(-rows // h) * h == padded for h in range(height + 1, high + 1))
+    if mk.vector_lanes(np.float32) == 16:
+        # 3x3 windows of 16 channels: 48 features a tap row, 2 tiles of 24; the stem's 21.
+        assert [mk.single_vector_rows(r, 16, np.float32) for r in (48, 21, 9, 100)] == \
+            [24, 21, 12, 25]
+
+
 def test_columns_product_rejects_what_does_not_fit():
     nr = mk.RowPanels.tile_columns(np.float32)
     columns = mk.state_columns(3, 5, np.float32)

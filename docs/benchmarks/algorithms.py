@@ -2,7 +2,8 @@
 (how the thresholds in numbaconv/cpu/_heuristics.py are chosen; docs/cpu-algorithms.md).
 
     python docs/benchmarks/algorithms.py OP X_SHAPE W_SHAPE [--stride S] [--padding P]
-        [--groups G] [--layout channels_last] [--rounds 5] [--set NAME=VALUE ...]
+        [--groups G] [--layout channels_last] [--dtype float32] [--rounds 5]
+        [--set NAME=VALUE ...]
 
 X_SHAPE and W_SHAPE are channels-first logical shapes written as 8,64,56,56 and 64,64,3,3;
 the layout says how the arrays lie. Every algorithm that can compute the problem is timed,
@@ -39,6 +40,7 @@ def main(argv=None) -> int:
     parser.add_argument("--padding", type=int, default=0)
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--layout", default="channels_last")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args(argv)
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
     case = BenchCase("problem", args.x_shape, args.w_shape, stride=args.stride,
                      padding=args.padding, output_padding=args.stride - 1,
                      groups=args.groups)
-    call = make_call(args.op, case, args.layout)
+    call = make_call(args.op, case, args.layout, args.dtype)
     backend = dispatch.get_backend("cpu")
     algorithms = backend.algorithms(args.op, call.problem)
 

@@ -108,10 +108,6 @@ WINOGRAD_3D_MIN_SLICE_TILES = 16
 #: this many channels and tiles (below, ``implicit`` or im2col win).
 WINOGRAD_WGRAD_MIN_CHANNELS = 64
 WINOGRAD_WGRAD_MIN_TILES = 256
-#: ...and with AVX-512, 2D channels-last ones of at most this many input and output channels
-#: (and at least WINOGRAD_MIN_CHANNELS), where ``implicit``'s 64-wide tiles run mostly
-#: empty (from 32 channels implicit wins; in 3D too).
-WINOGRAD_WGRAD_THIN_CHANNELS = 16
 #: ...but with AVX-512, 2D channels-first ones with output rows of at least
 #: WINOGRAD_WGRAD_CF_WIDE_ROWS pixels from this many channels, unless they take F(4x4, 3x3):
 #: ``implicit`` reads such rows in place faster than F(2x2, 3x3) (at 64 channels; on
@@ -269,9 +265,6 @@ def winograd_reason(op, problem) -> Optional[str]:
                             copies))
     if op == "conv_backward_weight":
         flat = problem.ndim == 2
-        thin = (flat and problem.channels_last and wide_registers() and
-                WINOGRAD_MIN_CHANNELS <= channels and
-                max(problem.in_channels, problem.out_channels) <= WINOGRAD_WGRAD_THIN_CHANNELS)
         # F(4x4, 3x3) (through copies of x and dy) outruns implicit on wide rows too.
         wide_rows = (flat and not problem.channels_last and wide_registers() and not large
                      and problem.output_size[-1] >= WINOGRAD_WGRAD_CF_WIDE_ROWS)
@@ -279,8 +272,7 @@ def winograd_reason(op, problem) -> Optional[str]:
         # By panels of output channels (few tiles): no partial sums of dV to hold.
         from .._kernel_geometry import geom
         panels = flat and not large and winograd_wgrad_by_panels(geom(problem), itemsize)
-        if (channels < least and not thin) or (tiles < WINOGRAD_WGRAD_MIN_TILES
-                                               and not panels):
+        if channels < least or (tiles < WINOGRAD_WGRAD_MIN_TILES and not panels):
             return None
         if panels:
             return (f"2D 3x3, stride 1, one group, {channels}+ channels, {tiles} 2x2 output "

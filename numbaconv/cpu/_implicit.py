@@ -47,7 +47,8 @@ from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _micro_tile_strided_narrow,
                            _transpose, kernel_twin, micro_tile_rows, narrow_strided_shape,
-                           narrow_tiles, strided_shape, tile_shape, vector_lanes)
+                           narrow_tiles, single_vector_rows, strided_shape, tile_shape,
+                           vector_lanes)
 from ._rows import copy_run, padded_rows, slot_sums, zero_run
 from ._sliding import row_pitch
 from ._tiles import SLOTS, interruptible_ranges
@@ -162,9 +163,10 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     """dw (K, C, *R) of a one-group problem (see the module docstring)."""
     dtype = x.dtype
     mr, nv = tile_shape(dtype)
-    nr = nv * vector_lanes(dtype)
     runs, length = _runs(g)
-    mr = _tile_rows(length, mr)
+    single = single_vector_rows(length, g.k, dtype)
+    mr, nv = (single, 1) if single else (_tile_rows(length, mr), nv)
+    nr = nv * vector_lanes(dtype)
     padded_length = -(-length // mr) * mr
     padded_k = -(-g.k // nr) * nr
     rows, tiles = _tiling(g, x.itemsize)
@@ -172,7 +174,7 @@ def weight_gradient(g: Geom, x, dy) -> np.ndarray:
     parts = np.empty((slots, g.r[0], g.r[1], runs, padded_length, padded_k), dtype)
     s, r, p, stride, dil, before = g.geometry_args()
     overrun = np.zeros(slots, np.int64)
-    kernel = _weight_kernel(mr, tile_shape(dtype)[0])
+    kernel = _weight_kernel((mr, nv), tile_shape(dtype))
     args = (np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1), parts,
             overrun, np.array(g.strides_of(g.s, g.c)), np.array(g.strides_of(g.p, g.k)))
     # Pieces of whole rounds of the slots (a slot per prange job: a round keeps them all
@@ -331,12 +333,14 @@ def _forward_rows(x, xs, weights, y, ys, overrun, first_tile, last_tile, s, p, c
                             y[at] = tile[i * nr + j]
 
 
-def _weight_kernel(rows: int, default_rows: int):
-    """_weight_partials with micro-kernel tiles of ``rows`` rows: itself for the default,
-    else its twin with :func:`._microkernel.micro_tile_rows` as its tile."""
-    if rows == default_rows:
+def _weight_kernel(shape: tuple, default_shape: tuple):
+    """_weight_partials with micro-kernel tiles of ``shape`` (rows, vectors): itself for the
+    default, else its twin with :func:`._microkernel.micro_tile_rows` as its tile."""
+    if shape == default_shape:
         return _weight_partials
-    return _twin(_weight_partials, f"rows{rows}", _micro_tile=micro_tile_rows(rows))
+    rows, vectors = shape
+    suffix = f"rows{rows}" if vectors == default_shape[1] else f"rows{rows}x{vectors}"
+    return _twin(_weight_partials, suffix, _micro_tile=micro_tile_rows(rows, vectors))
 
 
 def _twin(kernel, suffix: str, **tiles):

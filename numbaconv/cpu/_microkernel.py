@@ -71,9 +71,9 @@ def _llvm_float(dtype):
     return ir.FloatType() if np.dtype(dtype) == np.float32 else ir.DoubleType()
 
 
-def _tile_intrinsic(rows=None):
-    """The micro-kernel (see :data:`_micro_tile`) as an intrinsic, on tiles of ``rows`` x NV
-    vectors (``rows`` None: :func:`tile_shape`'s MR)."""
+def _tile_intrinsic(rows=None, vectors=None):
+    """The micro-kernel (see :data:`_micro_tile`) as an intrinsic, on tiles of ``rows`` x
+    ``vectors`` vectors (None: :func:`tile_shape`'s MR, NV)."""
 
     @intrinsic
     def micro_tile(typingctx, ap, bp, cp, kc, ldc, add, lda, ldb):
@@ -85,7 +85,7 @@ def _tile_intrinsic(rows=None):
         def codegen(context, builder, signature, args):
             ap, bp, cp, kc, ldc, add, lda, ldb = args
             _emit_tile(context, builder, dtype, ap, None, bp, cp, kc, ldc, add, lda, ldb,
-                       (rows or mr, nv))
+                       (rows or mr, vectors or nv))
             return context.get_dummy_value()
 
         return types.void(ap, bp, cp, kc, ldc, add, lda, ldb), codegen
@@ -101,12 +101,34 @@ _micro_tile = _tile_intrinsic()
 
 
 @functools.lru_cache(maxsize=None)
-def micro_tile_rows(rows: int):
-    """:data:`_micro_tile` on tiles of ``rows`` x NV vectors (made once per ``rows``): for
-    operands whose MR-side dimension is a multiple of ``rows`` but not of MR (the 7x7 stem's
-    windows have 21 features per tap row: 3 tiles of 7 rows, where 12-row tiles compute 24).
-    ``rows`` * NV + NV + 1 vector registers must fit the register file."""
-    return _tile_intrinsic(rows)
+def micro_tile_rows(rows: int, vectors: Optional[int] = None):
+    """:data:`_micro_tile` on tiles of ``rows`` x ``vectors`` vectors (None: NV; made once
+    per shape): for operands whose MR-side dimension is a multiple of ``rows`` but not of MR
+    (the 7x7 stem's windows have 21 features per tap row: 3 tiles of 7 rows, where 12-row
+    tiles compute 24), or whose NR side is one vector wide (:func:`single_vector_rows`).
+    ``rows`` * ``vectors`` + ``vectors`` + 1 vector registers must fit the register file."""
+    return _tile_intrinsic(rows, vectors)
+
+
+#: The tallest one-vector tile (:func:`single_vector_rows`), by vector bytes: its
+#: accumulators, one B vector and one broadcast fill AVX-512's 32 vector registers less 2
+#: (16 without AVX-512); shorter tiles load more B vectors per multiply-add.
+SINGLE_VECTOR_MAX_ROWS = {64: 28, 32: 14, 16: 14}
+
+
+def single_vector_rows(rows: int, columns: int, dtype) -> Optional[int]:
+    """Rows per tile for a product of ``rows`` x ``columns`` outputs whose columns fit one
+    vector (``columns`` at most the vector's lanes), or None where they do not: tiles of one
+    vector, from PANEL_ACCUMULATORS rows (the FMA units' latency) up to
+    SINGLE_VECTOR_MAX_ROWS, the height that pads ``rows`` least, the tallest of those (48
+    features: 2 tiles of 24). :func:`tile_shape`'s NV vectors there would compute columns
+    that are only padding (half of a 12 x 2 float32 tile for 16 columns)."""
+    lanes = vector_lanes(dtype)
+    if columns > lanes:
+        return None
+    high = SINGLE_VECTOR_MAX_ROWS[lanes * np.dtype(dtype).itemsize]
+    low = min(PANEL_ACCUMULATORS, high)
+    return min(range(low, high + 1), key=lambda h: (-(-max(rows, 1) // h) * h, -h))
 
 
 @functools.lru_cache(maxsize=None)
