@@ -435,6 +435,68 @@ def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     np.testing.assert_allclose(results[3], results[1], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("images, tiles, k, pixels", [
+    (8, 1, 20, (16, 16)),       # 8 partial sums; dy's rows: 3 whole MR tiles and 2 more
+    (3, 2, 13, (16, 17)),       # 3 partial sums of 1 image, 3 row blocks (the last: edge)
+    (5, 1, 6, (4, 4)),          # 80 positions: one partial sum, one row block of one tile
+    (2, 3, 40, (20, 30))])      # positions in 3 chunks (the last short), 2 x 4 blocks
+def test_channels_first_pointwise_weight_gradient_reads_dy_in_place(monkeypatch, dtype,
+                                                                      images, tiles, k,
+                                                                      pixels):
+    """Channels-first one-group 1x1 weight gradients whose x channels fill the strided
+    micro-kernel's tiles (AVX-512) read dy's rows in place (``_gemm._pointwise_cf_in_place``):
+    the float64 sum's result, however the images fall into partial sums and dy's rows into
+    blocks and whole tiles, and bitwise the same when the call is cut into one parallel
+    region per image."""
+    from numbaconv.cpu import _gemm, _heuristics
+    from numbaconv.cpu import _tiles
+    from numbaconv.cpu._microkernel import strided_shape, vector_lanes
+    mr, nv = strided_shape(dtype)
+    c = tiles * nv * vector_lanes(dtype)
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((images, c) + pixels).astype(dtype)
+    dy = rng.standard_normal((images, k) + pixels).astype(dtype)
+    expected = np.einsum("nkp,ncp->kc", dy.reshape(images, k, -1).astype(np.float64),
+                         x.reshape(images, c, -1).astype(np.float64))[:, :, None, None]
+    runs = []
+    real = _gemm._pointwise_cf_in_place
+    monkeypatch.setattr(_gemm, "_pointwise_cf_in_place", lambda *a: runs.append(1) or real(*a))
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
+    monkeypatch.setattr(_gemm, "POINTWISE_DEPTH", 256 if pixels != (20, 30) else 250)
+    with nc.use_backend("cpu"):
+        assert nc.explain("conv_backward_weight", x, dy, (k, c, 1, 1)).algorithm == "gemm"
+        got = nc.conv_backward_weight(x, dy, (k, c, 1, 1))
+        assert runs and relative_error(got, expected) < TOL[dtype]
+        monkeypatch.setattr(_heuristics, "IMPLICIT_PIECE_MACS", 1)
+        monkeypatch.setattr(_gemm, "interruptible_ranges",
+                            lambda *a: _tiles.interruptible_ranges(*a[:3], 1))
+        assert np.array_equal(nc.conv_backward_weight(x, dy, (k, c, 1, 1)), got)
+    assert len(runs) == 2
+
+
+def test_pointwise_rows_in_place_only_where_the_tiles_fill():
+    from numbaconv.cpu import _heuristics
+    from numbaconv._kernel_geometry import geom
+    from numbaconv.cpu._microkernel import strided_shape, vector_lanes
+
+    def applies(c, k, groups=1, layout="channels_first", kernel=1, dtype="float32"):
+        x = np.zeros((2, c, 6, 6) if layout == "channels_first" else (2, 6, 6, c), dtype)
+        w_shape = (k, c // groups, kernel, kernel)
+        dy_shape = nc.conv_output_shape((2, c, 6, 6), w_shape, groups=groups)
+        dy = np.zeros(dy_shape if layout == "channels_first" else
+                      (2,) + dy_shape[2:] + (k,), dtype)
+        p = pb.conv_backward_weight_problem(x, dy, w_shape, groups=groups, layout=layout)
+        return _heuristics.pointwise_rows_in_place(geom(p), np.dtype(dtype))
+
+    wide = _heuristics.wide_registers()
+    nr = strided_shape(np.float32)[1] * vector_lanes(np.float32)
+    assert applies(nr, 8) == applies(2 * nr, 256) == wide
+    assert not applies(nr, 8, layout="channels_last")
+    assert not applies(2 * nr, 8, groups=2)
+    assert not applies(nr + 16, 8) and not applies(nr, 3) and not applies(nr, 8, kernel=3)
+
+
 @pytest.mark.parametrize("channels, groups, pixels", [
     ((3, 5), 1, (3, 7, 5)), ((5, 3), 1, (3, 7, 5)), ((4, 4), 1, (3, 7, 5)),  # 105: runs of 14
     ((6, 4), 2, (3, 7, 5)), ((40, 28), 1, (3, 16, 14)),
@@ -851,7 +913,14 @@ BOUNDSCHECK = background.boundscheck(
     "    a = case_arrays(c, 'channels_first', 'float64')\n"
     "    g = geom(build_problem('conv_backward_weight', c, 'channels_first', a)[0])\n"
     "    _tiles.TILE_BYTES = g.c * g.taps * g.positions * 8\n"
-    "    check_every_algorithm(c, 'channels_first', 'float64', ops=('conv_backward_weight',))\n",
+    "    check_every_algorithm(c, 'channels_first', 'float64', ops=('conv_backward_weight',))\n"
+    "# the channels-first 1x1 weight gradient reading dy in place (its edge rows, its blocks)\n"
+    "import test_cpu\n"
+    "from _pytest.monkeypatch import MonkeyPatch\n"
+    "for case in ((8, 1, 20, (16, 16)), (3, 2, 13, (16, 17))):\n"
+    "    with MonkeyPatch.context() as mp:\n"
+    "        test_cpu.test_channels_first_pointwise_weight_gradient_reads_dy_in_place(\n"
+    "            mp, 'float64', *case)\n",
     first=True)
 
 

@@ -300,6 +300,8 @@ PIECED = (
     ("direct", "channels_last", (3, 32, 12, 20), (32, 4, 3, 3), 8, 1, 1),
     ("direct", "channels_first", (3, 32, 12, 20), (32, 4, 3, 3), 8, 1, 1),
     ("direct", "channels_first", (3, 16, 13, 15), (16, 1, 5, 5), 16, 2, 2),
+    # The channels-first 1x1 weight gradient reading dy in place (AVX-512; BLAS otherwise).
+    ("gemm", "channels_first", (3, 64, 5, 7), (13, 64, 1, 1), 1, 1, 0),
 )
 
 
@@ -309,7 +311,8 @@ def test_pieces_change_no_bit(case, monkeypatch):
     as a long call is split for Ctrl-C) gives bitwise the results of one region."""
     from numbaconv import dispatch
     from numbaconv import problem as pb
-    from numbaconv.cpu import _direct, _heuristics, _implicit, _tiles
+    from numbaconv._kernel_geometry import geom
+    from numbaconv.cpu import _direct, _gemm, _heuristics, _implicit, _tiles
     algorithm, layout, x_shape, w_shape, groups, stride, padding = case
     rng = np.random.default_rng(5)
     x = rng.standard_normal(x_shape).astype(np.float32)
@@ -341,7 +344,14 @@ def test_pieces_change_no_bit(case, monkeypatch):
 
     monkeypatch.setattr(_direct, "interruptible_ranges", finest)
     monkeypatch.setattr(_implicit, "interruptible_ranges", finest)
+    monkeypatch.setattr(_gemm, "interruptible_ranges", finest)
     monkeypatch.setattr(_heuristics, "IMPLICIT_PIECE_MACS", 1)
     monkeypatch.setattr(_heuristics, "DIRECT_PIECE_MACS", 1)
     assert run_all() == whole
+    if algorithm == "gemm":                     # its weight gradient only; BLAS otherwise
+        if not _heuristics.pointwise_rows_in_place(
+                geom(calls[0][1]), np.dtype(np.float32)):
+            pytest.skip("no AVX-512: the 1x1 weight gradient is BLAS's")
+        assert len(pieces) == 1 and len(pieces[0]) == 3, pieces
+        return
     assert len(pieces) >= len(calls) and min(len(p) for p in pieces) > 1, pieces

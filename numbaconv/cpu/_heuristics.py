@@ -441,6 +441,36 @@ def batch_columns(g, nb: int) -> bool:
     return nb > 1 and g.positions < BATCH_COLUMNS_BELOW
 
 
+def pointwise_rows_in_place(g, dtype) -> bool:
+    """Whether a channels-first 1x1 weight gradient of the geometry ``g`` reads dy's rows
+    in place on the strided micro-kernel (``_gemm._pointwise_cf_in_place``): one group,
+    AVX-512, x's channels a multiple of the tiles' columns (64 float32) and dy's at least
+    their rows."""
+    import numpy as np
+
+    from ._microkernel import strided_shape, vector_lanes
+    mr, nv = strided_shape(dtype)
+    return (g.pointwise and not g.channels_last and g.groups == 1 and wide_registers()
+            and g.c % (nv * vector_lanes(dtype)) == 0 and g.k >= mr
+            and np.dtype(dtype) in (np.float32, np.float64))
+
+
+#: Positions (of all images) per partial sum of the channels-first 1x1 weight gradient read
+#: in place: each partial (K x C values) is written and added once, so fewer positions
+#: than this per partial cost more in sums than they save in parallel work; the row
+#: blocks of dy share the work out where there are fewer partials.
+POINTWISE_SLOT_POSITIONS = 256
+
+
+def pointwise_slots(g) -> int:
+    """Partial sums of ``_gemm._pointwise_cf_in_place`` (a function of the shape alone):
+    the most, up to SLOTS, that share the images evenly with POINTWISE_SLOT_POSITIONS
+    positions each at least (jobs of unequal slots would leave a thread idle)."""
+    from ._tiles import SLOTS
+    most = max(1, min(SLOTS, g.n, g.n * g.positions // POINTWISE_SLOT_POSITIONS))
+    return max(d for d in range(1, most + 1) if g.n % d == 0)
+
+
 #: A channels-last 1x1 weight gradient with at least this many positions per channel (of the
 #: larger count) is SLOTS products over runs of positions; fewer, one product, rows shared.
 POSITION_SPLIT_FROM = 16
