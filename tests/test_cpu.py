@@ -440,7 +440,7 @@ def test_tile_workers_give_the_same_weight_gradient(monkeypatch):
     (8, 1, 20, (16, 16)),       # 8 partial sums; dy's rows: 3 whole MR tiles and 2 more
     (3, 2, 13, (16, 17)),       # 3 partial sums of 1 image, 3 row blocks (the last: edge)
     (5, 1, 6, (4, 4)),          # 80 positions: one partial sum, one row block of one tile
-    (2, 3, 40, (20, 30))])      # positions in 3 chunks (the last short), 2 x 4 blocks
+    (2, 3, 40, (20, 30))])      # 600 positions: chunks of 256, 256, 88; 2 x 4 blocks
 def test_channels_first_pointwise_weight_gradient_reads_dy_in_place(monkeypatch, dtype,
                                                                       images, tiles, k,
                                                                       pixels):
@@ -463,7 +463,6 @@ def test_channels_first_pointwise_weight_gradient_reads_dy_in_place(monkeypatch,
     real = _gemm._pointwise_cf_in_place
     monkeypatch.setattr(_gemm, "_pointwise_cf_in_place", lambda *a: runs.append(1) or real(*a))
     monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
-    monkeypatch.setattr(_gemm, "POINTWISE_DEPTH", 256 if pixels != (20, 30) else 250)
     with nc.use_backend("cpu"):
         assert nc.explain("conv_backward_weight", x, dy, (k, c, 1, 1)).algorithm == "gemm"
         got = nc.conv_backward_weight(x, dy, (k, c, 1, 1))

@@ -14,9 +14,8 @@ from numba import prange
 from .._kernel_geometry import Geom
 from ..config import parallel_jit
 from . import _heuristics, _tiles
-from ._microkernel import (_at, _micro_tile_strided, _transpose, gram, strided_shape,
-                           tile_shape, vector_lanes)
-from ._sliding import row_pitch
+from ._microkernel import (NT_DEPTH, gram, nt_pitch, nt_rows, strided_shape, tile_shape,
+                           vector_lanes)
 from ._tiles import interruptible_ranges
 
 def forward(g: Geom, x, w, y) -> None:
@@ -131,78 +130,46 @@ def _gram_fills_tiles(g: Geom, dtype) -> bool:
 def _pointwise_cf_in_place(g: Geom, x, dy) -> np.ndarray:
     """dw (1, K, C) of a one-group channels-first 1x1 convolution, dy's rows read in place.
 
-    dw = the sum over images of dy[n] (K, S) @ x[n].T (S, C). The strided micro-kernel
-    takes MR of dy's rows as its A operand where they lie (A[p, i] = dy[n, i0 + i, p]: MR
-    streams, each read front to back) and a chunk of POINTWISE_DEPTH positions of x[n],
-    transposed, as B. OpenBLAS packs both operands first, and its packing of dy, which
-    comes from memory, stalls the products (figures in docs/cpu-algorithms.md, "`gemm`:
-    the channels-first 1x1 weight gradient, dy read in place"). The images are dealt
-    round-robin into ``_heuristics.pointwise_slots`` partial sums, each summed in image
-    order, then added in slot order; jobs are (slot, block of dy's rows), so the bits
-    depend on the shape alone. Calls of more than IMPLICIT_PIECE_MACS multiply-adds run as
-    several parallel regions (ranges of images), so that Ctrl-C ends them soon."""
+    dw = the sum over images of dy[n] (K, S) @ x[n].T (S, C), each by
+    :func:`._microkernel.nt_rows`: dy's rows read in place by the strided micro-kernel, x[n]
+    transposed by chunks. OpenBLAS packs both operands first, and its packing of dy, which
+    comes from memory, stalls the products (figures in docs/cpu-algorithms.md, "`gemm`: the
+    channels-first 1x1 weight gradient, dy read in place"). The images are dealt round-robin
+    into ``_heuristics.pointwise_slots`` partial sums, each summed in image order, then
+    added in slot order; jobs are (slot, block of dy's rows), so the bits depend on the
+    shape alone. Calls of more than IMPLICIT_PIECE_MACS multiply-adds run as several
+    parallel regions (ranges of images), so that Ctrl-C ends them soon."""
     dtype = x.dtype
     mr, nv = strided_shape(dtype)
-    nr = nv * vector_lanes(dtype)
     slots = _heuristics.pointwise_slots(g)
     tiles = -(-g.k // mr)
     blocks = min(tiles, -(-_tiles.SLOTS // slots))
     block_rows = -(-tiles // blocks) * mr
     parts = np.empty((slots, g.k, g.c), dtype)
-    args = (np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1), parts,
-            g.c, g.k, g.positions, row_pitch(g.c, dtype), block_rows, -(-g.k // block_rows),
-            mr, nr, POINTWISE_DEPTH, vector_lanes(dtype))
+    args = (np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
+            parts, g.c, g.k, g.positions, nt_pitch(g.c, dtype), block_rows,
+            -(-g.k // block_rows), mr, nv * vector_lanes(dtype), vector_lanes(dtype))
     macs = g.n * g.positions * g.k * g.c
     for first, last in interruptible_ranges(g.n, macs, _heuristics.IMPLICIT_PIECE_MACS, slots):
         _pointwise_cf_parts(*args, first, last)
     return _tiles.summed(parts)[np.newaxis]
 
 
-#: Positions per chunk of :func:`_pointwise_cf_in_place`'s products: the chunk of x
-#: transposed (depth x C) stays in L1/L2 while the tiles of dy's rows pass over it; longer
-#: chunks load and store each accumulator tile less often.
-POINTWISE_DEPTH = 256
-
-
 @parallel_jit
-def _pointwise_cf_parts(x, dy, parts, c, k, s, pitch, block_rows, blocks, mr, nr, depth,
-                        lanes, first_image, last_image):
+def _pointwise_cf_parts(x, dy, parts, c, k, s, pitch, block_rows, blocks, mr, nr, lanes,
+                        first_image, last_image):
     """parts[slot] (+)= dy[n] @ x[n].T for the slot's images n = slot, slot + slots, ... in
     [first_image, last_image) (written by the slot's first image, added to after it); x (N,
-    C, S) and dy (N, K, S) flat; one job per (slot, block of ``block_rows`` of K). A chunk of
-    x[n] transposed lies ``pitch`` values a position (:func:`._sliding.row_pitch`: at a
-    power-of-two pitch of a kilobyte or more, a tile's B panel would fall into a few L1
-    sets). Rows past the last whole MR tile go through a zero-padded copy of them and a
-    scratch tile (nothing is read past dy)."""
+    C, S) and dy (N, K, S) flat; one job per (slot, block of ``block_rows`` of K)."""
     slots = parts.shape[0]
     for job in prange(slots * blocks):
         slot = job // blocks
         r0 = (job % blocks) * block_rows
         r1 = min(k, r0 + block_rows)
-        whole = r0 + (r1 - r0) // mr * mr      # rows [whole, r1): the edge tile's
-        edge_rows = r1 - whole
-        xt = np.empty(depth * pitch, x.dtype)
-        edge = np.zeros(mr * s if edge_rows else 1, x.dtype)
+        bt = np.empty(NT_DEPTH * pitch, x.dtype)
+        edge = np.zeros(mr * s if (r1 - r0) % mr else 1, x.dtype)
+        edge_out = np.empty(mr * c if (r1 - r0) % mr else 1, x.dtype)
         part = parts[slot].reshape(-1)
-        edge_out = np.empty(mr * c if edge_rows else 1, x.dtype)
-        if edge_rows and first_image > slot:   # the sums of the slot's earlier images
-            edge_out[:edge_rows * c] = part[whole * c:r1 * c]
-        touched = False
         for n in range(first_image + (slot - first_image) % slots, last_image, slots):
-            touched = True
-            rows = n * k * s
-            if edge_rows:
-                edge[:edge_rows * s] = dy[rows + whole * s:rows + r1 * s]
-            for p0 in range(0, s, depth):
-                kc = min(depth, s - p0)
-                _transpose(x, n * c * s + p0, s, xt, 0, pitch, c, kc, lanes)
-                add = 0 if n == slot and p0 == 0 else 1
-                for j0 in range(0, c, nr):
-                    for i0 in range(r0, whole, mr):
-                        _micro_tile_strided(_at(dy, rows + i0 * s + p0), s, _at(xt, j0),
-                                            _at(part, i0 * c + j0), kc, c, add, 1, pitch)
-                    if edge_rows:
-                        _micro_tile_strided(_at(edge, p0), s, _at(xt, j0), _at(edge_out, j0),
-                                            kc, c, add, 1, pitch)
-        if edge_rows and touched:
-            part[whole * c:r1 * c] = edge_out[:edge_rows * c]
+            nt_rows(dy, n * k * s, s, x, n * c * s, s, part, 0, c, r0, r1, c, s, n != slot,
+                    bt, edge, edge_out, pitch, mr, nr, lanes)

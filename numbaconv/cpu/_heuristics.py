@@ -443,16 +443,16 @@ def batch_columns(g, nb: int) -> bool:
 
 def pointwise_rows_in_place(g, dtype) -> bool:
     """Whether a channels-first 1x1 weight gradient of the geometry ``g`` reads dy's rows
-    in place on the strided micro-kernel (``_gemm._pointwise_cf_in_place``): one group,
-    AVX-512, x's channels a multiple of the tiles' columns (64 float32) and dy's at least
-    their rows."""
+    in place (``_gemm._pointwise_cf_in_place``, on ``_microkernel.nt_rows``): one group,
+    AVX-512 (where the strided tile was measured), x's channels a multiple of the tiles'
+    columns (64 float32) and dy's at least their rows."""
     import numpy as np
 
     from ._microkernel import strided_shape, vector_lanes
     mr, nv = strided_shape(dtype)
     return (g.pointwise and not g.channels_last and g.groups == 1 and wide_registers()
-            and g.c % (nv * vector_lanes(dtype)) == 0 and g.k >= mr
-            and np.dtype(dtype) in (np.float32, np.float64))
+            and np.dtype(dtype) in (np.float32, np.float64)
+            and g.c % (nv * vector_lanes(dtype)) == 0 and g.k >= mr)
 
 
 #: Positions (of all images) per partial sum of the channels-first 1x1 weight gradient read

@@ -289,6 +289,57 @@ def _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, 
                           align=1)
 
 
+#: Positions per chunk of :func:`nt_rows`' products: the chunk of B transposed (depth x
+#: columns) stays in L1/L2 while A's tiles pass over it; longer chunks load and store each
+#: accumulator tile less often.
+NT_DEPTH = 256
+
+
+def nt_pitch(columns: int, dtype) -> int:
+    """Values per position of :func:`nt_rows`' transposed chunk of B: an odd number of
+    cache lines where a position is 256 bytes or more (:func:`._sliding.row_pitch`; at a
+    power-of-two pitch of a kilobyte or more, a tile's B panel falls into a few L1 sets)."""
+    from ._sliding import row_pitch
+    return row_pitch(columns, dtype)
+
+
+@inline_jit
+def nt_rows(a, a0, lda, b, b0, ldb, out, o0, ldo, r0, r1, columns, length, add, bt, edge,
+            edge_out, pitch, mr, nr, lanes):
+    """out[o0 + i * ldo + j] (=, or with ``add`` +=) the sum over p < ``length`` of
+    a[a0 + i * lda + p] * b[b0 + j * ldb + p], for A's rows i in [r0, r1) and columns j <
+    ``columns`` (a multiple of NR): a product of two operands whose rows run along the
+    shared axis (a channels-first weight gradient: dy's rows, x's rows or windows). A's rows
+    are read in place, MR at a time by the strided micro-kernel (each a stream read front
+    to back); B in chunks of NT_DEPTH positions transposed into ``bt`` (NT_DEPTH * pitch,
+    :func:`nt_pitch`). Rows past the last whole MR tile go through ``edge`` (MR * length
+    values, zero past the edge rows: nothing is read past A) and ``edge_out`` (MR *
+    columns). a, b and out are flat; the order of the additions depends on the shape
+    alone."""
+    whole = r0 + (r1 - r0) // mr * mr
+    edge_rows = r1 - whole
+    for i in range(edge_rows):
+        edge[i * length:(i + 1) * length] = a[a0 + (whole + i) * lda:
+                                              a0 + (whole + i) * lda + length]
+        if add:
+            edge_out[i * columns:(i + 1) * columns] = out[o0 + (whole + i) * ldo:
+                                                          o0 + (whole + i) * ldo + columns]
+    for p0 in range(0, length, NT_DEPTH):
+        kc = min(NT_DEPTH, length - p0)
+        _transpose(b, b0 + p0, ldb, bt, 0, pitch, columns, kc, lanes)
+        adding = 1 if add or p0 > 0 else 0
+        for j0 in range(0, columns, nr):
+            for i0 in range(r0, whole, mr):
+                _micro_tile_strided(_at(a, a0 + i0 * lda + p0), lda, _at(bt, j0),
+                                    _at(out, o0 + i0 * ldo + j0), kc, ldo, adding, 1, pitch)
+            if edge_rows:
+                _micro_tile_strided(_at(edge, p0), length, _at(bt, j0), _at(edge_out, j0), kc,
+                                    columns, adding, 1, pitch)
+    for i in range(edge_rows):
+        out[o0 + (whole + i) * ldo:o0 + (whole + i) * ldo + columns] = \
+            edge_out[i * columns:(i + 1) * columns]
+
+
 @intrinsic
 def _transpose_tile(typingctx, src, lds, dst, ldd):
     """dst[j * ldd + i] = src[i * lds + j] for i, j < L, the vector lanes: L rows of L
