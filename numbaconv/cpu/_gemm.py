@@ -8,14 +8,13 @@ rows (:func:`_pointwise_cf_in_place`)."""
 from __future__ import annotations
 
 import numpy as np
-
 from numba import prange
 
 from .._kernel_geometry import Geom
 from ..config import parallel_jit
 from . import _heuristics, _tiles
-from ._microkernel import (NT_DEPTH, gram, nt_pitch, nt_rows, strided_shape, tile_shape,
-                           vector_lanes)
+from ._microkernel import NT_DEPTH, gram, nt_rows, strided_shape, tile_shape, vector_lanes
+from ._sliding import row_pitch
 from ._tiles import interruptible_ranges
 
 def forward(g: Geom, x, w, y) -> None:
@@ -132,7 +131,7 @@ def _pointwise_cf_in_place(g: Geom, x, dy) -> np.ndarray:
 
     dw = the sum over images of dy[n] (K, S) @ x[n].T (S, C), each by
     :func:`._microkernel.nt_rows`: dy's rows read in place by the strided micro-kernel, x[n]
-    transposed by chunks. OpenBLAS packs both operands first, and its packing of dy, which
+    transposed by chunks (at :func:`._sliding.row_pitch`). OpenBLAS packs both operands first, and its packing of dy, which
     comes from memory, stalls the products (figures in docs/cpu-algorithms.md, "`gemm`: the
     channels-first 1x1 weight gradient, dy read in place"). The images are dealt round-robin
     into ``_heuristics.pointwise_slots`` partial sums, each summed in image order, then
@@ -147,7 +146,7 @@ def _pointwise_cf_in_place(g: Geom, x, dy) -> np.ndarray:
     block_rows = -(-tiles // blocks) * mr
     parts = np.empty((slots, g.k, g.c), dtype)
     args = (np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
-            parts, g.c, g.k, g.positions, nt_pitch(g.c, dtype), block_rows,
+            parts, g.c, g.k, g.positions, row_pitch(g.c, dtype), block_rows,
             -(-g.k // block_rows), mr, nv * vector_lanes(dtype), vector_lanes(dtype))
     macs = g.n * g.positions * g.k * g.c
     for first, last in interruptible_ranges(g.n, macs, _heuristics.IMPLICIT_PIECE_MACS, slots):

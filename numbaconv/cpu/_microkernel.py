@@ -6,7 +6,9 @@ gradient's product where dw is small (see ``conv_backward_weight``); :mod:`._imp
 calls the micro-kernel on windows in the input itself; :class:`RowPanels` multiplies the
 recurrent networks' weights, packed once per call, by each step's states;
 :func:`planes_product` the Winograd products of few tiles and many channels; :func:`gemm`
-(packed) is groundwork that no algorithm calls yet. The GEMM-bound speed targets (1x1 convolutions,
+(packed) is groundwork that no algorithm calls yet; :func:`nt_rows` multiplies two operands
+whose rows run along the shared axis, the first read in place (the channels-first 1x1
+weight gradient's dy). The GEMM-bound speed targets (1x1 convolutions,
 the stem's weight gradient) need products faster than NumPy's OpenBLAS on skinny shapes,
 and a product of our own can take its operands where the convolution's packing leaves them
 (or pack windows straight into its panels), saving the copy BLAS makes of every operand.
@@ -295,27 +297,20 @@ def _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, 
 NT_DEPTH = 256
 
 
-def nt_pitch(columns: int, dtype) -> int:
-    """Values per position of :func:`nt_rows`' transposed chunk of B: an odd number of
-    cache lines where a position is 256 bytes or more (:func:`._sliding.row_pitch`; at a
-    power-of-two pitch of a kilobyte or more, a tile's B panel falls into a few L1 sets)."""
-    from ._sliding import row_pitch
-    return row_pitch(columns, dtype)
-
-
 @inline_jit
 def nt_rows(a, a0, lda, b, b0, ldb, out, o0, ldo, r0, r1, columns, length, add, bt, edge,
             edge_out, pitch, mr, nr, lanes):
     """out[o0 + i * ldo + j] (=, or with ``add`` +=) the sum over p < ``length`` of
     a[a0 + i * lda + p] * b[b0 + j * ldb + p], for A's rows i in [r0, r1) and columns j <
     ``columns`` (a multiple of NR): a product of two operands whose rows run along the
-    shared axis (a channels-first weight gradient: dy's rows, x's rows or windows). A's rows
-    are read in place, MR at a time by the strided micro-kernel (each a stream read front
-    to back); B in chunks of NT_DEPTH positions transposed into ``bt`` (NT_DEPTH * pitch,
-    :func:`nt_pitch`). Rows past the last whole MR tile go through ``edge`` (MR * length
-    values, zero past the edge rows: nothing is read past A) and ``edge_out`` (MR *
-    columns). a, b and out are flat; the order of the additions depends on the shape
-    alone."""
+    shared axis (the channels-first 1x1 weight gradient's dy and x). A's rows are read in
+    place, MR at a time by the strided micro-kernel (each a stream read front to back); B
+    in chunks of NT_DEPTH positions transposed into ``bt`` (NT_DEPTH * pitch values,
+    ``pitch`` a position; at a power-of-two pitch of a kilobyte or more a tile's B panel
+    would fall into a few L1 sets: see ``_sliding.row_pitch``). Rows past the last whole MR
+    tile go through ``edge`` (MR * length values, zero past the edge rows: nothing is read
+    past A) and ``edge_out`` (MR * columns). a, b and out are flat; the order of the
+    additions depends on the shape alone."""
     whole = r0 + (r1 - r0) // mr * mr
     edge_rows = r1 - whole
     for i in range(edge_rows):
