@@ -388,9 +388,10 @@ random_operands = _operands.random_operands
 @contextlib.contextmanager
 def algorithm_forced(backend, ops, algorithm, *, strict: bool = False):
     """Inside, the backend class ``backend`` runs ``ops`` (a sequence of op names: a
-    ValueError otherwise) on ``algorithm`` whatever the dispatcher chose, where it offers that algorithm for the problem (with ``strict``, a
-    ValueError where it does not). The dispatcher caches its choice per problem, so the
-    backend's ``run`` is what is switched (for every instance of the class).
+    ValueError otherwise) on ``algorithm`` whatever the dispatcher chose, where it offers
+    that algorithm for the problem (with ``strict``, a ValueError where it does not). The
+    dispatcher caches its choice per problem, so the backend's ``run`` is what is switched
+    (for every instance of the class).
 
     Yields a dict: ``"runs"`` counts the forced runs; set ``"algorithm"`` to another one,
     or to None to force nothing, inside the block.

@@ -449,8 +449,7 @@ def test_channels_first_pointwise_weight_gradient_reads_dy_in_place(monkeypatch,
     the float64 sum's result, however the images fall into partial sums and dy's rows into
     blocks and whole tiles, and bitwise the same when the call is cut into one parallel
     region per image."""
-    from numbaconv.cpu import _gemm, _heuristics
-    from numbaconv.cpu import _tiles
+    from numbaconv.cpu import _gemm, _heuristics, _tiles
     from numbaconv.cpu._microkernel import strided_shape, vector_lanes
     mr, nv = strided_shape(dtype)
     c = tiles * nv * vector_lanes(dtype)

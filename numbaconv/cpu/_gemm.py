@@ -131,9 +131,10 @@ def _pointwise_cf_in_place(g: Geom, x, dy) -> np.ndarray:
 
     dw = the sum over images of dy[n] (K, S) @ x[n].T (S, C), each by
     :func:`._microkernel.nt_rows`: dy's rows read in place by the strided micro-kernel, x[n]
-    transposed by chunks (at :func:`._sliding.row_pitch`). OpenBLAS packs both operands first, and its packing of dy, which
-    comes from memory, stalls the products (figures in docs/cpu-algorithms.md, "`gemm`: the
-    channels-first 1x1 weight gradient, dy read in place"). The images are dealt round-robin
+    transposed by chunks (at :func:`._sliding.row_pitch`). OpenBLAS packs both operands
+    first, and its packing of dy, which comes from memory, stalls the products (figures in
+    docs/cpu-algorithms.md, "`gemm`: the channels-first 1x1 weight gradient, dy read in
+    place"). The images are dealt round-robin
     into ``_heuristics.pointwise_slots`` partial sums, each summed in image order, then
     added in slot order; jobs are (slot, block of dy's rows), so the bits depend on the
     shape alone. Calls of more than IMPLICIT_PIECE_MACS multiply-adds run as several
@@ -141,13 +142,15 @@ def _pointwise_cf_in_place(g: Geom, x, dy) -> np.ndarray:
     dtype = x.dtype
     mr, nv = strided_shape(dtype)
     slots = _heuristics.pointwise_slots(g)
+    # dy's rows in blocks of whole tiles, SLOTS jobs in all where the rows allow (whole tiles
+    # a block can leave fewer blocks than asked for: 5 tiles in 4 blocks are 3 of 2).
     tiles = -(-g.k // mr)
-    blocks = min(tiles, -(-_tiles.SLOTS // slots))
-    block_rows = -(-tiles // blocks) * mr
+    block_rows = -(-tiles // min(tiles, -(-_tiles.SLOTS // slots))) * mr
+    blocks = -(-g.k // block_rows)
     parts = np.empty((slots, g.k, g.c), dtype)
     args = (np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
-            parts, g.c, g.k, g.positions, row_pitch(g.c, dtype), block_rows,
-            -(-g.k // block_rows), mr, nv * vector_lanes(dtype), vector_lanes(dtype))
+            parts, g.c, g.k, g.positions, row_pitch(g.c, dtype), block_rows, blocks, mr,
+            nv * vector_lanes(dtype), vector_lanes(dtype))
     macs = g.n * g.positions * g.k * g.c
     for first, last in interruptible_ranges(g.n, macs, _heuristics.IMPLICIT_PIECE_MACS, slots):
         _pointwise_cf_parts(*args, first, last)
