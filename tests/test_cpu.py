@@ -495,6 +495,97 @@ def test_pointwise_rows_in_place_only_where_the_tiles_fill():
     assert not applies(nr + 16, 8) and not applies(nr, 3) and not applies(nr, 8, kernel=3)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("images, m, depth, s", [
+    (3, 13, 20, 300),       # an edge row tile (8 + 5); column blocks of 128, 128, 44
+    (2, 8, 300, 129),       # two blocks of KC rows (the second added), a one-column block
+    (1, 24, 7, 1030)])      # one image, 9 column blocks: 3 row tiles
+def test_streamed_matmul(monkeypatch, dtype, images, m, depth, s):
+    """``_gemm.streamed_matmul`` (the channels-first 1x1 data gradient and forward with dy's
+    blocks prefetched): the float64 product's result, nothing written outside ``out``, and
+    bitwise the same results whatever the number of workers or parallel regions."""
+    from numbaconv.cpu import _gemm, _heuristics, _tiles
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((depth, m)).astype(dtype).T        # any strides
+    b = rng.standard_normal((images, depth, s)).astype(dtype)
+    expected = np.einsum("mp,nps->nms", a.astype(np.float64), b.astype(np.float64))
+    size = images * m * s
+    results = []
+    for workers, pieces in ((1, False), (2, False), (5, False), (2, True)):
+        memory = np.full(size + 70, 7.0, dtype)
+        out = memory[:size].reshape(images, m, s)
+        with monkeypatch.context() as mp:
+            mp.setattr(_gemm, "numba_threads", lambda: workers)
+            if pieces:
+                mp.setattr(_heuristics, "IMPLICIT_PIECE_MACS", 1)
+                mp.setattr(_gemm, "interruptible_ranges",
+                           lambda *a: _tiles.interruptible_ranges(*a[:3], 1))
+            _gemm.streamed_matmul(a, b, out)
+        assert np.all(memory[size:] == 7.0)
+        results.append(out.tobytes())
+    assert relative_error(out, expected) < TOL[dtype]
+    assert all(r == results[0] for r in results)
+
+
+@pytest.mark.parametrize("layout_out", ["given", "accumulate", "strided"])
+def test_channels_first_pointwise_data_gradient_and_forward_streamed(monkeypatch, layout_out):
+    """Channels-first one-group 1x1 data gradients, transposed and forward convolutions of
+    at least STREAMED_POSITIONS positions an image run through ``_gemm.streamed_matmul``:
+    the reference's results, into a given, accumulated or strided ``out``."""
+    from numbaconv.cpu import _gemm, _heuristics
+    runs = []
+    real = _gemm.streamed_matmul
+    monkeypatch.setattr(_gemm, "streamed_matmul", lambda *a: runs.append(1) or real(*a))
+    monkeypatch.setattr(_heuristics, "wide_registers", lambda: True)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 12, 32, 33)).astype(np.float32)
+    w = rng.standard_normal((20, 12, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((2, 20, 32, 33)).astype(np.float32)
+    bias = rng.standard_normal(12).astype(np.float32)
+
+    def outs(shape):
+        if layout_out == "strided":
+            return np.zeros(shape[:-1] + (shape[-1] + 3,), np.float32)[..., :shape[-1]]
+        return rng.standard_normal(shape).astype(np.float32)
+
+    results = {}
+    for backend in ("cpu", "reference"):
+        dx, y = outs(x.shape), outs(dy.shape)
+        dx0 = dx.copy()
+        with nc.use_backend(backend):
+            if backend == "cpu":
+                assert nc.explain("conv_backward_data", dy, w, x.shape).algorithm == "gemm"
+            nc.conv_backward_data(dy, w, x.shape, out=dx,
+                                  accumulate=layout_out == "accumulate")
+            results[backend] = (dx - dx0 if layout_out == "accumulate" else dx,
+                                nc.conv(x, w, out=y), nc.conv_transpose(dy, w, bias))
+    for got, expected in zip(results["cpu"], results["reference"]):
+        assert relative_error(got, expected) < TOL["float32"]
+    assert len(runs) == 3
+
+
+def test_pointwise_streamed_only_where_images_are_large():
+    from numbaconv.cpu import _heuristics
+    from numbaconv._kernel_geometry import geom
+
+    def applies(c, k, size, groups=1, layout="channels_first", kernel=1):
+        x_shape = (2, c, size, size) if layout == "channels_first" else (2, size, size, c)
+        dy_shape = nc.conv_output_shape((2, c, size, size), (k, c // groups, kernel, kernel),
+                                        groups=groups)
+        if layout == "channels_last":
+            dy_shape = (2,) + dy_shape[2:] + (k,)
+        p = pb.conv_backward_data_problem(np.zeros(dy_shape, np.float32),
+                                          np.zeros((k, c // groups, kernel, kernel),
+                                                   np.float32),
+                                          x_shape, groups=groups, layout=layout)
+        return _heuristics.pointwise_streamed(geom(p), np.dtype(np.float32))
+
+    wide = _heuristics.wide_registers()
+    assert applies(64, 256, 32) == applies(3, 5, 56) == wide
+    assert not applies(64, 256, 31) and not applies(64, 256, 32, layout="channels_last")
+    assert not applies(64, 256, 32, groups=2) and not applies(64, 256, 34, kernel=3)
+
+
 @pytest.mark.parametrize("channels, groups, pixels", [
     ((3, 5), 1, (3, 7, 5)), ((5, 3), 1, (3, 7, 5)), ((4, 4), 1, (3, 7, 5)),  # 105: runs of 14
     ((6, 4), 2, (3, 7, 5)), ((40, 28), 1, (3, 16, 14)),
@@ -918,7 +1009,11 @@ BOUNDSCHECK = background.boundscheck(
     "for case in ((8, 1, 20, (16, 16)), (3, 2, 13, (16, 17))):\n"
     "    with MonkeyPatch.context() as mp:\n"
     "        test_cpu.test_channels_first_pointwise_weight_gradient_reads_dy_in_place(\n"
-    "            mp, 'float64', *case)\n",
+    "            mp, 'float64', *case)\n"
+    "# the channels-first 1x1 data gradient with dy's blocks prefetched (edge tiles, blocks)\n"
+    "for case in ((3, 13, 20, 300), (2, 8, 300, 129)):\n"
+    "    with MonkeyPatch.context() as mp:\n"
+    "        test_cpu.test_streamed_matmul(mp, 'float64', *case)\n",
     first=True)
 
 

@@ -2,8 +2,10 @@
 kernels with stride 1 and no padding, or kernels exactly as large as the unpadded input). No
 packing: BLAS products (:mod:`._tiles`), or for channels-last rows numbaconv's micro-kernel
 reading them in place (:func:`._tiles.rows_matmul`; the weight gradient's runs of
-positions, :func:`._microkernel.gram`), and for the channels-first weight gradient dy's
-rows (:func:`_pointwise_cf_in_place`)."""
+positions, :func:`._microkernel.gram`), for the channels-first weight gradient dy's rows
+(:func:`_pointwise_cf_in_place`), and for the channels-first data gradient and forward of
+large images blocks of dy (or x) copied while the next are prefetched
+(:func:`streamed_matmul`)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,17 @@ from numba import prange
 from .._kernel_geometry import Geom
 from ..config import parallel_jit
 from . import _heuristics, _tiles
-from ._microkernel import NT_DEPTH, gram, nt_rows, strided_shape, tile_shape, vector_lanes
-from ._sliding import row_pitch
-from ._tiles import interruptible_ranges
+from ._microkernel import (KC, NT_DEPTH, STREAM_COLUMNS, STREAM_TILE, gram, nt_rows,
+                           stream_block, strided_shape, tile_shape, vector_lanes)
+from ._sliding import LINE, row_pitch
+from ._tiles import interruptible_ranges, numba_threads
 
 def forward(g: Geom, x, w, y) -> None:
-    if g.pointwise and not g.channels_last:
+    if _heuristics.pointwise_streamed(g, x.dtype):
+        # y[n] (K, S) = W (K, C) @ x[n] (C, S), x's blocks prefetched.
+        streamed_matmul(_tiles.weight_cf(g, w)[0], x.reshape(g.n, g.c, g.positions),
+                        y.reshape(g.n, g.k, g.positions))
+    elif g.pointwise and not g.channels_last:
         # y[n] (G, Kg, S) = W (G, Kg, Cg) @ x[n] (G, Cg, S), per image.
         _tiles.matmul(_tiles.weight_cf(g, w), x.reshape(g.n, g.groups, g.cg, g.positions),
                      y.reshape(g.n, g.groups, g.kg, g.positions))
@@ -43,7 +50,11 @@ def forward(g: Geom, x, w, y) -> None:
 
 def data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     target = np.empty_like(dx) if accumulate else dx
-    if g.pointwise and not g.channels_last:
+    if _heuristics.pointwise_streamed(g, dy.dtype):
+        # dx[n] (C, S) = W^T (C, K) @ dy[n] (K, S), dy's blocks prefetched.
+        streamed_matmul(_tiles.weight_cf(g, w)[0].T, dy.reshape(g.n, g.k, g.positions),
+                        target.reshape(g.n, g.c, g.positions))
+    elif g.pointwise and not g.channels_last:
         _tiles.matmul(_tiles.weight_cf(g, w).transpose(0, 2, 1),
                      dy.reshape(g.n, g.groups, g.kg, g.positions),
                      target.reshape(g.n, g.groups, g.cg, g.positions))
@@ -175,3 +186,72 @@ def _pointwise_cf_parts(x, dy, parts, c, k, s, pitch, block_rows, blocks, mr, nr
         for n in range(first_image + (slot - first_image) % slots, last_image, slots):
             nt_rows(dy, n * k * s, s, x, n * c * s, s, part, 0, c, r0, r1, c, s, n != slot,
                     bt, edge, edge_out, pitch, mr, nr, lanes)
+
+
+def streamed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[n] (M, S) = a (M, P) @ b[n] (P, S) for each n, ``out`` C-contiguous: jobs of one
+    image's STREAM_COLUMNS columns of b, each by blocks of KC rows, a block copied at an odd
+    pitch of lines, then multiplied while its tiles prefetch the block STREAM_AHEAD after it
+    (:func:`._microkernel.stream_block`); a (small next to b) packed once into tiles. For a
+    b that comes from memory, whose rows lie kilobytes apart (the channels-first 1x1 data
+    gradient's dy), where OpenBLAS stalls on its packing of b (figures in
+    docs/cpu-algorithms.md, "`gemm`: the channels-first 1x1 data gradient, dy streamed").
+    Every output is one job's, summed over the blocks in order: the bits depend on the
+    shape alone. Calls of more than IMPLICIT_PIECE_MACS multiply-adds run as several
+    parallel regions (ranges of images), so that Ctrl-C ends them soon."""
+    dtype = b.dtype
+    mr, nv = STREAM_TILE
+    m, depth = a.shape
+    images, _, s = b.shape
+    tiles = -(-m // mr)
+    packed = np.zeros((tiles * mr, depth), dtype)
+    packed[:m] = a
+    packed = np.ascontiguousarray(packed.reshape(tiles, mr, depth).transpose(0, 2, 1))
+    args = (packed.reshape(-1), np.ascontiguousarray(b).reshape(-1), out.reshape(-1), m,
+            depth, s, STREAM_COLUMNS, row_pitch(STREAM_COLUMNS, dtype),
+            LINE // dtype.itemsize, mr, nv * vector_lanes(dtype))
+    macs = images * m * depth * s
+    for first, last in interruptible_ranges(images, macs, _heuristics.IMPLICIT_PIECE_MACS):
+        _streamed_parts(*args, first, last, numba_threads())
+    return out
+
+
+#: Blocks between the one a worker multiplies and the one its tiles prefetch: 2 ran 0-10 %
+#: faster than 1 (the next block's copy can start before its lines have all arrived).
+STREAM_AHEAD = 2
+
+
+@parallel_jit
+def _streamed_parts(packed, b, out, m, depth, s, columns, pitch, line, mr, nr, first_image,
+                    last_image, workers):
+    """out[n] = A @ b[n] for the images n in [first_image, last_image) (A packed by
+    :func:`streamed_matmul`; b (N, depth, s) and out (N, m, s) flat): jobs (image, run of
+    ``columns`` columns) dealt in contiguous runs, one to each of ``workers``, each job by
+    blocks of KC rows of b; each block's tiles prefetch the block STREAM_AHEAD after it in
+    the worker's run."""
+    panels = -(-s // columns)
+    blocks = -(-depth // KC)
+    jobs = (last_image - first_image) * panels
+    share = -(-jobs // workers)
+    for worker in prange(workers):
+        panel = np.empty(KC * pitch, b.dtype)
+        tmp = np.empty(mr * nr, b.dtype)
+        end = min(jobs, (worker + 1) * share) * blocks
+        for unit in range(worker * share * blocks, end):
+            job = unit // blocks
+            k0 = unit % blocks * KC
+            n = first_image + job // panels
+            j0 = job % panels * columns
+            ahead = unit + STREAM_AHEAD
+            f0, fkc, fwidth = -1, 0, 0
+            if ahead < end:
+                fjob = ahead // blocks
+                fk0 = ahead % blocks * KC
+                fj0 = fjob % panels * columns
+                f0 = ((first_image + fjob // panels) * depth + fk0) * s + fj0
+                fkc = min(KC, depth - fk0)
+                fwidth = min(columns, s - fj0)
+            stream_block(packed, k0 * mr, depth * mr, m, b, (n * depth + k0) * s + j0, s,
+                         min(KC, depth - k0), min(columns, s - j0), out, n * m * s + j0, s,
+                         1 if k0 > 0 else 0, panel, pitch, tmp, f0, fkc, fwidth, line, mr,
+                         nr)

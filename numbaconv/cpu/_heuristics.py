@@ -455,6 +455,24 @@ def pointwise_rows_in_place(g, dtype) -> bool:
             and g.c % (nv * vector_lanes(dtype)) == 0 and g.k >= mr)
 
 
+def pointwise_streamed(g, dtype) -> bool:
+    """Whether a channels-first 1x1 data gradient (or forward) of the geometry ``g`` runs
+    through ``_gemm.streamed_matmul`` (dy's, or x's, blocks copied while prefetched) rather
+    than OpenBLAS:
+    one group, AVX-512 (the tiles' 8 x 2 vectors need its 32 registers) and at least
+    STREAMED_POSITIONS positions an image."""
+    import numpy as np
+    return (g.pointwise and not g.channels_last and g.groups == 1 and wide_registers()
+            and np.dtype(dtype) in (np.float32, np.float64)
+            and g.positions >= STREAMED_POSITIONS)
+
+
+#: Fewest positions an image for ``pointwise_streamed``: an image's few jobs then each pass
+#: the whole weight (from L3 where it is large) under a narrow block of dy, and OpenBLAS,
+#: which keeps a block of the weight in L2 across the columns, runs faster.
+STREAMED_POSITIONS = 1024
+
+
 #: Positions (of all images) per partial sum of the channels-first 1x1 weight gradient read
 #: in place: each partial (K x C values) is written and added once, so fewer positions
 #: than this per partial cost more in sums than they save in parallel work; the row

@@ -8,7 +8,9 @@ recurrent networks' weights, packed once per call, by each step's states;
 :func:`planes_product` the Winograd products of few tiles and many channels; :func:`gemm`
 (packed) is groundwork that no algorithm calls yet; :func:`nt_rows` multiplies two operands
 whose rows run along the shared axis, the first read in place (the channels-first 1x1
-weight gradient's dy). The GEMM-bound speed targets (1x1 convolutions,
+weight gradient's dy); :func:`stream_block` copies blocks of an operand that comes from
+memory while its tiles prefetch the next (the channels-first 1x1 data gradient's dy). The
+GEMM-bound speed targets (1x1 convolutions,
 the stem's weight gradient) need products faster than NumPy's OpenBLAS on skinny shapes,
 and a product of our own can take its operands where the convolution's packing leaves them
 (or pack windows straight into its panels), saving the copy BLAS makes of every operand.
@@ -225,9 +227,35 @@ def _strided_intrinsic(narrow: bool):
 _micro_tile_strided = _strided_intrinsic(False)
 _micro_tile_strided_narrow = _strided_intrinsic(True)
 
+#: (MR, NV) of :data:`_micro_tile_fetching` (:func:`stream_block`'s tiles), either dtype:
+#: 8 rows divide the usual channel counts, which 12 do not (64 rows would be 72).
+STREAM_TILE = (8, 2)
 
-def _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, shape=None):
-    """The IR of one micro-kernel tile (see :func:`_micro_tile`); ``ai`` None: unit."""
+
+@intrinsic
+def _micro_tile_fetching(typingctx, ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift):
+    """``_micro_tile_fetching(ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift)``:
+    :data:`_micro_tile` on a tile of STREAM_TILE that at each step k also prefetches into
+    L2 the line at ``fp + (k >> shift) * fs`` (a prefetch never faults and changes no
+    result): an operand's next block, fetched from memory while this one is multiplied."""
+    if not (isinstance(ap, types.CPointer) and ap.dtype in (types.float32, types.float64)):
+        return None
+    dtype = np.dtype(str(ap.dtype))
+
+    def codegen(context, builder, signature, args):
+        ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift = args
+        _emit_tile(context, builder, dtype, ap, None, bp, cp, kc, ldc, add, lda, ldb,
+                   STREAM_TILE, (fp, fs, shift))
+        return context.get_dummy_value()
+
+    return types.void(ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift), codegen
+
+
+def _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, shape=None,
+               fetch=None):
+    """The IR of one micro-kernel tile (see :func:`_micro_tile`); ``ai`` None: unit.
+    ``fetch`` (fp, fs, shift): each step k also prefetches the line at fp + (k >> shift) * fs
+    into L2 (:data:`_micro_tile_fetching`)."""
     mr, nv = shape or tile_shape(dtype)
     lanes = vector_lanes(dtype)
     i64 = ir.IntType(64)
@@ -258,6 +286,16 @@ def _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, 
     k = builder.phi(i64)
     k.add_incoming(const(0), entry)
     acc = [[builder.phi(vec) for _ in range(nv)] for _ in range(mr)]
+    if fetch is not None:
+        fp, fs, shift = fetch
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        line = builder.gep(fp, [builder.mul(builder.ashr(k, wide(shift)), wide(fs))])
+        # read, locality 2 (L2 and beyond: the current panel keeps L1), data
+        builder.call(prefetch, [builder.bitcast(line, i8p), ir.Constant(i32, 0),
+                                ir.Constant(i32, 2), ir.Constant(i32, 1)])
     b_row = builder.gep(bp, [builder.mul(k, ldb)])
     b = [builder.load(builder.bitcast(builder.gep(b_row, [const(j * lanes)]),
                                       vec.as_pointer()), align=1) for j in range(nv)]
@@ -333,6 +371,77 @@ def nt_rows(a, a0, lda, b, b0, ldb, out, o0, ldo, r0, r1, columns, length, add, 
     for i in range(edge_rows):
         out[o0 + (whole + i) * ldo:o0 + (whole + i) * ldo + columns] = \
             edge_out[i * columns:(i + 1) * columns]
+
+
+#: Columns of B per block of :func:`stream_block` (a job's width): its copy (KC rows at an
+#: odd pitch of lines) stays in L2 with the next block prefetched beside it; wider blocks
+#: copy longer runs of each row, narrower ones leave more jobs to share out.
+STREAM_COLUMNS = 128
+
+#: Rows of A per pass of :func:`stream_block`'s tiles over B's block: STREAM_ROWS x KC of A
+#: (256 KiB of float32) stays in L2 while B's tiles pass under it.
+STREAM_ROWS = 256
+
+
+@inline_jit
+def stream_block(ap, a0, astep, rows, b, b0, ldb, kc, width, out, o0, ldo, add, panel, pitch,
+                 tmp, f0, fkc, fwidth, line, mr, nr):
+    """out[o0 + i * ldo + j] (=, or with ``add`` +=) the sum over q < ``kc`` of A[i, q] *
+    b[b0 + q * ldb + j], for i < ``rows`` and j < ``width``: one block of a product whose
+    right operand comes from memory (the channels-first 1x1 data gradient's dy).
+
+    A lies packed in tiles of MR rows, A[t * MR + i, q] at ap[a0 + t * astep + q * MR + i],
+    zero past ``rows``. B's block is copied into ``panel`` (``kc`` rows ``pitch`` apart, zero
+    past ``width`` up to whole tiles), and while its tiles are multiplied
+    (:data:`_micro_tile_fetching`) they prefetch into L2 the next block's ``fkc`` rows of
+    ``fwidth`` values, b[f0 + q * ldb:...] (none where ``f0`` < 0): copied rows of B at
+    strides of kilobytes are runs the hardware prefetchers do not follow, and reading them on
+    demand stalled the copy (figures in docs/cpu-algorithms.md, "`gemm`: the channels-first
+    1x1 data gradient, dy streamed"). Each tile fetches one line of a share of those rows,
+    one row every 2**shift steps, so the fetches spread over the whole block. Edge tiles go
+    through ``tmp`` (MR * NR values): nothing outside ``out``'s rows and columns is written.
+    ``line``: values per cache line. The order of the additions depends on the shape alone."""
+    wpad = -(-width // nr) * nr
+    for q in range(kc):
+        panel[q * pitch:q * pitch + width] = b[b0 + q * ldb:b0 + q * ldb + width]
+        panel[q * pitch + width:q * pitch + wpad] = 0
+    padded_rows = -(-rows // mr) * mr
+    tiles = padded_rows // mr * (wpad // nr)
+    lines = -(-fwidth // line)
+    groups = 1
+    while groups < 4 and 2 * groups * lines <= tiles and 2 * groups <= fkc:
+        groups *= 2
+    span = max(fkc // groups, 1)
+    shift = 0
+    while (kc - 1) >> shift >= span:
+        shift += 1
+    t = 0
+    for i1 in range(0, padded_rows, STREAM_ROWS):
+        for j0 in range(0, wpad, nr):
+            for i0 in range(i1, min(i1 + STREAM_ROWS, padded_rows), mr):
+                # Tile t: line t // groups of the next block's rows in share t % groups.
+                fetched = t // groups
+                if f0 >= 0 and fetched < lines:
+                    fp = _at(b, f0 + (t % groups) * span * ldb + fetched * line)
+                    fs = ldb
+                else:
+                    fp = _at(b, b0)
+                    fs = 0
+                t += 1
+                a_tile = _at(ap, a0 + i0 // mr * astep)
+                if i0 + mr <= rows and j0 + nr <= width:
+                    _micro_tile_fetching(a_tile, _at(panel, j0), _at(out, o0 + i0 * ldo + j0),
+                                         kc, ldo, add, mr, pitch, fp, fs, shift)
+                    continue
+                _micro_tile_fetching(a_tile, _at(panel, j0), _at(tmp, 0), kc, nr, 0, mr,
+                                     pitch, fp, fs, shift)
+                for i in range(min(mr, rows - i0)):
+                    at = o0 + (i0 + i) * ldo + j0
+                    for j in range(min(nr, width - j0)):
+                        if add:
+                            out[at + j] += tmp[i * nr + j]
+                        else:
+                            out[at + j] = tmp[i * nr + j]
 
 
 @intrinsic
