@@ -47,8 +47,8 @@ from .._kernel_geometry import Geom
 from . import _heuristics, _tiles
 from ._microkernel import (_at, _micro_tile, _micro_tile_strided, _micro_tile_strided_narrow,
                            _transpose, kernel_twin, micro_tile_rows, narrow_strided_shape,
-                           narrow_tiles, single_vector_rows, strided_shape, tile_shape,
-                           vector_lanes)
+                           narrow_tiles, single_vector_rows, strided_shape, strided_tile_rows,
+                           tile_shape, vector_lanes)
 from ._rows import copy_run, padded_rows, slot_sums, zero_run
 from ._sliding import row_pitch
 from ._tiles import SLOTS, interruptible_ranges
@@ -435,6 +435,11 @@ def strided_data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
     and the accumulators are loaded and stored once for them all."""
     dtype = dx.dtype
     kernel, mr, nr = _strided_tiles(_strided_rows, g.c, dtype)
+    tail = -(-g.s[2] // g.stride[2]) % mr
+    if tail:
+        # The last run of the widest phase's rows on a tile of its own height.
+        kernel = _twin(kernel, f"tail{tail}", TAIL_ROWS=tail, _micro_tile_strided_tail=(
+            strided_tile_rows(tail, narrow_tiles(g.c, dtype))))
     padded_c = -(-g.c // nr) * nr
     groups, order = _row_taps(g)
     # (taps, K, pitch): the tiles' columns C' padded to whole tiles (zero columns), rows an
@@ -529,6 +534,12 @@ def _row_taps(g: Geom) -> tuple:
     return np.array(groups, np.int64).reshape(-1, 4), order
 
 
+#: The rows of :func:`_strided_rows`' tile for a run's last pixels
+#: (``_micro_tile_strided_tail``), set in its twins; 0: every run on whole tiles.
+TAIL_ROWS = 0
+_micro_tile_strided_tail = _micro_tile_strided
+
+
 @parallel_jit
 def _strided_rows(dyp, wt, dx, groups, overrun, first_row, last_row, s, r, p, stride, dil,
                   before, k, c, padded_c, pitch, width, left, accumulate, mr, nr):
@@ -573,17 +584,23 @@ def _strided_rows(dyp, wt, dx, groups, overrun, first_row, last_row, s, r, p, st
                         depth = groups[gi, 2] * k
                         b = ((taps[f] * r[2] + groups[gi, 1]) * k) * pitch + j0
                         for q0 in range(0, wq, mr):
-                            direct = q0 + mr <= wq and j0 + nr <= c
+                            height = min(mr, wq - q0)
+                            direct = (height == mr or height == TAIL_ROWS) and j0 + nr <= c
                             target = row + (q0 * stride[2] + rx) * c + j0
                             a = (srcs[f] + q0 + groups[gi, 3] + left) * k
                             # The micro-kernel's pointer accesses are not bounds-checked.
                             if a < 0 or a + (mr - 1) * k + depth > dyp.size or \
                                     b + (depth - 1) * pitch + nr > wt.size or \
-                                    (direct and target + (mr - 1) * stride[2] * c + nr >
+                                    (direct and target + (height - 1) * stride[2] * c + nr >
                                      dx.size):
                                 overrun[t] = 1
                                 continue
                             add = 0 if first and not (direct and accumulate) else 1
+                            if direct and height < mr:
+                                _micro_tile_strided_tail(
+                                    _at(dyp, a), k, _at(wt, b), _at(dx, target), depth,
+                                    stride[2] * c, add, 1, pitch)
+                                continue
                             _micro_tile_strided(
                                 _at(dyp, a), k, _at(wt, b),
                                 _at(dx, target) if direct else _at(tiles, q0 * nr), depth,
@@ -592,7 +609,8 @@ def _strided_rows(dyp, wt, dx, groups, overrun, first_row, last_row, s, r, p, st
                 # The runs that went through scratch tiles (or that no tap reaches:
                 # zero): their real pixels and channels.
                 for q0 in range(0, wq, mr):
-                    if q0 + mr <= wq and j0 + nr <= c and not first:
+                    height = min(mr, wq - q0)
+                    if (height == mr or height == TAIL_ROWS) and j0 + nr <= c and not first:
                         continue
                     for i in range(min(mr, wq - q0)):
                         base = row + ((q0 + i) * stride[2] + rx) * c + j0

@@ -196,9 +196,10 @@ def narrow_tiles(outputs: int, dtype) -> bool:
     return outputs % wide != 0 and outputs % narrow == 0 and outputs < 8 * wide
 
 
-def _strided_intrinsic(narrow: bool):
+def _strided_intrinsic(narrow: bool, rows: Optional[int] = None):
     """The strided micro-kernel (see :data:`_micro_tile_strided`) on tiles of
-    :func:`strided_shape`, or with ``narrow`` of :func:`narrow_strided_shape`."""
+    :func:`strided_shape`, or with ``narrow`` of :func:`narrow_strided_shape`; ``rows``: only
+    that many of their rows (:func:`strided_tile_rows`)."""
 
     @intrinsic
     def micro_tile_strided(typingctx, ap, ai, bp, cp, kc, ldc, add, lda, ldb):
@@ -208,6 +209,7 @@ def _strided_intrinsic(narrow: bool):
         shape = narrow_strided_shape(dtype) if narrow else strided_shape(dtype)
         if shape is None:
             return None
+        shape = (rows or shape[0], shape[1])
 
         def codegen(context, builder, signature, args):
             ap, ai, bp, cp, kc, ldc, add, lda, ldb = args
@@ -226,6 +228,14 @@ def _strided_intrinsic(narrow: bool):
 #: ``_micro_tile_strided_narrow`` on one of :func:`narrow_strided_shape`.
 _micro_tile_strided = _strided_intrinsic(False)
 _micro_tile_strided_narrow = _strided_intrinsic(True)
+
+
+@functools.lru_cache(maxsize=None)
+def strided_tile_rows(rows: int, narrow: bool = False):
+    """:data:`_micro_tile_strided` (``narrow``: its narrow twin) on tiles of ``rows`` rows
+    (fewer than MR; made once per shape): a run's last few pixels, which a whole tile would
+    compute with padding (a 28-pixel row: 4 tiles of 6 and one of 4 rather than 30)."""
+    return _strided_intrinsic(narrow, rows)
 
 #: (MR, NV) of :data:`_micro_tile_fetching` (:func:`stream_block`'s tiles), either dtype:
 #: 8 rows divide the usual channel counts, which 12 do not (64 rows would be 72).
