@@ -601,7 +601,7 @@ def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels,
     from numbaconv.cpu._microkernel import gram
     c, k = channels
     grams = []
-    monkeypatch.setattr(_gemm, "gram", lambda *args: grams.append(1) or gram(*args))
+    monkeypatch.setattr(_gemm, "gram", lambda *args, **kw: grams.append(1) or gram(*args, **kw))
     rng = np.random.default_rng(13)
     x = rng.standard_normal(pixels + (c,))
     dy = rng.standard_normal(pixels + (k,))

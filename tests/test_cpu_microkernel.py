@@ -84,26 +84,30 @@ def test_gemm_rejects_bad_operands():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("add", [False, True])
-def test_gram_matches_numpy_inside_a_guarded_output(dtype, add):
+@pytest.mark.parametrize("streamed", [False, True])
+def test_gram_matches_numpy_inside_a_guarded_output(dtype, add, streamed):
+    """``streamed``: chunks of about GRAM_CHUNK_BYTES, each chunk's tiles prefetching the
+    next (the last shapes: several chunks, the last short)."""
     mr, nv = mk.tile_shape(dtype)
     nr = nv * mk.vector_lanes(dtype)
     rng = np.random.default_rng(4)
     for m, f, k in ((1, 1, 1), (3, mr, nr), (700, 2 * mr + 3, nr - 1), (1100, mr - 1, 3 * nr),
-                    (5, 147, 64), (0, mr, nr), (513, 4 * mr, 2 * nr + 5)):
+                    (5, 147, 64), (0, mr, nr), (513, 4 * mr, 2 * nr + 5),
+                    (1157, 22 * mr, 2 * nr)):
         # Operands as row slices of wider arrays (row stride above the row length).
         a = rng.standard_normal((m, f + 3)).astype(dtype)[:, 2:f + 2]
         b = rng.standard_normal((m, k + 5)).astype(dtype)[:, 1:k + 1]
         start = rng.standard_normal((f, k)).astype(dtype)
         out, outside = _guarded((f, k), dtype)
         out[...] = start if add else np.nan
-        assert mk.gram(a, b, out, add=add) is out
+        assert mk.gram(a, b, out, add=add, streamed=streamed) is out
         expected = a.T.astype(np.float64) @ b.astype(np.float64) + (start if add else 0)
         scale = np.abs(a.T).astype(np.float64) @ np.abs(b).astype(np.float64) + 1
         assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), (m, f, k)
         assert np.isnan(outside()).all(), (m, f, k)
         again = np.empty_like(out)
         again[...] = start if add else 0
-        assert np.array_equal(mk.gram(a, b, again, add=add), out)
+        assert np.array_equal(mk.gram(a, b, again, add=add, streamed=streamed), out)
 
 
 def test_gram_rejects_bad_operands():

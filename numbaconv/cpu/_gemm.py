@@ -118,7 +118,7 @@ def _pointwise_by_positions(g: Geom, x, dy) -> np.ndarray:
     def part(index, pick):
         run = slice(starts[index], starts[index] + step)
         if in_place:
-            gram(left[run, 0], right[run, 0], partials[index, 0])
+            gram(left[run, 0], right[run, 0], partials[index, 0], streamed=True)
         else:
             np.matmul(left[run].transpose(1, 2, 0), right[run].transpose(1, 0, 2),
                       out=partials[index])

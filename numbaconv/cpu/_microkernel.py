@@ -242,23 +242,34 @@ def strided_tile_rows(rows: int, narrow: bool = False):
 STREAM_TILE = (8, 2)
 
 
-@intrinsic
-def _micro_tile_fetching(typingctx, ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift):
-    """``_micro_tile_fetching(ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift)``:
-    :data:`_micro_tile` on a tile of STREAM_TILE that at each step k also prefetches into
-    L2 the line at ``fp + (k >> shift) * fs`` (a prefetch never faults and changes no
-    result): an operand's next block, fetched from memory while this one is multiplied."""
-    if not (isinstance(ap, types.CPointer) and ap.dtype in (types.float32, types.float64)):
-        return None
-    dtype = np.dtype(str(ap.dtype))
+def _fetching_intrinsic(shape=None):
+    """The fetching micro-kernel (see :data:`_micro_tile_fetching`) on tiles of ``shape``
+    (None: :func:`tile_shape`'s)."""
 
-    def codegen(context, builder, signature, args):
-        ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift = args
-        _emit_tile(context, builder, dtype, ap, None, bp, cp, kc, ldc, add, lda, ldb,
-                   STREAM_TILE, (fp, fs, shift))
-        return context.get_dummy_value()
+    @intrinsic
+    def micro_tile_fetching(typingctx, ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift):
+        if not (isinstance(ap, types.CPointer) and ap.dtype in (types.float32, types.float64)):
+            return None
+        dtype = np.dtype(str(ap.dtype))
 
-    return types.void(ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift), codegen
+        def codegen(context, builder, signature, args):
+            ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift = args
+            _emit_tile(context, builder, dtype, ap, None, bp, cp, kc, ldc, add, lda, ldb,
+                       shape or tile_shape(dtype), (fp, fs, shift))
+            return context.get_dummy_value()
+
+        return types.void(ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift), codegen
+
+    return micro_tile_fetching
+
+
+#: ``_micro_tile_fetching(ap, bp, cp, kc, ldc, add, lda, ldb, fp, fs, shift)``:
+#: :data:`_micro_tile` on a tile of STREAM_TILE that at each step k also prefetches into L2
+#: the line at ``fp + (k >> shift) * fs`` (a prefetch never faults and changes no result):
+#: an operand's next block, fetched from memory while this one is multiplied;
+#: ``_micro_tile_fetching_whole`` on a tile of :func:`tile_shape` (:func:`gram`'s).
+_micro_tile_fetching = _fetching_intrinsic(STREAM_TILE)
+_micro_tile_fetching_whole = _fetching_intrinsic()
 
 
 def _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, shape=None,
@@ -633,20 +644,49 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 @serial_jit
-def _gram_tiles(a, b, out, add, mr, nr, kc):
+def _gram_tiles(a, b, out, add, mr, nr, kc, fetch):
     """out[:F', :K'] (= or +=) a[:, :F'].T @ b[:, :K'] for the whole MR x NR tiles (F', K'
-    the multiples of MR and NR), the micro-kernel reading a's and b's rows in place."""
+    the multiples of MR and NR), the micro-kernel reading a's and b's rows in place, chunks
+    of ``kc`` rows; with ``fetch``, each chunk's tiles prefetch the next."""
     m = a.shape[0]
     lda = a.strides[0] // a.itemsize
     ldb = b.strides[0] // b.itemsize
     ldc = out.strides[0] // out.itemsize
+    line = 64 // a.itemsize
+    tiles = (a.shape[1] // mr) * (b.shape[1] // nr)
     for p0 in range(0, m, kc):
         depth = min(kc, m - p0)
         adding = 1 if add or p0 > 0 else 0
+        # The next chunk's rows of a, then of b (each a run of lines from its first row's
+        # start to its last row's end), prefetched a share a tile, one line every 2**shift
+        # steps: the chunks come from memory, in rows the hardware prefetchers start on late.
+        ahead = min(kc, m - p0 - depth) if fetch else 0
+        a_lines = -(-((ahead - 1) * lda + a.shape[1]) // line) if ahead > 0 else 0
+        b_lines = -(-((ahead - 1) * ldb + b.shape[1]) // line) if ahead > 0 else 0
+        share = -(-(a_lines + b_lines) // tiles)
+        shift = 0               # the most steps a line that still cover the share
+        while share > 0 and ((depth - 1) >> (shift + 1)) + 1 >= share:
+            shift += 1
+        t = 0
         for i in range(0, a.shape[1] - mr + 1, mr):
             for j in range(0, b.shape[1] - nr + 1, nr):
-                _micro_tile(_at(a, p0 * lda + i), _at(b, p0 * ldb + j), _at(out, i * ldc + j),
-                            depth, ldc, adding, lda, ldb)
+                first = t * share
+                fs = line if share and first < a_lines + b_lines else 0
+                if fs and first < a_lines:
+                    fp = _at(a, (p0 + depth) * lda + first * line)
+                    left = a_lines - first
+                elif fs:
+                    fp = _at(b, (p0 + depth) * ldb + (first - a_lines) * line)
+                    left = a_lines + b_lines - first
+                else:
+                    fp = _at(a, p0 * lda)
+                    left = 1
+                if fs and ((depth - 1) >> shift) >= left:
+                    fs = 0          # a share that would run past its operand's chunk
+                t += 1
+                _micro_tile_fetching_whole(_at(a, p0 * lda + i), _at(b, p0 * ldb + j),
+                                           _at(out, i * ldc + j), depth, ldc, adding, lda, ldb,
+                                           fp, fs, shift)
 
 
 @serial_jit
@@ -783,7 +823,14 @@ def _unit_rows(array) -> bool:
                                 or array.strides[1] == array.itemsize)
 
 
-def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) -> np.ndarray:
+#: Bytes of both operands' rows per chunk of a streamed :func:`gram`: a chunk and the next,
+#: prefetched while it is multiplied, stay in L2 together; longer chunks load and store each
+#: accumulator tile less often.
+GRAM_CHUNK_BYTES = 160 * 1024
+
+
+def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False,
+         streamed: bool = False) -> np.ndarray:
     """``out (=|+=) a.T @ b`` for two operands that share their rows, without packing.
 
     The weight gradient's product: a's rows are packed windows (or x's pixels), b's rows
@@ -805,6 +852,10 @@ def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) -> np
         Same dtype, unit stride along rows.
     add : bool
         Add to ``out`` instead of overwriting it.
+    streamed : bool
+        The operands come from memory (the channels-last 1x1 weight gradient's x and dy, not
+        windows just packed): chunks of both operands' rows of about GRAM_CHUNK_BYTES, each
+        chunk's tiles prefetching the next.
 
     Returns
     -------
@@ -820,9 +871,11 @@ def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) -> np
             out[...] = 0
         return out
     if rows and columns:
-        # Rows per chunk: b's part (depth x K) about 128 KiB, 64..512 rows.
-        depth = min(512, max(64, 2**17 // (b.shape[1] * b.itemsize)))
-        _gram_tiles(a, b, out, add, mr, nr, depth)
+        # Rows per chunk, 64..512: b's part about 128 KiB, or streamed both operands' part
+        # about GRAM_CHUNK_BYTES.
+        per_row = (a.shape[1] + b.shape[1] if streamed else b.shape[1]) * b.itemsize
+        depth = min(512, max(64, (GRAM_CHUNK_BYTES if streamed else 2**17) // per_row))
+        _gram_tiles(a, b, out, add, mr, nr, depth, streamed)
     for part, lhs, rhs in ((out[rows:], a[:, rows:], b),
                            (out[:rows, columns:], a[:, :rows], b[:, columns:])):
         if part.size:
