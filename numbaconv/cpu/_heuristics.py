@@ -458,9 +458,8 @@ def pointwise_rows_in_place(g, dtype) -> bool:
 def pointwise_streamed(g, dtype) -> bool:
     """Whether a channels-first 1x1 data gradient (or forward) of the geometry ``g`` runs
     through ``_gemm.streamed_matmul`` (dy's, or x's, blocks copied while prefetched) rather
-    than OpenBLAS:
-    one group, AVX-512 (the tiles' 8 x 2 vectors need its 32 registers) and at least
-    STREAMED_POSITIONS positions an image."""
+    than OpenBLAS: one group, AVX-512 (the tiles' 8 x 2 vectors need its 32 registers) and
+    at least STREAMED_POSITIONS positions an image."""
     import numpy as np
     return (g.pointwise and not g.channels_last and g.groups == 1 and wide_registers()
             and np.dtype(dtype) in (np.float32, np.float64)

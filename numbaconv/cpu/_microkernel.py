@@ -237,6 +237,7 @@ def strided_tile_rows(rows: int, narrow: bool = False):
     compute with padding (a 28-pixel row: 4 tiles of 6 and one of 4 rather than 30)."""
     return _strided_intrinsic(narrow, rows)
 
+
 #: (MR, NV) of :data:`_micro_tile_fetching` (:func:`stream_block`'s tiles), either dtype:
 #: 8 rows divide the usual channel counts, which 12 do not (64 rows would be 72).
 STREAM_TILE = (8, 2)
@@ -414,7 +415,7 @@ def stream_block(ap, a0, astep, rows, b, b0, ldb, kc, width, out, o0, ldo, add, 
     A lies packed in tiles of MR rows, A[t * MR + i, q] at ap[a0 + t * astep + q * MR + i],
     zero past ``rows``. B's block is copied into ``panel`` (``kc`` rows ``pitch`` apart, zero
     past ``width`` up to whole tiles), and while its tiles are multiplied
-    (:data:`_micro_tile_fetching`) they prefetch into L2 the next block's ``fkc`` rows of
+    (:data:`_micro_tile_fetching`) they prefetch into L2 a later block's ``fkc`` rows of
     ``fwidth`` values, b[f0 + q * ldb:...] (none where ``f0`` < 0): copied rows of B at
     strides of kilobytes are runs the hardware prefetchers do not follow, and reading them on
     demand stalled the copy (figures in docs/cpu-algorithms.md, "`gemm`: the channels-first
@@ -440,7 +441,7 @@ def stream_block(ap, a0, astep, rows, b, b0, ldb, kc, width, out, o0, ldo, add, 
     for i1 in range(0, padded_rows, STREAM_ROWS):
         for j0 in range(0, wpad, nr):
             for i0 in range(i1, min(i1 + STREAM_ROWS, padded_rows), mr):
-                # Tile t: line t // groups of the next block's rows in share t % groups.
+                # Tile t: line t // groups of the later block's rows in share t % groups.
                 fetched = t // groups
                 if f0 >= 0 and fetched < lines:
                     fp = _at(b, f0 + (t % groups) * span * ldb + fetched * line)
@@ -664,7 +665,7 @@ def _gram_tiles(a, b, out, add, mr, nr, kc, fetch):
         a_lines = -(-((ahead - 1) * lda + a.shape[1]) // line) if ahead > 0 else 0
         b_lines = -(-((ahead - 1) * ldb + b.shape[1]) // line) if ahead > 0 else 0
         share = -(-(a_lines + b_lines) // tiles)
-        shift = 0               # the most steps a line that still cover the share
+        shift = 0               # the longest step between fetches that still covers a share
         while share > 0 and ((depth - 1) >> (shift + 1)) + 1 >= share:
             shift += 1
         t = 0
