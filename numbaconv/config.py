@@ -337,9 +337,33 @@ def kernel_cache_dir() -> str:
     return os.path.join(user_cache_dir(), KERNEL_CACHE_SUBDIR)
 
 
+def sources_stamp(folder: str) -> tuple:
+    """(name, modification time, size) of every ``.py`` file in ``folder``, in name order.
+
+    Part of the stamp a cached kernel is filed under (see :func:`_install_kernel_cache_locator`):
+    a kernel inlines helpers and micro-kernel intrinsics from its neighbour modules
+    (``cpu/_microkernel.py``'s ``stream_block`` into ``cpu/_gemm.py``'s kernel), and Numba's
+    own stamp, of the kernel's file alone, would load a compilation made before a neighbour
+    changed (after a ``git pull`` or a branch switch in an editable install: the old code,
+    silently)."""
+    entries = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            st = os.stat(os.path.join(folder, name))
+            entries.append((name, st.st_mtime, st.st_size))
+    return tuple(entries)
+
+
 def _install_kernel_cache_locator():
-    """Add numbaconv's locator to Numba's list (once); returns its class, or None where this
-    Numba lacks the classes it builds on (Numba's own locators then decide alone)."""
+    """Add numbaconv's locators to Numba's list (once); returns the one for read-only
+    installs, or None where this Numba lacks the classes they build on (Numba's own locators
+    then decide alone).
+
+    Both file numbaconv's kernels with a stamp of every module beside the kernel's
+    (:func:`sources_stamp`) as well as Numba's: the in-tree one, before Numba's in-tree
+    locator, caches next to the modules as Numba's does; the other, after it, under
+    :func:`kernel_cache_dir`. ``NUMBA_CACHE_DIR`` and Numba's user-wide locator keep
+    Numba's stamp of the kernel's file alone."""
     from numba.core import caching
     classes = caching.CacheImpl._locator_classes
     for cls in classes:
@@ -350,7 +374,16 @@ def _install_kernel_cache_locator():
     if base is None or mixin is None:
         return None
 
-    class NumbaconvCacheLocator(mixin, base):
+    def ours(py_file) -> bool:
+        path = os.path.abspath(py_file)
+        return os.path.commonpath([path, _PACKAGE_DIR]) == _PACKAGE_DIR
+
+    class StampsNeighbours:
+        def get_source_stamp(self):
+            return (super().get_source_stamp(),
+                    sources_stamp(os.path.dirname(os.path.abspath(self._py_file))))
+
+    class NumbaconvCacheLocator(StampsNeighbours, mixin, base):
         """numbaconv's own kernels, cached under :func:`kernel_cache_dir`."""
 
         numbaconv = True
@@ -366,13 +399,27 @@ def _install_kernel_cache_locator():
 
         @classmethod
         def from_function(cls, py_func, py_file):
-            path = os.path.abspath(py_file)
-            if os.path.commonpath([path, _PACKAGE_DIR]) != _PACKAGE_DIR:
+            if not ours(py_file):
                 return None  # somebody else's function: Numba's locators decide
             return super().from_function(py_func, py_file)
 
     in_tree = [i for i, cls in enumerate(classes) if cls.__name__.lstrip("_") in
                ("InTreeCacheLocator", "InTreeCacheLocatorFsAgnostic")]
+    if in_tree:
+        class InTreeCacheLocatorNumbaconv(StampsNeighbours, classes[in_tree[0]]):
+            """numbaconv's own kernels next to their modules, as Numba's in-tree locator
+            files them, under the stamp of their neighbours too."""
+
+            numbaconv_in_tree = True
+
+            @classmethod
+            def from_function(cls, py_func, py_file):
+                if not ours(py_file):
+                    return None
+                return super().from_function(py_func, py_file)
+
+        classes.insert(in_tree[0], InTreeCacheLocatorNumbaconv)
+        in_tree = [i + 1 for i in in_tree]
     classes.insert(in_tree[0] + 1 if in_tree else len(classes), NumbaconvCacheLocator)
     return NumbaconvCacheLocator
 

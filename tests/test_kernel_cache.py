@@ -155,3 +155,36 @@ def test_the_locator_leaves_other_functions_to_numba(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert ours[0].from_function(lambda: None, str(other)) is None
+
+
+def test_a_change_beside_a_kernel_module_recompiles_its_kernels(tmp_path):
+    """A kernel's cached compilation is filed under the stamp of every module beside its
+    own (``config.sources_stamp``): the kernels inline helpers from their neighbours, so a
+    change to ``cpu/_microkernel.py`` alone must not load a compilation made before it."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(PACKAGE, site / "numbaconv",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_CACHE_DIR", "NUMBACONV_JIT_CACHE", "NUMBA_CACHE_LOCATOR_CLASSES")}
+    env["PYTHONPATH"] = str(site)
+    first = run(env, str(tmp_path))
+    assert first["ok"] and "writable" in first["where"][1]
+    assert first["misses"] >= 1 and first["hits"] == 0
+    second = run(env, str(tmp_path))
+    assert second["hits"] >= 1 and second["misses"] == 0      # loaded
+    with open(site / "numbaconv" / "cpu" / "_microkernel.py", "a") as module:
+        module.write("\n# a change beside the bias kernels' module\n")
+    third = run(env, str(tmp_path))
+    assert third["ok"] and third["misses"] >= 1 and third["hits"] == 0   # compiled anew
+
+
+def test_sources_stamp_changes_with_any_module_of_the_folder(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    (tmp_path / "notes.txt").write_text("not a module\n")
+    before = config.sources_stamp(str(tmp_path))
+    assert [entry[0] for entry in before] == ["a.py", "b.py"]
+    (tmp_path / "notes.txt").write_text("still not a module, longer\n")
+    assert config.sources_stamp(str(tmp_path)) == before
+    (tmp_path / "b.py").write_text("y = 22\n")
+    assert config.sources_stamp(str(tmp_path)) != before
