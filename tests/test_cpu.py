@@ -525,6 +525,9 @@ def test_streamed_matmul(monkeypatch, dtype, images, m, depth, s):
         results.append(out.tobytes())
     assert relative_error(out, expected) < TOL[dtype]
     assert all(r == results[0] for r in results)
+    # a with unit stride along its rows (the forward's W) packs by another route.
+    again = _gemm.streamed_matmul(np.ascontiguousarray(a), b, np.empty_like(out))
+    assert again.tobytes() == results[0]
 
 
 @pytest.mark.parametrize("layout_out", ["given", "accumulate", "strided"])

@@ -15,8 +15,8 @@ from numba import prange
 from .._kernel_geometry import Geom
 from ..config import parallel_jit
 from . import _heuristics, _tiles
-from ._microkernel import (KC, NT_DEPTH, STREAM_COLUMNS, STREAM_TILE, gram, nt_rows,
-                           stream_block, strided_shape, tile_shape, vector_lanes)
+from ._microkernel import (KC, NT_DEPTH, STREAM_COLUMNS, STREAM_TILE, RowPanels, gram,
+                           nt_rows, stream_block, strided_shape, tile_shape, vector_lanes)
 from ._sliding import LINE, row_pitch
 from ._tiles import interruptible_ranges, numba_threads
 
@@ -192,10 +192,11 @@ def streamed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray
     """out[n] (M, S) = a (M, P) @ b[n] (P, S) for each n, ``out`` C-contiguous: jobs of one
     image's STREAM_COLUMNS columns of b, each by blocks of KC rows, a block copied at an odd
     pitch of lines, then multiplied while its tiles prefetch the block STREAM_AHEAD after it
-    (:func:`._microkernel.stream_block`); a (small next to b) packed once into tiles. For a
-    b that comes from memory, whose rows lie kilobytes apart (the channels-first 1x1 data
-    gradient's dy), where OpenBLAS stalls on its packing of b (figures in
-    docs/cpu-algorithms.md, "`gemm`: the channels-first 1x1 data gradient, dy streamed").
+    (:func:`._microkernel.stream_block`); a (small next to b) packed once into tiles
+    (:class:`._microkernel.RowPanels`). For a b that comes from memory, whose rows lie
+    kilobytes apart (the channels-first 1x1 data gradient's dy), where OpenBLAS stalls on
+    its packing of b (figures in docs/cpu-algorithms.md, "`gemm`: the channels-first 1x1
+    data gradient, dy streamed").
     Every output is one job's, summed over the blocks in order: the bits depend on the
     shape alone. Calls of more than IMPLICIT_PIECE_MACS multiply-adds run as several
     parallel regions (ranges of images), so that Ctrl-C ends them soon."""
@@ -203,10 +204,7 @@ def streamed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray
     mr, nv = STREAM_TILE
     m, depth = a.shape
     images, _, s = b.shape
-    tiles = -(-m // mr)
-    packed = np.zeros((tiles * mr, depth), dtype)
-    packed[:m] = a
-    packed = np.ascontiguousarray(packed.reshape(tiles, mr, depth).transpose(0, 2, 1))
+    packed = RowPanels(a, height=mr).panels
     args = (packed.reshape(-1), np.ascontiguousarray(b).reshape(-1), out.reshape(-1), m,
             depth, s, STREAM_COLUMNS, row_pitch(STREAM_COLUMNS, dtype),
             LINE // dtype.itemsize, mr, nv * vector_lanes(dtype))

@@ -310,14 +310,9 @@ def _emit_tile(context, builder, dtype, ap, ai, bp, cp, kc, ldc, add, lda, ldb, 
     acc = [[builder.phi(vec) for _ in range(nv)] for _ in range(mr)]
     if fetch is not None:
         fp, fs, shift = fetch
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-            "llvm.prefetch.p0i8")
-        line = builder.gep(fp, [builder.mul(builder.ashr(k, wide(shift)), wide(fs))])
-        # read, locality 2 (L2 and beyond: the current panel keeps L1), data
-        builder.call(prefetch, [builder.bitcast(line, i8p), ir.Constant(i32, 0),
-                                ir.Constant(i32, 2), ir.Constant(i32, 1)])
+        # Locality 2: L2 and beyond, so that the current panel keeps L1.
+        _emit_prefetch(builder, builder.gep(fp, [builder.mul(builder.ashr(k, wide(shift)),
+                                                             wide(fs))]), 2)
     b_row = builder.gep(bp, [builder.mul(k, ldb)])
     b = [builder.load(builder.bitcast(builder.gep(b_row, [const(j * lanes)]),
                                       vec.as_pointer()), align=1) for j in range(nv)]
@@ -515,21 +510,26 @@ def _prefetch(typingctx, pointer, nbytes):
     sig = types.void(pointer, nbytes)
 
     def codegen(context, builder, signature, args):
-        i8p = ir.IntType(8).as_pointer()
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        fetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-            "llvm.prefetch.p0i8")
-        base = builder.bitcast(args[0], i8p)
+        i64 = ir.IntType(64)
+        base = builder.bitcast(args[0], ir.IntType(8).as_pointer())
         count = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
         with cgutils.for_range_slice(builder, ir.Constant(i64, 0), count,
                                      ir.Constant(i64, 64)) as (offset, _):
-            # read, locality 3 (every cache level), data
-            builder.call(fetch, [builder.gep(base, [offset]), ir.Constant(i32, 0),
-                                 ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            _emit_prefetch(builder, builder.gep(base, [offset]), 3)   # every cache level
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _emit_prefetch(builder, pointer, locality: int) -> None:
+    """IR: ``llvm.prefetch`` of the line at ``pointer``, for reading, of data, into the
+    cache levels ``locality`` asks for (3 every level, 2 L2 and beyond)."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    prefetch = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+        "llvm.prefetch.p0i8")
+    builder.call(prefetch, [builder.bitcast(pointer, i8p), ir.Constant(i32, 0),
+                            ir.Constant(i32, locality), ir.Constant(i32, 1)])
 
 
 @intrinsic
