@@ -214,8 +214,8 @@ def streamed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray
     return out
 
 
-#: Blocks between the one a worker multiplies and the one its tiles prefetch: 2 ran 0-10 %
-#: faster than 1 (the next block's copy can start before its lines have all arrived).
+#: Blocks between the one a worker multiplies and the one its tiles prefetch: further ahead,
+#: a block's lines have more time to arrive before its copy, but hold more of L2 meanwhile.
 STREAM_AHEAD = 2
 
 
