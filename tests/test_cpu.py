@@ -598,13 +598,14 @@ def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels,
     """Channels-last 1x1 weight gradients with many positions per channel are summed over
     SLOTS runs of positions (one group of channels that fill the micro-kernel's tiles: its
     products, whichever side the wider; else BLAS's): the reference's result, bitwise the
-    same for one or two tile workers, and the one-product path's result when the split is
-    switched off."""
+    same however the runs are shared out, and the one-product path's result when the split
+    is switched off."""
     from numbaconv.cpu import _gemm, _heuristics, _tiles
-    from numbaconv.cpu._microkernel import gram
+    from numbaconv.cpu._microkernel import gram_runs
     c, k = channels
     grams = []
-    monkeypatch.setattr(_gemm, "gram", lambda *args, **kw: grams.append(1) or gram(*args, **kw))
+    monkeypatch.setattr(_gemm, "gram_runs",
+                        lambda *args: grams.append(1) or gram_runs(*args))
     rng = np.random.default_rng(13)
     x = rng.standard_normal(pixels + (c,))
     dy = rng.standard_normal(pixels + (k,))
@@ -617,7 +618,9 @@ def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels,
         assert nc.explain("conv_backward_weight", x, dy, shape, groups=groups,
                           layout="channels_last").algorithm == "gemm"
         for workers in (1, 2):
+            # Shared out: BLAS's runs among tile workers, the micro-kernel's among threads.
             _force_tile_workers(monkeypatch, workers)
+            monkeypatch.setattr(_gemm, "numba_threads", lambda workers=workers: workers + 1)
             results.append(nc.conv_backward_weight(x, dy, shape, groups=groups,
                                                    layout="channels_last"))
         monkeypatch.setattr(_heuristics, "POSITION_SPLIT_FROM", 2**62)
@@ -636,12 +639,12 @@ def test_pointwise_weight_gradient_over_runs_of_positions(monkeypatch, channels,
 def test_pointwise_products_reading_rows_in_place(monkeypatch, op):
     """Channels-last 1x1 forward, data gradient and transposed convolution with many rows
     per channel go to _microkernel.rows_gemm (rows shared out in whole micro-kernel bands):
-    the reference's result, bitwise the same on one or two tile workers, close to BLAS's
-    when the rule is switched off."""
-    from numbaconv.cpu import _heuristics, _tiles
+    the reference's result, bitwise the same on one thread or shared out among three, close
+    to BLAS's when the rule is switched off."""
+    from numbaconv.cpu import _gemm, _heuristics
     calls = []
-    monkeypatch.setattr(_tiles, "rows_matmul",
-                        lambda *args, real=_tiles.rows_matmul: calls.append(1) or real(*args))
+    monkeypatch.setattr(_gemm, "rows_matmul",
+                        lambda *args, real=_gemm.rows_matmul: calls.append(1) or real(*args))
     rng = np.random.default_rng(17)
     c, k = 24, 40                          # columns: whole tiles and an edge either way
     x = rng.standard_normal((2, 23, 16, c)).astype(np.float32)     # 736 rows: bands + 4
@@ -659,15 +662,14 @@ def test_pointwise_products_reading_rows_in_place(monkeypatch, op):
         expected = fn(*args, **kw)
     results = []
     with nc.use_backend("cpu"):
-        for workers in (1, 2):
-            _force_tile_workers(monkeypatch, workers)
+        for workers in (1, 3):
+            monkeypatch.setattr(_gemm, "numba_threads", lambda workers=workers: workers)
             results.append(fn(*args, **kw))
         assert calls
         monkeypatch.setattr(_heuristics, "ROWS_GEMM_FROM", 2**62)
         blas = fn(*args, **kw)
     assert relative_error(results[0], expected) < TOL["float32"]
-    if _tiles._blas() is not None:
-        assert np.array_equal(results[0], results[1])
+    assert np.array_equal(results[0], results[1])
     np.testing.assert_allclose(blas, results[0], rtol=1e-5, atol=1e-5)
 
 
@@ -1016,7 +1018,15 @@ BOUNDSCHECK = background.boundscheck(
     "# the channels-first 1x1 data gradient with dy's blocks prefetched (edge tiles, blocks)\n"
     "for case in ((3, 13, 20, 300), (2, 8, 300, 129)):\n"
     "    with MonkeyPatch.context() as mp:\n"
-    "        test_cpu.test_streamed_matmul(mp, 'float64', *case)\n",
+    "        test_cpu.test_streamed_matmul(mp, 'float64', *case)\n"
+    "# channels-last 1x1 products reading rows in place, on one thread and shared out\n"
+    "for op in ('conv', 'conv_backward_data'):\n"
+    "    with MonkeyPatch.context() as mp:\n"
+    "        test_cpu.test_pointwise_products_reading_rows_in_place(mp, op)\n"
+    "# the channels-last 1x1 weight gradient's runs of positions (micro-kernel, edge columns)\n"
+    "for case in (((32, 44), 1, (3, 16, 15)), ((48, 16), 1, (2, 28, 14))):\n"
+    "    with MonkeyPatch.context() as mp:\n"
+    "        test_cpu.test_pointwise_weight_gradient_over_runs_of_positions(mp, *case)\n",
     first=True)
 
 

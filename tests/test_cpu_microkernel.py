@@ -26,14 +26,15 @@ def _shapes(dtype):
 
 
 def _guarded(shape, dtype, left=1, right=2):
-    """(out, outside): out of ``shape``, a view into a NaN-filled frame with a row above
-    and below, ``left`` columns before and ``right`` after it, and a function that gives
-    the frame's values outside out (all NaN while nothing was written there)."""
-    rows, columns = shape
-    frame = np.full((rows + 2, left + columns + right), np.nan, dtype)
+    """(out, outside): out of ``shape`` (..., rows, columns), a view into a NaN-filled frame
+    with a row above and below, ``left`` columns before and ``right`` after each matrix, and
+    a function that gives the frame's values outside out (all NaN while nothing was written
+    there)."""
+    *batch, rows, columns = shape
+    frame = np.full((*batch, rows + 2, left + columns + right), np.nan, dtype)
     inside = np.zeros(frame.shape, bool)
-    inside[1:rows + 1, left:left + columns] = True
-    return frame[1:rows + 1, left:left + columns], lambda: frame[~inside]
+    inside[..., 1:rows + 1, left:left + columns] = True
+    return frame[..., 1:rows + 1, left:left + columns], lambda: frame[~inside]
 
 
 def _assert_product(out, a, b, dtype, label):
@@ -84,30 +85,82 @@ def test_gemm_rejects_bad_operands():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("add", [False, True])
-@pytest.mark.parametrize("streamed", [False, True])
-def test_gram_matches_numpy_inside_a_guarded_output(dtype, add, streamed):
-    """``streamed``: chunks of about GRAM_CHUNK_BYTES, each chunk's tiles prefetching the
-    next (the last shapes: several chunks, the last short)."""
+def test_gram_matches_numpy_inside_a_guarded_output(dtype, add):
     mr, nv = mk.tile_shape(dtype)
     nr = nv * mk.vector_lanes(dtype)
     rng = np.random.default_rng(4)
-    for m, f, k in ((1, 1, 1), (3, mr, nr), (700, 2 * mr + 3, nr - 1), (1100, mr - 1, 3 * nr),
-                    (5, 147, 64), (0, mr, nr), (513, 4 * mr, 2 * nr + 5),
-                    (1157, 22 * mr, 2 * nr)):
+    for m, f, k in _gram_shapes(mr, nr):
         # Operands as row slices of wider arrays (row stride above the row length).
         a = rng.standard_normal((m, f + 3)).astype(dtype)[:, 2:f + 2]
         b = rng.standard_normal((m, k + 5)).astype(dtype)[:, 1:k + 1]
         start = rng.standard_normal((f, k)).astype(dtype)
         out, outside = _guarded((f, k), dtype)
         out[...] = start if add else np.nan
-        assert mk.gram(a, b, out, add=add, streamed=streamed) is out
-        expected = a.T.astype(np.float64) @ b.astype(np.float64) + (start if add else 0)
-        scale = np.abs(a.T).astype(np.float64) @ np.abs(b).astype(np.float64) + 1
-        assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), (m, f, k)
+        assert mk.gram(a, b, out, add=add) is out
+        _assert_gram(out, a, b, start if add else 0, dtype, (m, f, k))
         assert np.isnan(outside()).all(), (m, f, k)
         again = np.empty_like(out)
         again[...] = start if add else 0
-        assert np.array_equal(mk.gram(a, b, again, add=add, streamed=streamed), out)
+        assert np.array_equal(mk.gram(a, b, again, add=add), out)
+
+
+def _gram_shapes(mr, nr):
+    """(M, F, K) of gram's tests: edges either side, several chunks (the last short)."""
+    return ((1, 1, 1), (3, mr, nr), (700, 2 * mr + 3, nr - 1), (1100, mr - 1, 3 * nr),
+            (5, 147, 64), (0, mr, nr), (513, 4 * mr, 2 * nr + 5), (1157, 22 * mr, 2 * nr),
+            # gram_runs's shorter tiles after the tall ones (AVX-512), with an edge
+            (150, 16, nr), (200, 20, nr + 3), (517, 64, 2 * nr), (90, 29, nr))
+
+
+def _assert_gram(out, a, b, start, dtype, where):
+    expected = a.T.astype(np.float64) @ b.astype(np.float64) + start
+    scale = np.abs(a.T).astype(np.float64) @ np.abs(b).astype(np.float64) + 1
+    assert np.all(np.abs(out - expected) <= TOL[dtype] * scale), where
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gram_tile_rows_cover_all_but_a_short_edge(dtype):
+    """Tall and short tiles cover every row they can: all of a multiple of 4 from 16 on
+    with AVX-512 (12- and 8-row tiles), fewer than MR rows left in any case."""
+    mr = mk.tile_shape(dtype)[0]
+    low = mk.STREAM_TILE[0]
+    for rows in range(mr, 300):
+        tall, short = mk.gram_tile_rows(rows, dtype)
+        covered = tall * mr + (short * low if low < mr else 0)
+        assert tall >= 0 and short >= 0 and 0 <= rows - covered < mr, rows
+        if low < mr and rows % 4 == 0 and rows >= 16:
+            assert covered == rows, rows
+    if mr == 12:
+        assert mk.gram_tile_rows(256, dtype) == (20, 2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gram_runs_match_numpy_whatever_the_workers(dtype):
+    """Each run of rows its own a.T @ b (chunks of about GRAM_CHUNK_BYTES, each chunk's
+    tiles prefetching the next), bitwise the same on one thread or shared out, nothing
+    written outside ``out``."""
+    mr, nv = mk.tile_shape(dtype)
+    nr = nv * mk.vector_lanes(dtype)
+    rng = np.random.default_rng(5)
+    for m, f, k in _gram_shapes(mr, nr):
+        a = rng.standard_normal((m, f + 3)).astype(dtype)[:, 2:f + 2]
+        b = rng.standard_normal((m, k + 5)).astype(dtype)[:, 1:k + 1]
+        for run in (1, 97, 600, max(m, 1)):
+            runs = max(1, -(-m // run))
+            results = []
+            for workers in (1, 2, 5):
+                out, outside = _guarded((runs, f, k), dtype)
+                assert mk.gram_runs(a, b, out, run, workers) is out
+                assert np.isnan(outside()).all(), (m, f, k, run, workers)
+                results.append(out)
+            for index in range(runs):
+                rows = slice(index * run, (index + 1) * run)
+                _assert_gram(results[0][index], a[rows], b[rows], 0, dtype,
+                             (m, f, k, run, index))
+            assert all(np.array_equal(r, results[0]) for r in results[1:]), (m, f, k, run)
+    with pytest.raises(ValueError, match="needs 3 runs"):
+        mk.gram_runs(np.ones((5, 2), dtype), np.ones((5, 2), dtype),
+                     np.empty((2, 2, 2), dtype), 2)
 
 
 def test_gram_rejects_bad_operands():
@@ -122,10 +175,14 @@ def test_gram_rejects_bad_operands():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_rows_gemm_matches_numpy_inside_a_guarded_output(dtype):
+@pytest.mark.parametrize("block_bytes", [None, 1])
+def test_rows_gemm_matches_numpy_inside_a_guarded_output(monkeypatch, dtype, block_bytes):
+    """``block_bytes`` 1: blocks of b one tile wide (the columns in several blocks)."""
     mr, nv = mk.strided_shape(dtype)
     nr = nv * mk.vector_lanes(dtype)
-    kc, nc = mk.ROWS_KC, mk.ROWS_NC
+    kc, nc = mk.ROWS_KC, 2 * nr
+    if block_bytes is not None:
+        monkeypatch.setattr(mk, "ROWS_B_BYTES", block_bytes)
     rng = np.random.default_rng(6)
     for m, k, n in ((1, 1, 1), (mr, kc, nr), (mr - 1, 3, nr + 1), (3 * mr + 5, 2 * kc + 3, nc + nr),
                     (4 * mr, 7, 2 * nc + 3), (mr + 1, 9, nr - 1), (50, 64, 3 * nr), (0, 4, 3),
@@ -138,6 +195,25 @@ def test_rows_gemm_matches_numpy_inside_a_guarded_output(dtype):
         _assert_product(out, a, b, dtype, (m, k, n))
         assert np.isnan(outside()).all(), (m, k, n)
         assert np.array_equal(mk.rows_gemm(a, b, np.empty_like(out)), out)
+        # Shared out among threads (a run of whole bands each, more workers than bands
+        # included): the same bits, and nothing written outside.
+        for workers in (2, 3, 7):
+            shared, outside = _guarded((m, n), dtype, left=2, right=3)
+            assert mk.rows_gemm(a, b, shared, workers) is shared
+            assert np.array_equal(shared, out), (m, k, n, workers)
+            assert np.isnan(outside()).all(), (m, k, n, workers)
+
+
+def test_rows_gemm_blocks_of_columns():
+    """The fewest blocks of b of at most ROWS_B_BYTES, as even as whole tiles allow."""
+    nr = mk.strided_shape(np.float32)[1] * mk.vector_lanes(np.float32)
+    budget = mk.ROWS_B_BYTES // 4                   # float32 values in a block
+    assert mk.rows_columns(1, 1, np.float32) == nr
+    assert mk.rows_columns(64, 4 * nr, np.float32) == 4 * nr
+    assert mk.rows_columns(budget // (4 * nr), 4 * nr, np.float32) == 4 * nr
+    assert mk.rows_columns(budget // (4 * nr) + 1, 4 * nr, np.float32) == 2 * nr
+    assert mk.rows_columns(budget // (4 * nr) + 1, 4 * nr + 1, np.float32) == 3 * nr
+    assert mk.rows_columns(10 * budget, nr, np.float32) == nr
 
 
 def test_rows_gemm_rejects_bad_operands():
@@ -388,6 +464,12 @@ _NARROW_SCRIPT = (
     "        out = np.full((m, n), np.nan, dtype)\n"
     "        mk.rows_gemm(a, b, out)\n"
     "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('rows', dtype, m, k, n)\n"
+    "        out = np.full((m, n), np.nan, dtype)\n"
+    "        mk.rows_gemm(a, b, out, 2)\n"
+    "        assert np.allclose(out, a @ b, rtol=1e-4, atol=1e-4), ('rows 2', dtype, m, k, n)\n"
+    "        out = np.full((1, m, n), np.nan, dtype)\n"
+    "        mk.gram_runs(a.T.copy(), b, out, k, 2)\n"
+    "        assert np.allclose(out[0], a @ b, rtol=1e-4, atol=1e-4), ('runs', dtype, m, k, n)\n"
     "        panels = mk.RowPanels(a)\n"
     "        columns, out = panels.columns(n), panels.output(n)\n"
     "        panels.multiply(panels.load(b.T.copy(), columns), out)\n"

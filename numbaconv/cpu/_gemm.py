@@ -1,8 +1,8 @@
 """The ``gemm`` algorithm's drivers: the convolution is a plain matrix product over x (1x1
 kernels with stride 1 and no padding, or kernels exactly as large as the unpadded input). No
 packing: BLAS products (:mod:`._tiles`), or for channels-last rows numbaconv's micro-kernel
-reading them in place (:func:`._tiles.rows_matmul`; the weight gradient's runs of
-positions, :func:`._microkernel.gram`), for the channels-first weight gradient dy's rows
+reading them in place (:func:`rows_matmul`; the weight gradient's runs of
+positions, :func:`._microkernel.gram_runs`), for the channels-first weight gradient dy's rows
 (:func:`_pointwise_cf_in_place`), and for the channels-first data gradient and forward of
 large images blocks of dy (or x) copied while the next are prefetched
 (:func:`streamed_matmul`)."""
@@ -15,10 +15,12 @@ from numba import prange
 from .._kernel_geometry import Geom
 from ..config import parallel_jit
 from . import _heuristics, _tiles
-from ._microkernel import (KC, NT_DEPTH, STREAM_COLUMNS, STREAM_TILE, RowPanels, gram,
-                           nt_rows, stream_block, strided_shape, tile_shape, vector_lanes)
+from ._microkernel import (KC, NT_DEPTH, STREAM_COLUMNS, STREAM_TILE, RowPanels,
+                           gram_runs, nt_rows, rows_gemm, stream_block, strided_shape,
+                           tile_shape, vector_lanes)
 from ._sliding import LINE, row_pitch
 from ._tiles import interruptible_ranges, numba_threads
+
 
 def forward(g: Geom, x, w, y) -> None:
     if _heuristics.pointwise_streamed(g, x.dtype):
@@ -31,8 +33,8 @@ def forward(g: Geom, x, w, y) -> None:
                      y.reshape(g.n, g.groups, g.kg, g.positions))
     elif _heuristics.rows_in_place(g):
         # x's rows read in place; w^T (C, K) copied (small next to x).
-        _tiles.rows_matmul(x.reshape(-1, g.c), np.ascontiguousarray(w.reshape(g.k, g.c).T),
-                          y.reshape(-1, g.k))
+        rows_matmul(x.reshape(-1, g.c), np.ascontiguousarray(w.reshape(g.k, g.c).T),
+                    y.reshape(-1, g.k))
     elif g.pointwise:
         # Every position of every image is a row: one product per group.
         _tiles.grouped_matmul(x.reshape(-1, g.groups, g.cg),
@@ -59,7 +61,7 @@ def data_gradient(g: Geom, dy, w, dx, accumulate: bool) -> None:
                      dy.reshape(g.n, g.groups, g.kg, g.positions),
                      target.reshape(g.n, g.groups, g.cg, g.positions))
     elif _heuristics.rows_in_place(g):
-        _tiles.rows_matmul(dy.reshape(-1, g.k), w.reshape(g.k, g.c), target.reshape(-1, g.c))
+        rows_matmul(dy.reshape(-1, g.k), w.reshape(g.k, g.c), target.reshape(-1, g.c))
     elif g.pointwise:
         _tiles.grouped_matmul(dy.reshape(-1, g.groups, g.kg), _tiles.weight_cf(g, w),
                              target.reshape(-1, g.groups, g.cg))
@@ -102,7 +104,7 @@ def _pointwise_by_positions(g: Geom, x, dy) -> np.ndarray:
     """dw (G, Kg, Cg) of a channels-last 1x1 convolution from x (M, G, Cg) and dy (M, G, Kg),
     M = N * S: SLOTS products over runs of positions (a split fixed by the shape), summed in
     order. One group whose channels fill the micro-kernel's tiles (:func:`_gram_fills_tiles`):
-    numbaconv's micro-kernel reads both runs in place (:func:`._microkernel.gram`), the
+    numbaconv's micro-kernel reads both runs in place (:func:`._microkernel.gram_runs`), the
     wider side as its MR rows; otherwise BLAS, the wider side as its columns (OpenBLAS runs
     (64, 256) faster than (256, 64)). Figures at ``POSITION_SPLIT_FROM`` in
     docs/cpu-algorithms.md."""
@@ -114,16 +116,21 @@ def _pointwise_by_positions(g: Geom, x, dy) -> np.ndarray:
     left, right = (x, dy) if transposed else (dy, x)
     starts = list(range(0, m, step))
     partials = np.empty((len(starts), g.groups, left.shape[2], right.shape[2]), x.dtype)
-
-    def part(index, pick):
-        run = slice(starts[index], starts[index] + step)
-        if in_place:
-            gram(left[run, 0], right[run, 0], partials[index, 0], streamed=True)
-        else:
+    if in_place:
+        # Runs shared out in parallel regions (ranges of runs), so that Ctrl-C ends them.
+        macs = m * left.shape[2] * right.shape[2]
+        for first, last in interruptible_ranges(len(starts), macs,
+                                                _heuristics.IMPLICIT_PIECE_MACS):
+            rows = slice(first * step, last * step)
+            gram_runs(left[rows, 0], right[rows, 0], partials[first:last, 0], step,
+                      numba_threads())
+    else:
+        def part(index, pick):
+            run = slice(starts[index], starts[index] + step)
             np.matmul(left[run].transpose(1, 2, 0), right[run].transpose(1, 0, 2),
                       out=partials[index])
 
-    _tiles.run_tiles(part, list(range(len(starts))))
+        _tiles.run_tiles(part, list(range(len(starts))))
     return _tiles.summed(partials, transpose=transposed)
 
 
@@ -186,6 +193,19 @@ def _pointwise_cf_parts(x, dy, parts, c, k, s, pitch, block_rows, blocks, mr, nr
         for n in range(first_image + (slot - first_image) % slots, last_image, slots):
             nt_rows(dy, n * k * s, s, x, n * c * s, s, part, 0, c, r0, r1, c, s, n != slot,
                     bt, edge, edge_out, pitch, mr, nr, lanes)
+
+
+def rows_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[...] = a @ b`` (2D) by :func:`._microkernel.rows_gemm`, a's rows shared out
+    among Numba's threads in a parallel region (every row gets the same bits whatever the
+    split). Calls of more than IMPLICIT_PIECE_MACS multiply-adds run as several regions
+    (ranges of micro-kernel bands), so that Ctrl-C ends them soon."""
+    mr = strided_shape(out.dtype)[0]
+    bands = -(-a.shape[0] // mr)
+    macs = a.shape[0] * a.shape[1] * b.shape[1]
+    for first, last in interruptible_ranges(bands, macs, _heuristics.IMPLICIT_PIECE_MACS):
+        rows_gemm(a[first * mr:last * mr], b, out[first * mr:last * mr], numba_threads())
+    return out
 
 
 def streamed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -499,36 +499,47 @@ def _transpose_tile(typingctx, src, lds, dst, ldd):
     return sig, codegen
 
 
-@intrinsic
-def _prefetch(typingctx, pointer, nbytes):
-    """Prefetch every 64-byte line of [pointer, pointer + nbytes) into the caches (LLVM's
-    ``llvm.prefetch``, for reading; it never faults and changes no result). For loops whose
-    next operands lie where the hardware prefetchers do not look: a run of a few lines per
-    step, each run far from the last (``_winograd._weights``)."""
-    if not isinstance(pointer, types.CPointer) or not isinstance(nbytes, types.Integer):
-        return None
-    sig = types.void(pointer, nbytes)
+def _lines_intrinsic(write: bool):
+    """An intrinsic ``(pointer, nbytes)`` that prefetches every 64-byte line of [pointer,
+    pointer + nbytes) into every cache level, for reading or (``write``) for writing."""
 
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        base = builder.bitcast(args[0], ir.IntType(8).as_pointer())
-        count = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
-        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), count,
-                                     ir.Constant(i64, 64)) as (offset, _):
-            _emit_prefetch(builder, builder.gep(base, [offset]), 3)   # every cache level
-        return context.get_dummy_value()
+    def typer(typingctx, pointer, nbytes):
+        if not isinstance(pointer, types.CPointer) or not isinstance(nbytes, types.Integer):
+            return None
+        sig = types.void(pointer, nbytes)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            i64 = ir.IntType(64)
+            base = builder.bitcast(args[0], ir.IntType(8).as_pointer())
+            count = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
+            with cgutils.for_range_slice(builder, ir.Constant(i64, 0), count,
+                                         ir.Constant(i64, 64)) as (offset, _):
+                _emit_prefetch(builder, builder.gep(base, [offset]), 3, write)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
 
 
-def _emit_prefetch(builder, pointer, locality: int) -> None:
-    """IR: ``llvm.prefetch`` of the line at ``pointer``, for reading, of data, into the
-    cache levels ``locality`` asks for (3 every level, 2 L2 and beyond)."""
+#: ``_prefetch(pointer, nbytes)``: LLVM's ``llvm.prefetch`` of those lines, for reading (it
+#: never faults and changes no result). For loops whose next operands lie where the hardware
+#: prefetchers do not look: a run of a few lines per step, each run far from the last
+#: (``_winograd._weights``).
+_prefetch = _lines_intrinsic(False)
+#: ``_prefetch_for_writing(pointer, nbytes)``: the same for lines about to be written whole,
+#: whose fetch (the store's read for ownership) would otherwise stall the stores.
+_prefetch_for_writing = _lines_intrinsic(True)
+
+
+def _emit_prefetch(builder, pointer, locality: int, write: bool = False) -> None:
+    """IR: ``llvm.prefetch`` of the line at ``pointer``, for reading (or ``write``), of
+    data, into the cache levels ``locality`` asks for (3 every level, 2 L2 and beyond)."""
     i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
     prefetch = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
         "llvm.prefetch.p0i8")
-    builder.call(prefetch, [builder.bitcast(pointer, i8p), ir.Constant(i32, 0),
+    builder.call(prefetch, [builder.bitcast(pointer, i8p), ir.Constant(i32, int(write)),
                             ir.Constant(i32, locality), ir.Constant(i32, 1)])
 
 
@@ -645,16 +656,19 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 @serial_jit
-def _gram_tiles(a, b, out, add, mr, nr, kc, fetch):
-    """out[:F', :K'] (= or +=) a[:, :F'].T @ b[:, :K'] for the whole MR x NR tiles (F', K'
-    the multiples of MR and NR), the micro-kernel reading a's and b's rows in place, chunks
-    of ``kc`` rows; with ``fetch``, each chunk's tiles prefetch the next."""
+def _gram_tiles(a, b, out, add, mr, nr, kc, fetch, tall, short):
+    """out[:F', :K'] (= or +=) a[:, :F'].T @ b[:, :K'] by whole tiles NR columns wide (K'
+    the multiple of NR): ``tall`` rows of MR-row tiles, then ``short`` rows of STREAM_TILE's
+    shorter ones (the same NR; F' = tall * MR + short * its rows), the micro-kernel reading
+    a's and b's rows in place, chunks of ``kc`` rows; with ``fetch``, each chunk's tiles
+    prefetch the next."""
     m = a.shape[0]
     lda = a.strides[0] // a.itemsize
     ldb = b.strides[0] // b.itemsize
     ldc = out.strides[0] // out.itemsize
     line = 64 // a.itemsize
-    tiles = (a.shape[1] // mr) * (b.shape[1] // nr)
+    low = STREAM_TILE[0]
+    tiles = (tall + short) * (b.shape[1] // nr)
     for p0 in range(0, m, kc):
         depth = min(kc, m - p0)
         adding = 1 if add or p0 > 0 else 0
@@ -669,7 +683,8 @@ def _gram_tiles(a, b, out, add, mr, nr, kc, fetch):
         while share > 0 and ((depth - 1) >> (shift + 1)) + 1 >= share:
             shift += 1
         t = 0
-        for i in range(0, a.shape[1] - mr + 1, mr):
+        for row in range(tall + short):
+            i = row * mr if row < tall else tall * mr + (row - tall) * low
             for j in range(0, b.shape[1] - nr + 1, nr):
                 first = t * share
                 fs = line if share and first < a_lines + b_lines else 0
@@ -685,9 +700,14 @@ def _gram_tiles(a, b, out, add, mr, nr, kc, fetch):
                 if fs and ((depth - 1) >> shift) >= left:
                     fs = 0          # a share that would run past its operand's chunk
                 t += 1
-                _micro_tile_fetching_whole(_at(a, p0 * lda + i), _at(b, p0 * ldb + j),
-                                           _at(out, i * ldc + j), depth, ldc, adding, lda, ldb,
-                                           fp, fs, shift)
+                if row < tall:
+                    _micro_tile_fetching_whole(_at(a, p0 * lda + i), _at(b, p0 * ldb + j),
+                                               _at(out, i * ldc + j), depth, ldc, adding, lda,
+                                               ldb, fp, fs, shift)
+                else:
+                    _micro_tile_fetching(_at(a, p0 * lda + i), _at(b, p0 * ldb + j),
+                                         _at(out, i * ldc + j), depth, ldc, adding, lda, ldb,
+                                         fp, fs, shift)
 
 
 @serial_jit
@@ -718,7 +738,8 @@ def _band(src, at, lda, b, c, ci, ldc, depth, j0, j1, mr, nr, kc, tile, edge, ro
 def _rows_product(a, b, bedge, c, mr, nr, kc, nc):
     """c = a @ b, every value through the micro-kernel: whole MR x NR tiles in place, the
     last N % NR columns from ``bedge`` (K x NR: those columns of b, zero-padded) and the last
-    M % MR rows from a zero-padded copy, both through a scratch tile."""
+    M % MR rows from a zero-padded copy, both through a scratch tile. Before each band of
+    whole tiles, the lines of c's band ROWS_STORE_AHEAD bands on are fetched for writing."""
     m, depth = a.shape
     n = b.shape[1]
     lda = a.strides[0] // a.itemsize
@@ -733,6 +754,9 @@ def _rows_product(a, b, bedge, c, mr, nr, kc, nc):
     for j0 in range(0, whole_cols, nc):
         j1 = min(whole_cols, j0 + nc)
         for i in range(0, whole_rows, mr):
+            if i + (ROWS_STORE_AHEAD + 1) * mr <= whole_rows:
+                for r in range(i + ROWS_STORE_AHEAD * mr, i + (ROWS_STORE_AHEAD + 1) * mr):
+                    _prefetch_for_writing(_at(c, r * ldc + j0), (j1 - j0) * c.itemsize)
             _band(a, i * lda, lda, b, c, i, ldc, depth, j0, j1, mr, nr, kc, tile, False, mr)
         if whole_rows < m:
             _band(last, 0, depth, b, c, whole_rows, ldc, depth, j0, j1, mr, nr, kc, tile,
@@ -750,14 +774,41 @@ def _rows_product(a, b, bedge, c, mr, nr, kc, nc):
                 c[i, whole_cols + q] = scratch[i, q]
 
 
-#: rows_gemm's blocks: KC of the shared dimension, NC columns of b (a 128 KiB block of b
-#: in L2, float32).
+@parallel_jit
+def _rows_parts(a, b, bedge, c, mr, nr, kc, nc, workers):
+    """c = a @ b by :func:`_rows_product`, a contiguous run of whole MR-row bands to each of
+    ``workers`` threads (only the last run can end in a part band)."""
+    share = -(-(-(-a.shape[0] // mr)) // workers) * mr
+    for worker in prange(workers):
+        r0 = min(a.shape[0], worker * share)
+        r1 = min(a.shape[0], r0 + share)
+        if r1 > r0:
+            _rows_product(a[r0:r1], b, bedge, c[r0:r1], mr, nr, kc, nc)
+
+
+#: rows_gemm's depth chunks: KC of the shared dimension between a tile's loads and stores.
 ROWS_KC = 256
-ROWS_NC = 128
+#: The most bytes of b in one block of rows_gemm's columns (NC of them, whole tiles): every
+#: band of rows reads the whole block, which stays in L2 beside the rows of a and c streaming
+#: through; larger blocks spill from L2, smaller ones make a pass over a for each.
+ROWS_B_BYTES = 512 * 1024
+#: Bands between the one rows_gemm multiplies and the one whose output lines it fetches for
+#: writing: the stores then find their lines in cache instead of waiting on memory; further
+#: ahead holds the lines in L1 longer.
+ROWS_STORE_AHEAD = 2
 
 
-def rows_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[...] = a @ b`` on the calling thread, without packing either operand.
+def rows_columns(depth: int, columns: int, dtype) -> int:
+    """NC, the columns of one block of b (``depth`` x ``columns``) in rows_gemm: the fewest
+    blocks of at most ROWS_B_BYTES, as even as whole NR-column tiles make them."""
+    nr = strided_shape(dtype)[1] * vector_lanes(dtype)
+    blocks = max(1, -(-depth * columns * np.dtype(dtype).itemsize // ROWS_B_BYTES))
+    return max(nr, -(-(-(-columns // blocks)) // nr) * nr)
+
+
+def rows_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int = 1) -> np.ndarray:
+    """``out[...] = a @ b`` without packing either operand, on the calling thread or on
+    ``workers`` threads.
 
     The channels-last 1x1 data gradient's product, dy's rows (M, K) times the weights
     (K, C): the strided micro-kernel (:func:`strided_shape`) reads MR rows of a where they
@@ -781,6 +832,10 @@ def rows_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         float32 or float64, one dtype; unit stride along rows.
     out : ndarray, (M, N)
         Same dtype, unit stride along rows; nothing outside it is written.
+    workers : int
+        Threads that share the rows, in one parallel region (a contiguous run of whole
+        micro-kernel bands each; no more threads than Numba's count run at once). The
+        result is bitwise the same for any number.
 
     Returns
     -------
@@ -797,8 +852,12 @@ def rows_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     columns = b.shape[1] - b.shape[1] % nr
     bedge = np.zeros((b.shape[0], nr), dtype)
     bedge[:, :b.shape[1] - columns] = b[:, columns:]
-    if out.size:
-        _rows_product(a, b, bedge, out, mr, nr, ROWS_KC, ROWS_NC)
+    workers = min(workers, -(-a.shape[0] // mr))
+    nc = rows_columns(b.shape[0], b.shape[1], dtype)
+    if out.size and workers > 1:
+        _rows_parts(a, b, bedge, out, mr, nr, ROWS_KC, nc, workers)
+    elif out.size:
+        _rows_product(a, b, bedge, out, mr, nr, ROWS_KC, nc)
     return out
 
 
@@ -824,14 +883,13 @@ def _unit_rows(array) -> bool:
                                 or array.strides[1] == array.itemsize)
 
 
-#: Bytes of both operands' rows per chunk of a streamed :func:`gram`: a chunk and the next,
+#: Bytes of both operands' rows per chunk of :func:`gram_runs`: a chunk and the next,
 #: prefetched while it is multiplied, stay in L2 together; longer chunks load and store each
 #: accumulator tile less often.
 GRAM_CHUNK_BYTES = 160 * 1024
 
 
-def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False,
-         streamed: bool = False) -> np.ndarray:
+def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) -> np.ndarray:
     """``out (=|+=) a.T @ b`` for two operands that share their rows, without packing.
 
     The weight gradient's product: a's rows are packed windows (or x's pixels), b's rows
@@ -853,10 +911,6 @@ def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False,
         Same dtype, unit stride along rows.
     add : bool
         Add to ``out`` instead of overwriting it.
-    streamed : bool
-        The operands come from memory (the channels-last 1x1 weight gradient's x and dy, not
-        windows just packed): chunks of both operands' rows of about GRAM_CHUNK_BYTES, each
-        chunk's tiles prefetching the next.
 
     Returns
     -------
@@ -866,17 +920,120 @@ def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False,
                    a.shape[0] == b.shape[0], {"a": a, "b": b, "out": out})
     mr, nv = tile_shape(dtype)
     nr = nv * vector_lanes(dtype)
-    rows, columns = a.shape[1] - a.shape[1] % mr, b.shape[1] - b.shape[1] % nr
     if a.shape[0] == 0:
         if not add:
             out[...] = 0
         return out
-    if rows and columns:
-        # Rows per chunk, 64..512: b's part about 128 KiB, or streamed both operands' part
-        # about GRAM_CHUNK_BYTES.
-        per_row = (a.shape[1] + b.shape[1] if streamed else b.shape[1]) * b.itemsize
-        depth = min(512, max(64, (GRAM_CHUNK_BYTES if streamed else 2**17) // per_row))
-        _gram_tiles(a, b, out, add, mr, nr, depth, streamed)
+    if a.shape[1] >= mr and b.shape[1] >= nr:
+        # Rows per chunk, 64..512: b's part about 128 KiB.
+        depth = min(512, max(64, 2**17 // (b.shape[1] * b.itemsize)))
+        _gram_tiles(a, b, out, add, mr, nr, depth, False, a.shape[1] // mr, 0)
+    _gram_rest(a, b, out, add, mr, nr)
+    return out
+
+
+def gram_runs(a: np.ndarray, b: np.ndarray, out: np.ndarray, run: int,
+              workers: int = 1) -> np.ndarray:
+    """``out[r] = a[rows].T @ b[rows]`` for the runs of ``run`` rows (the last may be
+    shorter), r = 0, 1, ...: :func:`gram` for operands that come from memory (the
+    channels-last 1x1 weight gradient's x and dy, not windows just packed). Each run goes by
+    chunks of both operands' rows of about GRAM_CHUNK_BYTES, each chunk's tiles prefetching
+    the next; a's columns by tiles of MR and of STREAM_TILE's rows (:func:`gram_tile_rows`),
+    the few past them through a zero-padded copy. The runs are shared out among ``workers``
+    threads in one parallel region (a contiguous share each); only the columns of b past the
+    last whole tile (or everything, where a has fewer than MR columns or b fewer than NR) go
+    to NumPy, after it. Each run's sum is the same bits for any ``workers``.
+
+    Parameters
+    ----------
+    a : ndarray, (M, F)
+    b : ndarray, (M, K)
+        float32 or float64, one dtype; unit stride along rows.
+    out : ndarray, (R, F, K)
+        R = ceil(M / run) (at least 1); same dtype, unit stride along rows.
+    run : int
+        Rows a run, >= 1.
+    workers : int
+        Threads that share the runs.
+
+    Returns
+    -------
+    out
+    """
+    runs = max(1, -(-a.shape[0] // run))
+    if out.ndim != 3 or out.shape[0] != runs:
+        raise ValueError(f"gram_runs: out {out.shape} needs {runs} runs of "
+                         f"{a.shape[0]} rows by {run}")
+    for index in range(runs):
+        _check("gram_runs", f"{a.shape}.T @ {b.shape}", a, b, out[index],
+               (a.shape[-1], b.shape[-1]), a.shape[0] == b.shape[0],
+               {"a": a, "b": b, "out": out[index]})
+    mr, nv = tile_shape(out.dtype)
+    nr = nv * vector_lanes(out.dtype)
+    if a.shape[0] == 0:
+        out[...] = 0
+        return out
+    columns = b.shape[1] - b.shape[1] % nr
+    if a.shape[1] < mr or columns == 0:
+        columns = 0
+    else:
+        depth = min(512, max(64, GRAM_CHUNK_BYTES // ((a.shape[1] + b.shape[1]) * b.itemsize)))
+        _gram_runs(a, b[:, :columns], out[:, :, :columns], run, min(workers, runs), mr, nr,
+                   depth, *gram_tile_rows(a.shape[1], out.dtype))
+    if columns < b.shape[1]:
+        for index in range(runs):
+            rows = slice(index * run, (index + 1) * run)
+            np.matmul(a[rows].T, b[rows, columns:], out=out[index, :, columns:])
+    return out
+
+
+def gram_tile_rows(rows: int, dtype) -> tuple:
+    """(tall, short): how :func:`gram_runs` covers ``rows`` rows of tiles in place, ``tall``
+    of :func:`tile_shape`'s MR rows then ``short`` of STREAM_TILE's (the same width), so that
+    fewer rows than either tile's are left to a zero-padded copy: 256 rows as 20 x 12 + 2 x 8
+    (a row of 12-row tiles over the last 4 rows would compute 8 of padding). Only MR-row
+    tiles where STREAM_TILE's are not the shorter (256-bit vectors: 6 x 2)."""
+    mr, low = tile_shape(dtype)[0], STREAM_TILE[0]
+    if low >= mr:
+        return rows // mr, 0
+    tall, rest = divmod(rows, mr)
+    short, rest = divmod(rest, low)
+    if rest and tall and (rest + mr) % low == 0:
+        tall, short = tall - 1, short + (rest + mr) // low
+    return tall, short
+
+
+@parallel_jit
+def _gram_runs(a, b, out, run, workers, mr, nr, depth, tall, short):
+    """The tiles of :func:`gram_runs` (b's columns a multiple of NR, a's at least MR): a
+    contiguous share of the runs to each of ``workers`` threads, ``tall`` and ``short`` rows
+    of tiles in place (:func:`_gram_tiles`); a's columns past them copied into a zero-padded
+    MR-wide block, whose tiles go through a scratch output."""
+    runs = out.shape[0]
+    share = -(-runs // workers)
+    whole = tall * mr + short * STREAM_TILE[0]
+    for worker in prange(workers):
+        edge = np.zeros((run if whole < a.shape[1] else 0, mr), a.dtype)
+        scratch = np.empty((mr, b.shape[1]), a.dtype)
+        for index in range(worker * share, min(runs, (worker + 1) * share)):
+            first = index * run
+            last = min(a.shape[0], first + run)
+            _gram_tiles(a[first:last], b[first:last], out[index], False, mr, nr, depth, True,
+                        tall, short)
+            if whole < a.shape[1]:
+                for p in range(last - first):
+                    for i in range(a.shape[1] - whole):
+                        edge[p, i] = a[first + p, whole + i]
+                _gram_tiles(edge[:last - first], b[first:last], scratch, False, mr, nr, depth,
+                            True, 1, 0)
+                for i in range(a.shape[1] - whole):
+                    for j in range(b.shape[1]):
+                        out[index, whole + i, j] = scratch[i, j]
+
+
+def _gram_rest(a, b, out, add, mr, nr) -> None:
+    """The part of ``out (=|+=) a.T @ b`` past the whole MR x NR tiles, by NumPy."""
+    rows, columns = a.shape[1] - a.shape[1] % mr, b.shape[1] - b.shape[1] % nr
     for part, lhs, rhs in ((out[rows:], a[:, rows:], b),
                            (out[:rows, columns:], a[:, :rows], b[:, columns:])):
         if part.size:
@@ -884,7 +1041,6 @@ def gram(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False,
                 part += lhs.T @ rhs
             else:
                 np.matmul(lhs.T, rhs, out=part)
-    return out
 
 
 class RowPanels:

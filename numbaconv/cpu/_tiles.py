@@ -168,24 +168,6 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, fixed: bool = False) -
     return out
 
 
-def rows_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[...] = a @ b`` (2D) by :func:`._microkernel.rows_gemm`, a's rows shared out
-    among the tile workers, four runs a worker, each a whole number of micro-kernel bands
-    (so that only the last run has a part band to pad; every row gets the same bits
-    whatever the split)."""
-    from ._microkernel import rows_gemm, strided_shape
-    mr = strided_shape(out.dtype)[0]
-    bands = -(-a.shape[0] // mr)
-    workers = tile_workers(bands)
-    step = -(-bands // min(bands, 4 * workers)) * mr if bands else 1
-
-    def part(start, pick):
-        rows_gemm(a[start:start + step], b, out[start:start + step])
-
-    run_tiles(part, list(range(0, a.shape[0], step)) or [0])
-    return out
-
-
 def tiles(g: Geom, per_position_bytes: int, largest_operand_bytes: int):
     """(n0, nb, q0, q1) tiles: several whole images, or one image's run of output rows
     (q = p0 * P1 + p1, each P2 positions).
