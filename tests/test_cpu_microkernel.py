@@ -86,13 +86,8 @@ def test_gemm_rejects_bad_operands():
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("add", [False, True])
 def test_gram_matches_numpy_inside_a_guarded_output(dtype, add):
-    mr, nv = mk.tile_shape(dtype)
-    nr = nv * mk.vector_lanes(dtype)
     rng = np.random.default_rng(4)
-    for m, f, k in _gram_shapes(mr, nr):
-        # Operands as row slices of wider arrays (row stride above the row length).
-        a = rng.standard_normal((m, f + 3)).astype(dtype)[:, 2:f + 2]
-        b = rng.standard_normal((m, k + 5)).astype(dtype)[:, 1:k + 1]
+    for m, f, k, a, b in _gram_cases(dtype, rng):
         start = rng.standard_normal((f, k)).astype(dtype)
         out, outside = _guarded((f, k), dtype)
         out[...] = start if add else np.nan
@@ -104,12 +99,19 @@ def test_gram_matches_numpy_inside_a_guarded_output(dtype, add):
         assert np.array_equal(mk.gram(a, b, again, add=add), out)
 
 
-def _gram_shapes(mr, nr):
-    """(M, F, K) of gram's tests: edges either side, several chunks (the last short)."""
-    return ((1, 1, 1), (3, mr, nr), (700, 2 * mr + 3, nr - 1), (1100, mr - 1, 3 * nr),
-            (5, 147, 64), (0, mr, nr), (513, 4 * mr, 2 * nr + 5), (1157, 22 * mr, 2 * nr),
-            # gram_runs's shorter tiles after the tall ones (AVX-512), with an edge
-            (150, 16, nr), (200, 20, nr + 3), (517, 64, 2 * nr), (90, 29, nr))
+def _gram_cases(dtype, rng):
+    """(M, F, K, a, b) of gram's tests, a (M, F) and b (M, K) row slices of wider arrays
+    (row stride above the row length): edges either side, several chunks (the last short),
+    and gram_runs's shorter tiles after the tall ones (AVX-512), with an edge."""
+    mr, nv = mk.tile_shape(dtype)
+    nr = nv * mk.vector_lanes(dtype)
+    for m, f, k in ((1, 1, 1), (3, mr, nr), (700, 2 * mr + 3, nr - 1), (1100, mr - 1, 3 * nr),
+                    (5, 147, 64), (0, mr, nr), (513, 4 * mr, 2 * nr + 5),
+                    (1157, 22 * mr, 2 * nr), (150, 16, nr), (200, 20, nr + 3),
+                    (517, 64, 2 * nr), (90, 29, nr)):
+        a = rng.standard_normal((m, f + 3)).astype(dtype)[:, 2:f + 2]
+        b = rng.standard_normal((m, k + 5)).astype(dtype)[:, 1:k + 1]
+        yield m, f, k, a, b
 
 
 def _assert_gram(out, a, b, start, dtype, where):
@@ -139,12 +141,7 @@ def test_gram_runs_match_numpy_whatever_the_workers(dtype):
     """Each run of rows its own a.T @ b (chunks of about GRAM_CHUNK_BYTES, each chunk's
     tiles prefetching the next), bitwise the same on one thread or shared out, nothing
     written outside ``out``."""
-    mr, nv = mk.tile_shape(dtype)
-    nr = nv * mk.vector_lanes(dtype)
-    rng = np.random.default_rng(5)
-    for m, f, k in _gram_shapes(mr, nr):
-        a = rng.standard_normal((m, f + 3)).astype(dtype)[:, 2:f + 2]
-        b = rng.standard_normal((m, k + 5)).astype(dtype)[:, 1:k + 1]
+    for m, f, k, a, b in _gram_cases(dtype, np.random.default_rng(5)):
         for run in (1, 97, 600, max(m, 1)):
             runs = max(1, -(-m // run))
             results = []
