@@ -1026,7 +1026,14 @@ BOUNDSCHECK = background.boundscheck(
     "# the channels-last 1x1 weight gradient's runs of positions (micro-kernel, edge columns)\n"
     "for case in (((32, 44), 1, (3, 16, 15)), ((48, 16), 1, (2, 28, 14))):\n"
     "    with MonkeyPatch.context() as mp:\n"
-    "        test_cpu.test_pointwise_weight_gradient_over_runs_of_positions(mp, *case)\n",
+    "        test_cpu.test_pointwise_weight_gradient_over_runs_of_positions(mp, *case)\n"
+    "# the two products alone: rows in blocks of one tile, runs with short tiles and edges\n"
+    "import test_cpu_microkernel\n"
+    "for dtype in ('float32', 'float64'):\n"
+    "    test_cpu_microkernel.test_gram_runs_match_numpy_whatever_the_workers(dtype)\n"
+    "    with MonkeyPatch.context() as mp:\n"
+    "        test_cpu_microkernel.test_rows_gemm_matches_numpy_inside_a_guarded_output(\n"
+    "            mp, dtype, 1)\n",
     first=True)
 
 
