@@ -778,7 +778,8 @@ def _rows_product(a, b, bedge, c, mr, nr, kc, nc):
 def _rows_parts(a, b, bedge, c, mr, nr, kc, nc, workers):
     """c = a @ b by :func:`_rows_product`, a contiguous run of whole MR-row bands to each of
     ``workers`` threads (only the last run can end in a part band)."""
-    share = -(-(-(-a.shape[0] // mr)) // workers) * mr
+    bands = -(-a.shape[0] // mr)
+    share = -(-bands // workers) * mr
     for worker in prange(workers):
         r0 = min(a.shape[0], worker * share)
         r1 = min(a.shape[0], r0 + share)
@@ -964,10 +965,9 @@ def gram_runs(a: np.ndarray, b: np.ndarray, out: np.ndarray, run: int,
     if out.ndim != 3 or out.shape[0] != runs:
         raise ValueError(f"gram_runs: out {out.shape} needs {runs} runs of "
                          f"{a.shape[0]} rows by {run}")
-    for index in range(runs):
-        _check("gram_runs", f"{a.shape}.T @ {b.shape}", a, b, out[index],
-               (a.shape[-1], b.shape[-1]), a.shape[0] == b.shape[0],
-               {"a": a, "b": b, "out": out[index]})
+    # Every run's output has out[0]'s shape and strides: one check covers them all.
+    _check("gram_runs", f"{a.shape}.T @ {b.shape}", a, b, out[0], (a.shape[-1], b.shape[-1]),
+           a.shape[0] == b.shape[0], {"a": a, "b": b, "out": out[0]})
     mr, nv = tile_shape(out.dtype)
     nr = nv * vector_lanes(out.dtype)
     if a.shape[0] == 0:
