@@ -292,6 +292,93 @@ def test_same_rows_weight_gradient_is_the_same_wherever_the_rows_start(dtype):
         assert np.array_equal(dw, on_line), (x_offset, dy_offset)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_four_row_weight_kernels_match_numpy(dtype):
+    """_sliding.grad3_rows4x2 and grad3_rows4x1 (4 output rows, 2 vectors of channels or
+    1) add each tap's sum over the rows and pixels to the sums they are given, ``same``
+    padding along the rows; with ``split`` < lanes (one vector) lanes from ``split`` on are
+    the next pixel's: every row length from 1, every split, against NumPy in float64."""
+    import numba
+    from numbaconv.cpu import _sliding
+    from numbaconv.cpu._microkernel import _at
+    lanes = _sliding.row_lanes(dtype)
+    tol = TOL[dtype] * 10
+
+    def caller(kernel):
+        @numba.njit
+        def call(x, dy, acc, first, at, width, split):
+            row = width * x.shape[2]
+            kernel(_at(x, first), row, x.shape[2], _at(dy, first), row, dy.shape[2],
+                   _at(acc, 0), at, width, split)
+        return call
+
+    rng = np.random.default_rng(5)
+    for units, kernel in ((2, _sliding.grad3_rows4x2), (1, _sliding.grad3_rows4x1)):
+        call = caller(kernel)
+        channels = 3 * lanes
+        for width in (1, 2, 3, 4, 7):
+            x = rng.standard_normal((6, width, channels)).astype(dtype)
+            dy = rng.standard_normal((4, width, channels)).astype(dtype)
+            padded = np.pad(x, ((0, 0), (1, 1), (0, 0))).astype(np.float64)
+            # tap sums of every channel, taps (i, m): output row j reads x row j + i
+            taps = np.array([[np.einsum("jqc,jqc->c", dy.astype(np.float64),
+                                        padded[i:i + 4, m:m + width]) for m in range(3)]
+                             for i in range(3)]).reshape(9, channels)
+            splits = [lanes] + ([1, lanes // 2, lanes - 1] if units == 1 else [])
+            for split in splits:
+                first = lanes if split == lanes else channels - split
+                # lane l: channel first + l of pixel q, or of pixel q + 1 past the row's end
+                channel = (first + np.arange(units * lanes)) % channels
+                start = rng.standard_normal((9, units * lanes)).astype(dtype)
+                acc = start.copy()
+                call(x, dy, acc, first, units * lanes, width, split)
+                expected = start + taps[:, channel]
+                assert relative_error(acc, expected) < tol, (units, width, split)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_four_row_weight_gradient_is_the_same_wherever_the_rows_start(dtype, monkeypatch):
+    """Rows of at least SAME_WEIGHT_ROWS_MIN_WIDTH pixels take 4 output rows a walk
+    (_direct_cl._same3_weight_rows), on whole cache lines with a wrapping vector where x
+    and dy start past a line alike: the reference's dw (to rounding), bitwise the same at
+    every start, and a non-finite dy at a row's first and last pixel (in a row walked 4 at
+    a time) makes its padding taps' sums NaN, as in the reference."""
+    from numbaconv.cpu import _heuristics
+    from numbaconv.cpu._sliding import LINE, row_lanes
+    monkeypatch.setattr(_heuristics, "SAME_WEIGHT_ROWS_MIN_WIDTH", 3)
+    itemsize = np.dtype(dtype).itemsize
+    channels = 3 * row_lanes(dtype)             # a pair of vectors, one alone, the wrap
+    kw = dict(padding=1, groups=channels, layout="channels_last")
+    # 8 images of 11 rows: jobs of 6 and 5 rows, each with a walk of 4
+    x, w, dy = _arrays((8, channels, 11, 5), (3, 3), dtype, "channels_last", padding=1)
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+
+    def placed(a, offset):
+        spare = np.empty(a.size + 2 * LINE // itemsize, a.dtype)
+        skip = (offset - spare.ctypes.data) % LINE // itemsize
+        b = spare[skip:skip + a.size].reshape(a.shape)
+        b[...] = a
+        return b
+
+    on_line = _run("conv_backward_weight", p, (placed(x, 0), placed(dy, 0)))
+    assert relative_error(on_line, expected) < TOL[dtype]
+    for x_offset, dy_offset in [(o, o) for o in range(itemsize, LINE, itemsize)] + [(16, 48)]:
+        dw = _run("conv_backward_weight", p, (placed(x, x_offset), placed(dy, dy_offset)))
+        assert np.array_equal(dw, on_line), (x_offset, dy_offset)
+    dy[0, 2, 0, 1], dy[3, 7, -1, channels - 1] = np.inf, -np.inf
+    with nc.use_backend("reference"), np.errstate(invalid="ignore"):
+        expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
+    for offset in (0, 16):
+        dw = _run("conv_backward_weight", p, (placed(x, offset), placed(dy, offset)))
+        if dtype == "float64":
+            assert_non_finite_like(dw, expected, "dw")
+        else:                                   # float32 rounds past assert_non_finite_like's
+            assert np.array_equal(np.isnan(dw), np.isnan(expected))
+            assert relative_error(dw[np.isfinite(dw)], expected[np.isfinite(dw)]) < TOL[dtype]
+
+
 def test_same_planes_weight_gradient_takes_the_column_strips(monkeypatch):
     """A channels-first depthwise 3x3 weight gradient of ``same`` windows on rows of at
     least SAME_WEIGHT_MIN_WIDTH pixels runs _cf_same3_weight (strips of 8, 2 and 1 columns

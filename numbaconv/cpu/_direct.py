@@ -63,8 +63,8 @@ from . import _direct_cf_slab as cf_slab
 from . import _direct_cl as cl
 from . import _heuristics
 from ._rows import zero_rows
-from ._sliding import (LINE, channel_pieces, empty_at, lanes_for, row_lanes, row_pitch,
-                       same_units)
+from ._sliding import (LINE, channel_pieces, empty_at, lanes_for, line_head, row_lanes,
+                       row_pitch, same_units)
 from ._tiles import add_partials, interruptible_ranges
 
 #: Parallel jobs to aim for: spatial rows are split until a problem has this many (or runs
@@ -199,12 +199,16 @@ def weight_gradient(g, x, dy) -> np.ndarray:
             # in few L1 sets), the partial sums' too (allocated as far past a line).
             offset = _line_offset(x, dy)
             whole, narrow = channel_pieces(offset, g.k, dy.dtype)
-            partial = (empty_at(offset, shape, dy.dtype) if len(narrow)
+            head = line_head(offset, g.k, dy.dtype)
+            partial = (empty_at(offset, shape, dy.dtype) if len(narrow) or head
                        else np.empty(shape, dy.dtype))
             zero = np.zeros(x5.shape[3] * g.k, dy.dtype)
+            lanes = row_lanes(dy.dtype)
+            scratch = np.empty((jobs, 9 * lanes), dy.dtype)
+            four = g.p[2] >= _heuristics.SAME_WEIGHT_ROWS_MIN_WIDTH
             for first, last in _pieces(g, jobs):
-                cl._cl_same3_weight(x5, dy3, partial, zero, out, before, stride, dil,
-                                    row_lanes(dy.dtype), whole, narrow, rows, first, last)
+                cl._cl_same3_weight(x5, dy3, partial, zero, scratch, out, before, stride, dil,
+                                    lanes, head, four, whole, narrow, rows, first, last)
         else:
             partial = np.empty(shape, dy.dtype)
             cmap, identity = _channel_map(g)

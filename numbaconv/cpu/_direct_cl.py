@@ -13,7 +13,8 @@ from numba import prange
 from ..config import inline_jit, parallel_jit, serial_jit
 from ._microkernel import _at
 from ._sliding import (conv3_row, conv3_same1, conv3_same2, conv3_same4, conv3_same8, grad3_row,
-                       grad3_same, grad3_same1, grad3_same2, grad3_same4, grad3_same8)
+                       grad3_rows4x1, grad3_rows4x2, grad3_same,
+                       grad3_same1, grad3_same2, grad3_same4, grad3_same8)
 
 #: Row-level helpers of the channels-last kernels are called (``serial_jit``), not inlined:
 #: inlined into _cl_conv's parallel loop they compile far slower and run no faster
@@ -486,25 +487,34 @@ def _cl_same3(src, wk, dst3, zero, out, before, stride, dil, lanes, units, first
 
 
 @parallel_jit
-def _cl_same3_weight(src, dy3, partial, zero, out, before, stride, dil, lanes,
-                     first_whole_tail, narrow, rows, first_job, last_job):
+def _cl_same3_weight(src, dy3, partial, zero, scratch, out, before, stride, dil, lanes, head,
+                     four, first_whole_tail, narrow, rows, first_job, last_job):
     """partial[job, 0, t, k]: the depthwise 3x3 weight gradient of one job's output rows
     (image, plane, block of ``rows`` rows), ``same`` padding and stride 1 along the rows,
-    channels-last, x's rows read where they lie (no row buffers) by
-    :func:`._sliding.grad3_same`, one vector of channels a call: vectors of ``lanes`` from
-    channel ``first_whole_tail[0]`` to ``first_whole_tail[1]`` channels before the last,
-    the ``narrow[i]`` (first channel, lanes) around them on narrower vectors
-    (:func:`._sliding.channel_pieces`).
+    channels-last, x's rows read where they lie (no row buffers).
+
+    With ``four``, where the rows are one apart (stride and dilation 1 across them),
+    :func:`_same3_weight_rows` takes the job's output rows 4 at a time where all their tap
+    rows lie in x, each source pixel fetched once for the 4. The other rows (those that read
+    the padding above or below x, the job's last few, any row of other strides) go through
+    :func:`_same3_weight_row` (:func:`._sliding.grad3_same`), one vector of channels a
+    call: vectors of ``lanes`` from channel ``first_whole_tail[0]`` to
+    ``first_whole_tail[1]`` channels before the last, the ``narrow[i]`` (first channel,
+    lanes) around them on narrower vectors (:func:`._sliding.channel_pieces`).
 
     src (N, S0, S1, S2, K) C-contiguous; dy3 (N * P0 * P1, P2, K) C-contiguous, P2 == S2 >=
     2; partial (jobs, 1, 9, K) C-contiguous; zero: S2 * K zeros, the rows above and below
-    x (multiplied, as the reference's padding). Jobs [first_job, last_job) run. The callers
+    x (multiplied, as the reference's padding); scratch (jobs, 9 * lanes); ``head``: where
+    pixels start ``head`` channels before a cache line (x and dy alike, a vector a line), 0
+    elsewhere (:func:`_same3_weight_rows`). Jobs [first_job, last_job) run. The callers
     check the geometry (:func:`._direct._same_weight_rows`).
     """
     _, src_depth, src_height, src_width, kk = src.shape
     out_depth, out_height = out[0], out[1]
     blocks = (out_height + rows - 1) // rows
     first_whole, narrow_tail = first_whole_tail
+    row_values = src_width * kk
+    blocked = four and stride[1] == 1 and dil[1] == 1
     for i in prange(last_job - first_job):
         job = first_job + i
         blk = job % blocks
@@ -512,30 +522,87 @@ def _cl_same3_weight(src, dy3, partial, zero, out, before, stride, dil, lanes,
         o0 = rest % out_depth
         n = rest // out_depth
         plane = (n * src_depth + o0) * src_height
-        sums = job * 9 * kk
         for t in range(9):
             for k in range(kk):
                 partial[job, 0, t, k] = 0
-        for p1 in range(blk * rows, min(blk * rows + rows, out_height)):
-            ra, rb, rc = _same_source_rows(plane, p1 * stride[1] - before[1], dil[1],
-                                           src_height, src_width * kk)
-            drow = ((n * out_depth + o0) * out_height + p1) * src_width * kk
-            for k0 in range(first_whole, kk - narrow_tail, lanes):
-                pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
-                grad3_same(pa, pb, pc, kk, _at(dy3, drow + k0), kk, _at(partial, sums + k0),
-                           kk, src_width)
-            for piece in range(narrow.shape[0]):
-                k0, width = narrow[piece, 0], narrow[piece, 1]
-                pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
-                pd, ps = _at(dy3, drow + k0), _at(partial, sums + k0)
-                if width == 8:
-                    grad3_same8(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
-                elif width == 4:
-                    grad3_same4(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
-                elif width == 2:
-                    grad3_same2(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
-                else:
-                    grad3_same1(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+        p1 = blk * rows
+        end = min(blk * rows + rows, out_height)
+        while p1 < end:
+            a = p1 * stride[1] - before[1]         # the source row of tap row 0
+            drow = ((n * out_depth + o0) * out_height + p1) * row_values
+            if blocked and a >= 0 and p1 + 4 <= end and a + 6 <= src_height:
+                _same3_weight_rows(src, dy3, partial, scratch, job, (plane + a) * row_values,
+                                   drow, row_values, src_width, lanes, head)
+                p1 += 4
+                continue
+            _same3_weight_row(src, dy3, partial, zero, job, plane, a, dil[1], drow, lanes,
+                              first_whole, narrow_tail, narrow)
+            p1 += 1
+
+
+@serial_jit
+def _same3_weight_row(src, dy3, partial, zero, job, plane, a, step, drow, lanes, first_whole,
+                      narrow_tail, narrow):
+    """partial[job] += the weight gradient of one output row, dy's at flat offset ``drow``,
+    its tap rows a, a + step, a + 2 * step of the plane from row ``plane`` (rows outside x
+    read from ``zero``), by :func:`._sliding.grad3_same` and its narrower kinds (see
+    :func:`_cl_same3_weight`)."""
+    _, _, src_height, src_width, kk = src.shape
+    ra, rb, rc = _same_source_rows(plane, a, step, src_height, src_width * kk)
+    sums = job * 9 * kk
+    for k0 in range(first_whole, kk - narrow_tail, lanes):
+        pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
+        grad3_same(pa, pb, pc, kk, _at(dy3, drow + k0), kk, _at(partial, sums + k0), kk,
+                   src_width)
+    for piece in range(narrow.shape[0]):
+        k0, width = narrow[piece, 0], narrow[piece, 1]
+        pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
+        pd, ps = _at(dy3, drow + k0), _at(partial, sums + k0)
+        if width == 8:
+            grad3_same8(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+        elif width == 4:
+            grad3_same4(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+        elif width == 2:
+            grad3_same2(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+        else:
+            grad3_same1(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+
+
+@serial_jit
+def _same3_weight_rows(src, dy3, partial, scratch, job, srow, drow, row_values, width, lanes,
+                       head):
+    """partial[job] += the weight gradient of 4 adjacent output rows, dy's first at flat
+    offset ``drow``, their first tap row at ``srow`` in src, by
+    :func:`._sliding.grad3_rows4x2` (:func:`._sliding.grad3_rows4x1` for a last odd
+    vector): vectors of channels from ``head`` on, on whole cache lines. With ``head`` > 0
+    (pixels start that many channels before a line), the last channels of each pixel and
+    the first ``head`` of the next share a line: one wrapping walk takes them together, its
+    sums gathered from partial into ``scratch[job]`` and put back (each lane adds what a
+    walk of its channel alone would).
+    """
+    kk = src.shape[4]
+    stop = kk - lanes + head if head else kk
+    k0 = head
+    while k0 < stop or (head and k0 == stop):
+        wrap = k0 == stop
+        units = 2 if k0 + 2 * lanes <= stop else 1
+        if wrap:
+            for t in range(9):
+                for lane in range(lanes):
+                    scratch[job, t * lanes + lane] = partial[job, 0, t, (k0 + lane) % kk]
+            pacc, at, split = _at(scratch, job * 9 * lanes), lanes, lanes - head
+        else:
+            pacc, at, split = _at(partial, job * 9 * kk + k0), kk, lanes
+        px, pd = _at(src, srow + k0), _at(dy3, drow + k0)
+        if units == 2:
+            grad3_rows4x2(px, row_values, kk, pd, row_values, kk, pacc, at, width, split)
+        else:
+            grad3_rows4x1(px, row_values, kk, pd, row_values, kk, pacc, at, width, split)
+        if wrap:
+            for t in range(9):
+                for lane in range(lanes):
+                    partial[job, 0, t, (k0 + lane) % kk] = scratch[job, t * lanes + lane]
+        k0 += units * lanes
 
 
 @parallel_jit

@@ -530,3 +530,8 @@ IN_PLACE_DW_UP_TO = 2**18
 #: Channels-first depthwise ``same`` 3x3 weight gradients take the column strips of
 #: :func:`._direct_cf_plane._cf_same3_weight` on rows of at least this many pixels.
 SAME_WEIGHT_MIN_WIDTH = 8
+
+#: Channels-last depthwise ``same`` 3x3 weight gradients walk 4 output rows at a time
+#: (:func:`._direct_cl._same3_weight_rows`) on rows of at least this many pixels: on shorter
+#: rows the masked walk ends and the wrapped vector cost more than the lines they save.
+SAME_WEIGHT_ROWS_MIN_WIDTH = 24

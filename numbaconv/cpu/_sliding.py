@@ -13,7 +13,9 @@ whole row instead, the nine weights staying in registers:
 - :func:`grad3_row` (the weight gradient): the nine tap sums of one vector of channels are
   carried through the row, each output pixel's dy times its nine window values;
   :func:`grad3_same` on rows of ``same`` padding read where they lie, each source pixel
-  loaded once for the three taps that read it (:func:`._direct_cl._cl_same3_weight`).
+  loaded once for the three taps that read it (:func:`._direct_cl._cl_same3_weight`);
+  ``grad3_rows4x2`` and ``grad3_rows4x1`` walk 4 such rows at once, each source pixel
+  fetched once for the rows that read it, on whole cache lines wherever the pixels start.
 - ``conv3_same1`` .. ``conv3_same8``: :func:`conv3_row` on rows of ``same`` padding read
   where they lie (the padding pixels are left out, not read), 1 to 8 vectors of channels
   side by side (:data:`SAME_ROW_BYTES`), for :func:`._direct_cl._cl_same3`;
@@ -50,7 +52,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._microkernel import _llvm_float, vector_lanes
+from ._microkernel import _emit_prefetch, _llvm_float, vector_lanes
 
 #: Bytes per cache line: row buffers get a pitch of an odd number of them, and a vector
 #: load that crosses one costs two (see :func:`channel_pieces`).
@@ -112,6 +114,18 @@ def channel_pieces(offset: int, channels: int, dtype) -> tuple:
     if walks > PIECES_PER_VECTOR * (channels // lanes):
         return plain
     return (head, tail), np.array(narrow, np.int64)
+
+
+def line_head(offset: int, channels: int, dtype) -> int:
+    """Channels of each pixel before its first cache line where its ``channels`` values start
+    ``offset`` bytes past one (every pixel alike) and a :func:`row_lanes` vector fills a
+    line: there the weight-gradient rows (:func:`_emit_grad3_rows`) walk vectors on whole
+    lines, the last one wrapping into the next pixel. 0 where the pixels start on a line or
+    the vectors are not a line wide (``channels`` a multiple of the row lanes)."""
+    itemsize = np.dtype(dtype).itemsize
+    if row_lanes(dtype) * itemsize != LINE or offset % itemsize or channels * itemsize % LINE:
+        return 0
+    return (LINE - offset) % LINE // itemsize
 
 
 def empty_at(offset: int, shape: tuple, dtype) -> np.ndarray:
@@ -409,6 +423,173 @@ def _emit_grad3_same(e, rows, ps, pdy, dps, pacc, at, npx):
         e.store(acc[t], pacc, e.const(t), at)
 
 
+def _emit_grad3_rows(e, px, rs, ps, pdy, drs, dps, pacc, at, npx, split, rows, units):
+    """acc[3i + m] += sum over output rows j < ``rows`` and pixels q < npx of dy_j[q] *
+    src_{j+i}[q + m - 1]: the depthwise 3x3 weight gradient of ``rows`` adjacent output rows
+    (``same`` padding along them, stride and dilation 1 across them), ``units`` vectors of
+    channels side by side, read where they lie. Each source row's pixels come to L1 once for
+    the ``rows`` outputs that read them (:func:`_emit_grad3_same` fetches each three times).
+
+    ``grad3_rows*(px, rs, ps, pdy, drs, dps, pacc, at, npx, split)``: source row 0 (the row
+    of the first output's tap row 0) at pixel 0, ``rows + 2`` rows ``rs`` elements apart,
+    pixels ``ps`` apart; dy's rows from ``pdy``, ``drs`` apart, pixels ``dps`` apart;
+    ``pacc``: tap 0's sums, taps ``at`` apart (loaded, added to, stored); npx >= 1.
+
+    ``split`` < lanes makes the walk wrap a pixel (one unit): lanes from ``split`` on are
+    the next pixel's (a vector on a whole cache line that starts ``split`` lanes before a
+    pixel's end), so that rows whose pixels do not start on a line are still read a line a
+    vector; the walk then starts a pixel early. Lanes whose output pixel lies outside the
+    row are left as they are and taps on the padding multiply zeros, masked loads touching
+    only the row's pixels: each lane adds what a plain walk of its channel adds, in the same
+    order (the bits do not depend on where the arrays lie).
+
+    Each step also prefetches, into L2, the same pixel's lines of the next call's new rows
+    (source rows ``rows + 2`` .. ``2 * rows + 1``, dy's ``rows`` .. ``2 * rows - 1``): the
+    rows arrive while these are summed, as the strided walk alone does not bring them.
+    """
+    builder = e.builder
+    lanes = e.lanes
+    mask_type = ir.VectorType(ir.IntType(1), lanes)
+    lane_ints = ir.VectorType(e.i64, lanes)
+    masked_load = cgutils.get_or_insert_function(
+        builder.module,
+        ir.FunctionType(e.vec, [e.vec.as_pointer(), ir.IntType(32), mask_type, e.vec]),
+        f"llvm.masked.load.v{lanes}{'f32' if isinstance(e.vec.element, ir.FloatType) else 'f64'}"
+        ".p0")
+    zero = ir.Constant(e.vec, None)
+
+    def splat(value):
+        return _splat(builder, value, lane_ints)
+
+    def offset(pointer, index, stride):
+        return builder.gep(pointer, [builder.mul(e.const(index), stride)]) if index else pointer
+
+    sources = [offset(px, r, rs) for r in range(rows + 2)]
+    grads = [offset(pdy, j, drs) for j in range(rows)]
+    ahead_rows = ([offset(px, r, rs) for r in range(rows + 2, 2 * rows + 2)]
+                  + [offset(pdy, j, drs) for j in range(rows, 2 * rows)])
+    units_at = [e.const(v * lanes) for v in range(units)]
+
+    def unit(pointer, v):
+        return builder.gep(pointer, [units_at[v]]) if v else pointer
+
+    # Lane l's pixel is q + ahead[l]: 1 for the lanes from split on (the wrap's next pixel).
+    iota = ir.Constant(lane_ints, [ir.Constant(e.i64, lane) for lane in range(lanes)])
+    ahead = builder.zext(builder.icmp_signed(">=", iota, splat(split)), lane_ints)
+    wraps = builder.zext(builder.icmp_signed("<", split, e.const(lanes)), e.i64)
+    count = splat(npx)
+    nil = splat(e.const(0))
+
+    def inside(pixels):
+        return builder.and_(builder.icmp_signed(">=", pixels, nil),
+                            builder.icmp_signed("<", pixels, count))
+
+    def step(q, acc, masked):
+        if masked:
+            pixel = builder.add(splat(q), ahead)
+            live = inside(pixel)
+            reads = [builder.and_(live, inside(builder.add(pixel, splat(e.const(m - 1)))))
+                     for m in range(3)]
+
+        def load(pointer, index, stride, mask):
+            if not masked:
+                return e.load(pointer, index, stride)
+            return builder.call(masked_load, [e.at(pointer, index, stride),
+                                              ir.Constant(ir.IntType(32), 1), mask, zero])
+
+        new = list(acc)
+        if not masked:      # the next call's new rows, a line a unit
+            for v in range(units):
+                for pointer in ahead_rows:
+                    _emit_prefetch(builder, e.at(unit(pointer, v), q, ps), 2)
+        for v in range(units):
+            cols = [[load(unit(sources[r], v), builder.add(q, e.const(m - 1)), ps,
+                          reads[m] if masked else None) for m in range(3)]
+                    for r in range(rows + 2)]
+            for j in range(rows):
+                g = load(unit(grads[j], v), q, dps, live if masked else None)
+                for i in range(3):
+                    for m in range(3):
+                        t = 9 * v + 3 * i + m
+                        new[t] = e.madd(g, cols[j + i][m], new[t])
+        if masked:      # lanes whose output pixel is outside the row keep their sums
+            new = [builder.select(live, a, b) for a, b in zip(new, acc)]
+        return new
+
+    def walk(name, first, last, acc, masked):
+        """acc after steps q = first .. last - 1 (none where first >= last)."""
+        entry = builder.block
+        loop = builder.append_basic_block(f"{name}.loop")
+        done = builder.append_basic_block(f"{name}.done")
+        builder.cbranch(builder.icmp_signed("<", first, last), loop, done)
+        builder.position_at_end(loop)
+        q = builder.phi(e.i64)
+        sums = [builder.phi(e.vec) for _ in acc]
+        updated = step(q, sums, masked)
+        q_next = builder.add(q, e.const(1))
+        q.add_incoming(first, entry)
+        q.add_incoming(q_next, builder.block)
+        e.carry(sums, acc, updated, entry, builder.block)
+        builder.cbranch(builder.icmp_signed("<", q_next, last), loop, done)
+        tail = builder.block
+        builder.position_at_end(done)
+        return e.merged(acc, updated, entry, tail)
+
+    acc = [e.load(unit(pacc, v), e.const(t), at) for v in range(units) for t in range(9)]
+    one = e.const(1)
+    # Pixels whose taps all lie in the row for every lane: q in [1, npx - 1 - wraps).
+    inner = builder.sub(builder.sub(npx, one), wraps)
+    head_end = _smin(builder, one, npx)
+    tail_start = _smax(builder, one, inner)
+    acc = walk("grad3r.head", builder.neg(wraps), head_end, acc, True)
+    acc = walk("grad3r.body", one, inner, acc, False)
+    acc = walk("grad3r.tail", tail_start, npx, acc, True)
+    for v in range(units):
+        for t in range(9):
+            e.store(acc[9 * v + t], unit(pacc, v), e.const(t), at)
+
+
+def _splat(builder, value, vector_type):
+    """``value`` in every lane of ``vector_type``."""
+    undef = ir.Constant(vector_type, ir.Undefined)
+    first = builder.insert_element(undef, value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(first, undef,
+                                  ir.Constant(ir.VectorType(ir.IntType(32), vector_type.count),
+                                              [0] * vector_type.count))
+
+
+def _smin(builder, a, b):
+    return builder.select(builder.icmp_signed("<", a, b), a, b)
+
+
+def _smax(builder, a, b):
+    return builder.select(builder.icmp_signed(">", a, b), a, b)
+
+
+def _rows_kernel(rows, units):
+    """An intrinsic ``kernel(px, rs, ps, pdy, drs, dps, pacc, at, npx, split)``: the
+    weight gradient of ``rows`` output rows, ``units`` vectors of channels
+    (:func:`_emit_grad3_rows`)."""
+
+    @intrinsic
+    def kernel(typingctx, px, rs, ps, pdy, drs, dps, pacc, at, npx, split):
+        if not (isinstance(px, types.CPointer) and px.dtype in (types.float32, types.float64)):
+            return None
+        dtype = np.dtype(str(px.dtype))
+
+        def codegen(context, builder, signature, args):
+            px, rs, ps, pdy, drs, dps, pacc, at, npx, split = args
+            e = _Emitter(builder, dtype)
+            _emit_grad3_rows(e, px, e.wide(rs), e.wide(ps), pdy, e.wide(drs), e.wide(dps),
+                             pacc, e.wide(at), e.wide(npx), e.wide(split), rows, units)
+            return context.get_dummy_value()
+
+        return types.void(px, rs, ps, pdy, drs, dps, pacc, at, npx, split), codegen
+
+    kernel.__doc__ = _emit_grad3_rows.__doc__
+    return kernel
+
+
 #: The forward-form row (see :func:`_emit_conv3`).
 conv3_row = _row_kernel(_emit_conv3)
 #: Forward-form rows of ``same`` padding, read and written where they lie, 1, 2, 4 or 8
@@ -431,6 +612,9 @@ grad3_same = _row_kernel(_emit_grad3_same)
 #: (:func:`channel_pieces`).
 grad3_same8, grad3_same4, grad3_same2, grad3_same1 = (
     _row_kernel(_emit_grad3_same, lanes) for lanes in (8, 4, 2, 1))
+#: The weight gradient of 4 output rows on 2 vectors of channels and on 1 (see
+#: :func:`_emit_grad3_rows`).
+grad3_rows4x2, grad3_rows4x1 = (_rows_kernel(4, units) for units in (2, 1))
 #: The weight-gradient row on vectors of 16, 8, 4, 2 and 1 lanes (any dtype), whatever the
 #: CPU's width: the channels-first planes' column strips narrow down to the row's end
 #: (:func:`._direct_cf_plane._cf_same3_weight`).
