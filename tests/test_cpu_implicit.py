@@ -281,6 +281,25 @@ def test_images_transpose_by_blocks_moves_every_value_once(images, rows, columns
     assert np.array_equal(dst, want)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_transpose_moves_every_value_once_with_edge_blocks(dtype):
+    """_microkernel._transpose between strided rows: whole vector-wide blocks, then 8- and
+    4-wide blocks for the columns past them (where the lanes are wider), then single values;
+    rows not a multiple of the lanes; nothing outside the destination's rows is written."""
+    from numbaconv.cpu._microkernel import _transpose, vector_lanes
+    lanes = vector_lanes(dtype)
+    for rows in (lanes, 2 * lanes, lanes + 3, 5):
+        for columns in (1, 4, 7, 8, 12, 13, lanes + 8, lanes + 15, 3 * lanes + 8):
+            lds, ldd = columns + 5, rows + 3
+            src = np.arange(3 + rows * lds, dtype=dtype)
+            dst = np.full(2 + columns * ldd, np.nan, dtype)
+            _transpose(src, 3, lds, dst, 2, ldd, rows, columns, lanes)
+            want = np.full_like(dst, np.nan)
+            view = want[2:].reshape(columns, ldd)
+            view[:, :rows] = src[3:].reshape(rows, lds)[:, :columns].T
+            assert np.array_equal(dst, want, equal_nan=True), (rows, columns)
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("dims", [(1, 1, 3, 1, 9, 12, 3, 4, 7), (3, 3, 3, 3, 5, 8, 5, 6, 70),
                                   (8, 3, 3, 1, 48, 48, 16, 2, 129),

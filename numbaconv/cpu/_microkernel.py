@@ -461,42 +461,55 @@ def stream_block(ap, a0, astep, rows, b, b0, ldb, kc, width, out, o0, ldo, add, 
                             out[at + j] = tmp[i * nr + j]
 
 
-@intrinsic
-def _transpose_tile(typingctx, src, lds, dst, ldd):
-    """dst[j * ldd + i] = src[i * lds + j] for i, j < L, the vector lanes: L rows of L
-    values loaded as vectors, transposed in registers by log2(L) rounds of interleaving
-    (round: w[2i], w[2i + 1] = the low and high halves of v[i] and v[i + L/2] interleaved),
-    stored as L vectors. ``src`` and ``dst`` are pointers (:func:`_at`)."""
-    if not (isinstance(src, types.CPointer) and src.dtype in (types.float32, types.float64)):
-        return None
-    dtype = np.dtype(str(src.dtype))
-    lanes = vector_lanes(dtype)
-    sig = types.void(src, lds, dst, ldd)
+def _square_transpose(width=None):
+    """An intrinsic ``(src, lds, dst, ldd)``: dst[j * ldd + i] = src[i * lds + j] for i, j <
+    L, L = ``width`` (a power of two; by default the vector lanes): L rows of L values loaded
+    as vectors, transposed in registers by log2(L) rounds of interleaving (round: w[2i],
+    w[2i + 1] = the low and high halves of v[i] and v[i + L/2] interleaved), stored as L
+    vectors. ``src`` and ``dst`` are pointers (:func:`_at`)."""
 
-    def codegen(context, builder, signature, args):
-        src, lds, dst, ldd = args
-        i64 = ir.IntType(64)
-        vec = ir.VectorType(_llvm_float(dtype), lanes)
-        lds, ldd = (builder.sext(v, i64) if v.type.width < 64 else v for v in (lds, ldd))
-        rows = [builder.load(builder.bitcast(builder.gep(src, [builder.mul(ir.Constant(
-            i64, i), lds)]), vec.as_pointer()), align=1) for i in range(lanes)]
-        half = lanes // 2
-        mask_lo = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
-                              [m // 2 + (lanes if m % 2 else 0) for m in range(lanes)])
-        mask_hi = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
-                              [half + m // 2 + (lanes if m % 2 else 0) for m in range(lanes)])
-        for _ in range(lanes.bit_length() - 1):
-            mixed = []
-            for i in range(half):
-                mixed.append(builder.shuffle_vector(rows[i], rows[i + half], mask_lo))
-                mixed.append(builder.shuffle_vector(rows[i], rows[i + half], mask_hi))
-            rows = mixed
-        for j in range(lanes):
-            where = builder.gep(dst, [builder.mul(ir.Constant(i64, j), ldd)])
-            builder.store(rows[j], builder.bitcast(where, vec.as_pointer()), align=1)
-        return context.get_dummy_value()
+    @intrinsic
+    def tile(typingctx, src, lds, dst, ldd):
+        if not (isinstance(src, types.CPointer) and src.dtype in (types.float32,
+                                                                  types.float64)):
+            return None
+        dtype = np.dtype(str(src.dtype))
+        lanes = width or vector_lanes(dtype)
+        sig = types.void(src, lds, dst, ldd)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            src, lds, dst, ldd = args
+            i64 = ir.IntType(64)
+            vec = ir.VectorType(_llvm_float(dtype), lanes)
+            lds, ldd = (builder.sext(v, i64) if v.type.width < 64 else v for v in (lds, ldd))
+            rows = [builder.load(builder.bitcast(builder.gep(src, [builder.mul(ir.Constant(
+                i64, i), lds)]), vec.as_pointer()), align=1) for i in range(lanes)]
+            half = lanes // 2
+            mask_lo = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                  [m // 2 + (lanes if m % 2 else 0) for m in range(lanes)])
+            mask_hi = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                  [half + m // 2 + (lanes if m % 2 else 0)
+                                   for m in range(lanes)])
+            for _ in range(lanes.bit_length() - 1):
+                mixed = []
+                for i in range(half):
+                    mixed.append(builder.shuffle_vector(rows[i], rows[i + half], mask_lo))
+                    mixed.append(builder.shuffle_vector(rows[i], rows[i + half], mask_hi))
+                rows = mixed
+            for j in range(lanes):
+                where = builder.gep(dst, [builder.mul(ir.Constant(i64, j), ldd)])
+                builder.store(rows[j], builder.bitcast(where, vec.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+#: The vector-wide square transpose, and 8- and 4-wide ones for the edges of a transpose
+#: (:func:`_transpose`).
+_transpose_tile = _square_transpose()
+_transpose_tile8, _transpose_tile4 = _square_transpose(8), _square_transpose(4)
 
 
 def _lines_intrinsic(write: bool):
@@ -1317,15 +1330,28 @@ def _panels_product(panels, b, c, start, stop, mr, nr, kc_block):
 @serial_jit
 def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
     """dst[d0 + j * ldd + i] = src[s0 + i * lds + j] for i < rows, j < columns: whole
-    lanes x lanes blocks in registers (_transpose_tile), the edges value by value (a plain
-    loop ran at 1.25 ns a value, 1 ms per stem image of dy)."""
+    lanes x lanes blocks in registers (_transpose_tile), the columns past them in 8 x 8 and
+    4 x 4 blocks where the lanes are wider, the rest value by value (a plain loop ran at
+    1.25 ns a value, 1 ms per stem image of dy; rows of 56 pixels spent half their time on
+    the last 8 so)."""
     whole_rows, whole_columns = rows - rows % lanes, columns - columns % lanes
     for i0 in range(0, whole_rows, lanes):
         for j0 in range(0, whole_columns, lanes):
             _transpose_tile(_at(src, s0 + i0 * lds + j0), lds, _at(dst, d0 + j0 * ldd + i0),
                             ldd)
+        j0 = whole_columns
+        if lanes > 8 and columns - j0 >= 8:
+            for i in range(i0, i0 + lanes, 8):
+                _transpose_tile8(_at(src, s0 + i * lds + j0), lds, _at(dst, d0 + j0 * ldd + i),
+                                 ldd)
+            j0 += 8
+        if lanes > 4 and columns - j0 >= 4:
+            for i in range(i0, i0 + lanes, 4):
+                _transpose_tile4(_at(src, s0 + i * lds + j0), lds, _at(dst, d0 + j0 * ldd + i),
+                                 ldd)
+            j0 += 4
         for i in range(i0, i0 + lanes):
-            for j in range(whole_columns, columns):
+            for j in range(j0, columns):
                 dst[d0 + j * ldd + i] = src[s0 + i * lds + j]
     for i in range(whole_rows, rows):
         for j in range(columns):
