@@ -372,8 +372,10 @@ def _weight_partials(x, dy, parts, overrun, xs, ys, first_tile, last_tile, n_ima
         if first_tile == 0:
             part[...] = 0
         # The padded rows, then padded_length spare values that the last window's padded
-        # run reads past them (those columns only reach the discarded rows of part).
-        window = np.zeros(r[0] * plane_values + padded_length, x.dtype)
+        # run reads past them (those columns only reach the discarded rows of part). Each
+        # tile writes every row its products read (_copy_window): only the spare is zeroed.
+        window = np.empty(r[0] * plane_values + padded_length, x.dtype)
+        window[r[0] * plane_values:] = 0
         grads = np.zeros(rows * p[2] * padded_k if copy_dy else 1, x.dtype)
         start = first_tile + (slot - first_tile % slots + slots) % slots
         for t in range(start, min(last_tile, planes * per_plane), slots):
