@@ -338,7 +338,8 @@ def test_four_row_weight_kernels_match_numpy(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_four_row_weight_gradient_is_the_same_wherever_the_rows_start(dtype, monkeypatch):
-    """Rows of at least SAME_WEIGHT_ROWS_MIN_WIDTH pixels take 4 output rows a walk
+    """Rows of at least SAME_WEIGHT_ROWS_MIN_WIDTH pixels (of operands of at least
+    SAME_WEIGHT_ROWS_MIN_BYTES) take 4 output rows a walk
     (_direct_cl._same3_weight_rows), on whole cache lines with a wrapping vector where x
     and dy start past a line alike: the reference's dw (to rounding), bitwise the same at
     every start, and a non-finite dy at a row's first and last pixel (in a row walked 4 at
@@ -346,6 +347,7 @@ def test_four_row_weight_gradient_is_the_same_wherever_the_rows_start(dtype, mon
     from numbaconv.cpu import _heuristics
     from numbaconv.cpu._sliding import LINE, row_lanes
     monkeypatch.setattr(_heuristics, "SAME_WEIGHT_ROWS_MIN_WIDTH", 3)
+    monkeypatch.setattr(_heuristics, "SAME_WEIGHT_ROWS_MIN_BYTES", 0)
     itemsize = np.dtype(dtype).itemsize
     channels = 3 * row_lanes(dtype)             # a pair of vectors, one alone, the wrap
     kw = dict(padding=1, groups=channels, layout="channels_last")

@@ -197,15 +197,18 @@ def weight_gradient(g, x, dy) -> np.ndarray:
         if _same_weight_rows(g, form, x5, dy):           # one pass (cg = 1), 9 taps
             # Vectors on whole cache lines where x's and dy's pixels start alike (and fall
             # in few L1 sets), the partial sums' too (allocated as far past a line).
+            # Rows walked 4 at a time (where the operands are large) go on whole lines
+            # wherever the pixels start: ``head`` channels before the first.
             offset = _line_offset(x, dy)
             whole, narrow = channel_pieces(offset, g.k, dy.dtype)
-            head = line_head(offset, g.k, dy.dtype)
+            four = (g.p[2] >= _heuristics.SAME_WEIGHT_ROWS_MIN_WIDTH
+                    and x.nbytes + dy.nbytes >= _heuristics.SAME_WEIGHT_ROWS_MIN_BYTES)
+            head = line_head(offset, g.k, dy.dtype) if four else 0
             partial = (empty_at(offset, shape, dy.dtype) if len(narrow) or head
                        else np.empty(shape, dy.dtype))
             zero = np.zeros(x5.shape[3] * g.k, dy.dtype)
             lanes = row_lanes(dy.dtype)
-            scratch = np.empty((jobs, 9 * lanes), dy.dtype)
-            four = g.p[2] >= _heuristics.SAME_WEIGHT_ROWS_MIN_WIDTH
+            scratch = np.empty((jobs if head else 1, 9 * lanes), dy.dtype)
             for first, last in _pieces(g, jobs):
                 cl._cl_same3_weight(x5, dy3, partial, zero, scratch, out, before, stride, dil,
                                     lanes, head, four, whole, narrow, rows, first, last)

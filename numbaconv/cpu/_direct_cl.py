@@ -497,8 +497,7 @@ def _cl_same3_weight(src, dy3, partial, zero, scratch, out, before, stride, dil,
     :func:`_same3_weight_rows` takes the job's output rows 4 at a time where all their tap
     rows lie in x, each source pixel fetched once for the 4. The other rows (those that read
     the padding above or below x, the job's last few, any row of other strides) go through
-    :func:`_same3_weight_row` (:func:`._sliding.grad3_same`), one vector of channels a
-    call: vectors of ``lanes`` from channel ``first_whole_tail[0]`` to
+    :func:`._sliding.grad3_same`, one vector of channels a call: vectors of ``lanes`` from channel ``first_whole_tail[0]`` to
     ``first_whole_tail[1]`` channels before the last, the ``narrow[i]`` (first channel,
     lanes) around them on narrower vectors (:func:`._sliding.channel_pieces`).
 
@@ -522,50 +521,44 @@ def _cl_same3_weight(src, dy3, partial, zero, scratch, out, before, stride, dil,
         o0 = rest % out_depth
         n = rest // out_depth
         plane = (n * src_depth + o0) * src_height
+        sums = job * 9 * kk
         for t in range(9):
             for k in range(kk):
                 partial[job, 0, t, k] = 0
-        p1 = blk * rows
-        end = min(blk * rows + rows, out_height)
-        while p1 < end:
+        start = blk * rows
+        end = min(start + rows, out_height)
+        # Output rows [b0, b1) go 4 at a time: those whose tap rows all lie in x.
+        b0 = max(start, before[1])
+        b1 = b0 + 4 * max(0, min(end - b0, src_height - 2 + before[1] - b0) // 4)
+        if not blocked:
+            b1 = b0
+        for p1 in range(b0, b1, 4):
+            _same3_weight_rows(src, dy3, partial, scratch, job,
+                               (plane + p1 - before[1]) * row_values,
+                               ((n * out_depth + o0) * out_height + p1) * row_values,
+                               row_values, src_width, lanes, head)
+        for p1 in range(start, end):
+            if b0 <= p1 < b1:
+                continue
             a = p1 * stride[1] - before[1]         # the source row of tap row 0
             drow = ((n * out_depth + o0) * out_height + p1) * row_values
-            if blocked and a >= 0 and p1 + 4 <= end and a + 6 <= src_height:
-                _same3_weight_rows(src, dy3, partial, scratch, job, (plane + a) * row_values,
-                                   drow, row_values, src_width, lanes, head)
-                p1 += 4
-                continue
-            _same3_weight_row(src, dy3, partial, zero, job, plane, a, dil[1], drow, lanes,
-                              first_whole, narrow_tail, narrow)
-            p1 += 1
-
-
-@serial_jit
-def _same3_weight_row(src, dy3, partial, zero, job, plane, a, step, drow, lanes, first_whole,
-                      narrow_tail, narrow):
-    """partial[job] += the weight gradient of one output row, dy's at flat offset ``drow``,
-    its tap rows a, a + step, a + 2 * step of the plane from row ``plane`` (rows outside x
-    read from ``zero``), by :func:`._sliding.grad3_same` and its narrower kinds (see
-    :func:`_cl_same3_weight`)."""
-    _, _, src_height, src_width, kk = src.shape
-    ra, rb, rc = _same_source_rows(plane, a, step, src_height, src_width * kk)
-    sums = job * 9 * kk
-    for k0 in range(first_whole, kk - narrow_tail, lanes):
-        pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
-        grad3_same(pa, pb, pc, kk, _at(dy3, drow + k0), kk, _at(partial, sums + k0), kk,
-                   src_width)
-    for piece in range(narrow.shape[0]):
-        k0, width = narrow[piece, 0], narrow[piece, 1]
-        pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
-        pd, ps = _at(dy3, drow + k0), _at(partial, sums + k0)
-        if width == 8:
-            grad3_same8(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
-        elif width == 4:
-            grad3_same4(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
-        elif width == 2:
-            grad3_same2(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
-        else:
-            grad3_same1(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+            ra, rb, rc = _same_source_rows(plane, a, dil[1], src_height, row_values)
+            for k0 in range(first_whole, kk - narrow_tail, lanes):
+                pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
+                grad3_same(pa, pb, pc, kk, _at(dy3, drow + k0), kk, _at(partial, sums + k0),
+                           kk, src_width)
+            for piece in range(narrow.shape[0]):
+                k0, width = narrow[piece, 0], narrow[piece, 1]
+                pa, pb, pc = _row_pointers(src, zero, ra, rb, rc, k0)
+                pd, ps = _at(dy3, drow + k0), _at(partial, sums + k0)
+                if width == 8:
+                    grad3_same8(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+                elif width == 4:
+                    grad3_same4(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+                elif width == 2:
+                    grad3_same2(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
+                else:
+                    grad3_same1(pa, pb, pc, kk, pd, kk, ps, kk, src_width)
 
 
 @serial_jit

@@ -532,6 +532,9 @@ IN_PLACE_DW_UP_TO = 2**18
 SAME_WEIGHT_MIN_WIDTH = 8
 
 #: Channels-last depthwise ``same`` 3x3 weight gradients walk 4 output rows at a time
-#: (:func:`._direct_cl._same3_weight_rows`) on rows of at least this many pixels: on shorter
-#: rows the masked walk ends and the wrapped vector cost more than the lines they save.
+#: (:func:`._direct_cl._same3_weight_rows`) where x and dy together take at least
+#: SAME_WEIGHT_ROWS_MIN_BYTES and their rows at least SAME_WEIGHT_ROWS_MIN_WIDTH pixels:
+#: operands that stay in cache from call to call run as fast or faster one row at a time
+#: (docs/cpu-algorithms.md).
+SAME_WEIGHT_ROWS_MIN_BYTES = 16 * 2**20
 SAME_WEIGHT_ROWS_MIN_WIDTH = 24
