@@ -281,25 +281,6 @@ def test_images_transpose_by_blocks_moves_every_value_once(images, rows, columns
     assert np.array_equal(dst, want)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_transpose_moves_every_value_once_with_edge_blocks(dtype):
-    """_microkernel._transpose between strided rows: whole vector-wide blocks, then 8- and
-    4-wide blocks for the columns past them (where the lanes are wider), then single values;
-    rows not a multiple of the lanes; nothing outside the destination's rows is written."""
-    from numbaconv.cpu._microkernel import _transpose, vector_lanes
-    lanes = vector_lanes(dtype)
-    for rows in (lanes, 2 * lanes, lanes + 3, 5):
-        for columns in (1, 4, 7, 8, 12, 13, lanes + 8, lanes + 15, 3 * lanes + 8):
-            lds, ldd = columns + 5, rows + 3
-            src = np.arange(3 + rows * lds, dtype=dtype)
-            dst = np.full(2 + columns * ldd, np.nan, dtype)
-            _transpose(src, 3, lds, dst, 2, ldd, rows, columns, lanes)
-            want = np.full_like(dst, np.nan)
-            view = want[2:].reshape(columns, ldd)
-            view[:, :rows] = src[3:].reshape(rows, lds)[:, :columns].T
-            assert np.array_equal(dst, want, equal_nan=True), (rows, columns)
-
-
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("dims", [(1, 1, 3, 1, 9, 12, 3, 4, 7), (3, 3, 3, 3, 5, 8, 5, 6, 70),
                                   (8, 3, 3, 1, 48, 48, 16, 2, 129),
@@ -460,6 +441,9 @@ def test_nan_and_inf_at_the_borders_propagate_like_the_reference(layout):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_the_register_transpose_moves_every_value_once(dtype):
+    """_microkernel._transpose: whole vector-wide blocks, the columns past them in 8- and
+    4-wide blocks (where the lanes are wider) and then one by one, rows past the blocks one
+    by one; nothing outside the destination's block written."""
     import numba
 
     from numbaconv.cpu._implicit import _transpose
@@ -471,7 +455,9 @@ def test_the_register_transpose_moves_every_value_once(dtype):
         _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes)
 
     src = np.arange(70 * 90, dtype=dtype).reshape(70, 90)
-    for rows, columns in ((lanes, lanes), (2 * lanes + 3, lanes + 5), (3, 2 * lanes + 1)):
+    for rows, columns in ((lanes, lanes), (2 * lanes + 3, lanes + 5), (3, 2 * lanes + 1),
+                          (2 * lanes, lanes + 8), (lanes, lanes + 13), (lanes + 3, 12),
+                          (lanes, 4), (2 * lanes, 3 * lanes + 8)):
         dst = np.full((80, 100), -1, dtype)
         transpose(src.reshape(-1), 2 * 90 + 4, 90, dst.reshape(-1), 3 * 100 + 1, 100, rows,
                   columns)
