@@ -21,6 +21,8 @@ WEIGHT_GRADIENTS = (
     ("1x1_cf", (8, 64, 28, 28), (256, 64, 1, 1), 1, "channels_first"),
     ("1x1_cl", (4, 14, 14, 256), (128, 256, 1, 1), 1, "channels_last"),
     ("depthwise_cl", (4, 17, 17, 32), (32, 1, 3, 3), 32, "channels_last"),
+    # 21 MB of x and dy: the four-row walk (_heuristics.SAME_WEIGHT_ROWS_MIN_BYTES).
+    ("depthwise_cl_four_rows", (8, 72, 72, 64), (64, 1, 3, 3), 64, "channels_last"),
     ("grouped", (4, 32, 15, 15), (32, 8, 3, 3), 4, "channels_first"),
 )
 

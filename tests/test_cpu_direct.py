@@ -58,6 +58,8 @@ CASES = [
     ("2d-vector-same-one-row", (2, 16, 1, 5), (3, 3), 1, 1, 1),
     ("2d-vector-same-two-columns", (2, 32, 4, 2), (3, 3), 1, 1, 1),
     ("2d-vector-same-row-stride", (2, 16, 7, 6), (3, 3), 1, (2, 1), 1),
+    # 11 rows: two blocks of the four-row weight walk where a job holds a plane (below).
+    ("2d-vector-same-tall", (2, 32, 11, 6), (3, 3), 1, 1, 1),
     ("3d-vector-same-one-tap-plane", (1, 16, 3, 4, 5), (1, 3, 3), (0, 1, 1), 1, 1),
     # Channels-first, the same geometry walks strips of columns down each plane
     # (_direct._cf_same3): whole vectors here (16 columns), narrower strips at the row's
@@ -110,6 +112,27 @@ def test_depthwise_direct_matches_the_reference(case, dtype, layout):
     assert relative_error(_run("conv_backward_data", p, (dy, w), out), dx_ref + 1) < tol
     p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
     assert relative_error(_run("conv_backward_weight", p, (x, dy)), dw_ref) < tol
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_four_row_weight_walk_matches_the_reference(case, dtype, monkeypatch):
+    """The channels-last weight gradient with the four-row walk taken wherever it applies
+    (both thresholds down, a job a plane so that a job holds 4 rows): every case of the
+    table against the reference."""
+    from numbaconv.cpu import _direct, _heuristics
+    monkeypatch.setattr(_heuristics, "SAME_WEIGHT_ROWS_MIN_BYTES", 0)
+    monkeypatch.setattr(_heuristics, "SAME_WEIGHT_ROWS_MIN_WIDTH", 2)
+    monkeypatch.setattr(_direct, "MIN_JOBS", 1)
+    _, x_shape, kernel, padding, stride, dilation = case[:6]
+    multiplier = case[6] if len(case) > 6 else 1
+    kw = dict(padding=padding, stride=stride, dilation=dilation, groups=x_shape[1])
+    x, w, dy = _arrays(x_shape, kernel, dtype, "channels_last", multiplier=multiplier, **kw)
+    kw["layout"] = "channels_last"
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
+    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
+    assert relative_error(_run("conv_backward_weight", p, (x, dy)), expected) < TOL[dtype]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -414,9 +437,15 @@ def test_depthwise_weight_gradient_is_bitwise_deterministic(layout):
 BOUNDSCHECK = background.boundscheck(
     "direct kernels under NUMBA_BOUNDSCHECK",
     "from test_cpu_direct import CASES, test_depthwise_direct_matches_the_reference\n"
+    "from numbaconv.cpu import _heuristics\n"
     "for c in CASES:\n"
     "    for layout in ('channels_last', 'channels_first'):\n"
-    "        test_depthwise_direct_matches_the_reference(c, 'float64', layout)\n")
+    "        test_depthwise_direct_matches_the_reference(c, 'float64', layout)\n"
+    "from numbaconv.cpu import _direct\n"
+    "_heuristics.SAME_WEIGHT_ROWS_MIN_BYTES, _heuristics.SAME_WEIGHT_ROWS_MIN_WIDTH = 0, 2\n"
+    "_direct.MIN_JOBS = 1                   # a job a plane: the four-row walk's blocks\n"
+    "for c in CASES:\n"
+    "    test_depthwise_direct_matches_the_reference(c, 'float64', 'channels_last')\n")
 
 
 @BOUNDSCHECK.mark
