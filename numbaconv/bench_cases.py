@@ -79,6 +79,10 @@ SHAPES = (
               groups=128, group="depthwise"),
     BenchCase("depthwise3x3_512c_14", (8, 512, 14, 14), (512, 1, 3, 3), padding=1,
               groups=512, group="depthwise"),
+    BenchCase("depthwise3x3_256c_28", (8, 256, 28, 28), (256, 1, 3, 3), padding=1,
+              groups=256, group="depthwise"),
+    BenchCase("depthwise5x5s2_96c_112", (8, 96, 112, 112), (96, 1, 5, 5), stride=2,
+              padding=2, output_padding=1, groups=96, group="depthwise"),
     BenchCase("stem7x7s2_3c_224", (8, 3, 224, 224), (64, 3, 7, 7), stride=2, padding=3,
               output_padding=1, group="stem"),
     # Sequence models (audio, text): a kernel-5 layer and a stride-2 downsampling one.
