@@ -13,8 +13,8 @@ from numba import prange
 from ..config import inline_jit, parallel_jit, serial_jit
 from ._microkernel import _at
 from ._sliding import (conv3_row, conv3_same1, conv3_same2, conv3_same4, conv3_same8, grad3_row,
-                       grad3_rows4x1, grad3_rows4x2, grad3_same,
-                       grad3_same1, grad3_same2, grad3_same4, grad3_same8)
+                       grad3_rows4x1, grad3_rows4x2, grad3_same, grad3_same1, grad3_same2,
+                       grad3_same4, grad3_same8)
 
 #: Row-level helpers of the channels-last kernels are called (``serial_jit``), not inlined:
 #: inlined into _cl_conv's parallel loop they compile far slower and run no faster
@@ -497,9 +497,10 @@ def _cl_same3_weight(src, dy3, partial, zero, scratch, out, before, stride, dil,
     :func:`_same3_weight_rows` takes the job's output rows 4 at a time where all their tap
     rows lie in x, each source pixel fetched once for the 4. The other rows (those that read
     the padding above or below x, the job's last few, any row of other strides) go through
-    :func:`._sliding.grad3_same`, one vector of channels a call: vectors of ``lanes`` from channel ``first_whole_tail[0]`` to
-    ``first_whole_tail[1]`` channels before the last, the ``narrow[i]`` (first channel,
-    lanes) around them on narrower vectors (:func:`._sliding.channel_pieces`).
+    :func:`._sliding.grad3_same`, one vector of channels a call: vectors of ``lanes`` from
+    channel ``first_whole_tail[0]`` to ``first_whole_tail[1]`` channels before the last, the
+    ``narrow[i]`` (first channel, lanes) around them on narrower vectors
+    (:func:`._sliding.channel_pieces`).
 
     src (N, S0, S1, S2, K) C-contiguous; dy3 (N * P0 * P1, P2, K) C-contiguous, P2 == S2 >=
     2; partial (jobs, 1, 9, K) C-contiguous; zero: S2 * K zeros, the rows above and below
