@@ -81,6 +81,15 @@ def _arrays(x_shape, kernel, dtype, layout, seed=0, multiplier=1, **kw):
     return x, w, dy
 
 
+def _placed(a, offset):
+    """A copy of ``a`` whose first element lies ``offset`` bytes past a cache line."""
+    from numbaconv.cpu._sliding import LINE, empty_at
+    b = empty_at(offset, a.shape, a.dtype)
+    b[...] = a
+    assert b.ctypes.data % LINE == offset
+    return b
+
+
 def _run(op, problem, operands, out=None):
     return dispatch.get_backend("cpu").run(op, problem, operands, out, "direct")
 
@@ -300,18 +309,10 @@ def test_same_rows_weight_gradient_is_the_same_wherever_the_rows_start(dtype):
         expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
     p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
 
-    def placed(a, offset):
-        spare = np.empty(a.size + 2 * LINE // itemsize, a.dtype)
-        skip = (offset - spare.ctypes.data) % LINE // itemsize
-        b = spare[skip:skip + a.size].reshape(a.shape)
-        b[...] = a
-        assert b.ctypes.data % LINE == offset
-        return b
-
-    on_line = _run("conv_backward_weight", p, (placed(x, 0), placed(dy, 0)))
+    on_line = _run("conv_backward_weight", p, (_placed(x, 0), _placed(dy, 0)))
     assert relative_error(on_line, expected) < TOL[dtype]
     for x_offset, dy_offset in [(o, o) for o in range(itemsize, LINE, itemsize)] + [(16, 48)]:
-        dw = _run("conv_backward_weight", p, (placed(x, x_offset), placed(dy, dy_offset)))
+        dw = _run("conv_backward_weight", p, (_placed(x, x_offset), _placed(dy, dy_offset)))
         assert np.array_equal(dw, on_line), (x_offset, dy_offset)
 
 
@@ -380,23 +381,16 @@ def test_four_row_weight_gradient_is_the_same_wherever_the_rows_start(dtype, mon
         expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
     p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
 
-    def placed(a, offset):
-        spare = np.empty(a.size + 2 * LINE // itemsize, a.dtype)
-        skip = (offset - spare.ctypes.data) % LINE // itemsize
-        b = spare[skip:skip + a.size].reshape(a.shape)
-        b[...] = a
-        return b
-
-    on_line = _run("conv_backward_weight", p, (placed(x, 0), placed(dy, 0)))
+    on_line = _run("conv_backward_weight", p, (_placed(x, 0), _placed(dy, 0)))
     assert relative_error(on_line, expected) < TOL[dtype]
     for x_offset, dy_offset in [(o, o) for o in range(itemsize, LINE, itemsize)] + [(16, 48)]:
-        dw = _run("conv_backward_weight", p, (placed(x, x_offset), placed(dy, dy_offset)))
+        dw = _run("conv_backward_weight", p, (_placed(x, x_offset), _placed(dy, dy_offset)))
         assert np.array_equal(dw, on_line), (x_offset, dy_offset)
     dy[0, 2, 0, 1], dy[3, 7, -1, channels - 1] = np.inf, -np.inf
     with nc.use_backend("reference"), np.errstate(invalid="ignore"):
         expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
     for offset in (0, 16):
-        dw = _run("conv_backward_weight", p, (placed(x, offset), placed(dy, offset)))
+        dw = _run("conv_backward_weight", p, (_placed(x, offset), _placed(dy, offset)))
         if dtype == "float64":
             assert_non_finite_like(dw, expected, "dw")
         else:                                   # float32 rounds past assert_non_finite_like's
