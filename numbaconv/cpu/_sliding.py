@@ -190,9 +190,10 @@ class _Emitter:
         self.lanes = lanes or row_lanes(dtype)
         self.i64 = ir.IntType(64)
         self.vec = ir.VectorType(_llvm_float(dtype), self.lanes)
+        #: The vector type's name in LLVM intrinsics' names (``v16f32``).
+        self.kind = f"v{self.lanes}{'f32' if np.dtype(dtype) == np.float32 else 'f64'}"
         self.fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(self.vec, [self.vec] * 3),
-            f"llvm.fma.v{self.lanes}{'f32' if np.dtype(dtype) == np.float32 else 'f64'}")
+            builder.module, ir.FunctionType(self.vec, [self.vec] * 3), f"llvm.fma.{self.kind}")
 
     def const(self, value):
         return ir.Constant(self.i64, value)
@@ -454,8 +455,7 @@ def _emit_grad3_rows(e, px, rs, ps, pdy, drs, dps, pacc, at, npx, split, rows, u
     masked_load = cgutils.get_or_insert_function(
         builder.module,
         ir.FunctionType(e.vec, [e.vec.as_pointer(), ir.IntType(32), mask_type, e.vec]),
-        f"llvm.masked.load.v{lanes}{'f32' if isinstance(e.vec.element, ir.FloatType) else 'f64'}"
-        ".p0")
+        f"llvm.masked.load.{e.kind}.p0")
     zero = ir.Constant(e.vec, None)
 
     def splat(value):
