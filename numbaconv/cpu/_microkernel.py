@@ -1332,8 +1332,8 @@ def _transpose(src, s0, lds, dst, d0, ldd, rows, columns, lanes):
     """dst[d0 + j * ldd + i] = src[s0 + i * lds + j] for i < rows, j < columns: whole
     lanes x lanes blocks in registers (_transpose_tile), the columns past them in 8 x 8 and
     4 x 4 blocks where the lanes are wider, the rest value by value (a plain loop ran at
-    1.25 ns a value, 1 ms per stem image of dy; rows of 56 pixels spent half their time on
-    the last 8 so)."""
+    1.25 ns a value, 1 ms per stem image of dy; the edge blocks: docs/cpu-algorithms.md, the
+    `implicit` weight gradient)."""
     whole_rows, whole_columns = rows - rows % lanes, columns - columns % lanes
     for i0 in range(0, whole_rows, lanes):
         for j0 in range(0, whole_columns, lanes):
