@@ -24,6 +24,8 @@ WEIGHT_GRADIENTS = (
     # 21 MB of x and dy: the four-row walk (_heuristics.SAME_WEIGHT_ROWS_MIN_BYTES).
     ("depthwise_cl_four_rows", (8, 72, 72, 64), (64, 1, 3, 3), 64, "channels_last"),
     ("grouped", (4, 32, 15, 15), (32, 8, 3, 3), 4, "channels_first"),
+    # im2col by pieces of channels (_heuristics.feature_pieces): two tiles, two pieces.
+    ("3x3_128c_14_pieces", (8, 128, 14, 14), (128, 128, 3, 3), 1, "channels_first"),
 )
 
 #: Weight gradients only asked which algorithm they would run (explain computes nothing):

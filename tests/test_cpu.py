@@ -778,6 +778,70 @@ def test_channels_first_weight_gradient_by_pieces_of_channels(monkeypatch, trans
     assert pieces and min(pieces) >= 2, pieces
 
 
+@pytest.mark.parametrize("channels, cores, expected", [
+    (256, 1, 2), (256, 2, 2), (256, 3, 3), (256, 4, 4), (256, 16, 4),   # 2,304 rows
+    (512, 2, 4), (512, 6, 6), (512, 16, 8),                              # 4,608 rows
+    (128, 2, 2), (128, 8, 2),                                            # 1,152 rows
+    (64, 2, 0), (64, 8, 0),                                              # 576 rows
+])
+def test_feature_pieces_follow_the_shape_and_the_machine(channels, cores, expected):
+    """The pieces of im2col's channels-first weight gradient (8 images, 3x3 stride 2 at
+    28x28, tiles of two images): FEATURE_PIECE_ROWS rows a piece, more and smaller pieces
+    (down to FEATURE_PIECE_MIN_ROWS) on a machine with more cores, none below two; the
+    thread settings play no part (the CPU count is the machine's)."""
+    from numbaconv import problem as pb
+    from numbaconv._kernel_geometry import geom
+    from numbaconv.cpu import _heuristics
+    x = np.zeros((8, channels, 28, 28), np.float32)
+    dy = np.zeros((8, channels, 14, 14), np.float32)
+    g = geom(pb.conv_backward_weight_problem(x, dy, (channels, channels, 3, 3), stride=2,
+                                             padding=1))
+    tiles = [(n0, 2, 0, 14) for n0 in range(0, 8, 2)]
+    assert _heuristics.feature_pieces(g, tiles, cores) == expected
+    import numba
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        assert _heuristics.feature_pieces(g, tiles) == \
+            _heuristics.feature_pieces(g, tiles, os.cpu_count())
+    finally:
+        numba.set_num_threads(threads)
+
+
+def test_made_once_makes_each_value_once_for_every_thread():
+    """_tiles.made_once: each value made by the first thread that asks for it, once, while
+    the others that ask at the same time wait for it and get the same object."""
+    import threading
+    import time
+    from numbaconv.cpu import _tiles
+    calls = []
+
+    def maker(i):
+        def make():
+            calls.append(i)
+            time.sleep(0.01)            # long enough for the other threads to ask meanwhile
+            return [i]
+        return make
+
+    get = _tiles.made_once([maker(i) for i in range(3)])
+    got = [[] for _ in range(8)]
+    start = threading.Barrier(8)
+
+    def ask(k):
+        start.wait()
+        got[k] = [get((k + step) % 3) for step in range(3)]
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(calls) == [0, 1, 2]
+    for values in got:
+        assert sorted(values) == [[0], [1], [2]]
+        assert all(v is get(v[0]) for v in values)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_im2col_weight_gradient_in_either_orientation(monkeypatch, transposed):
     """im2col's weight gradient multiplied as dw (Kg, features) or transposed, (features,

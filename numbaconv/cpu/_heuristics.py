@@ -8,7 +8,9 @@ imports neither Numba nor a kernel.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from typing import Optional
 
 from ..backend import DIRECT_MAX_CHANNELS_PER_GROUP
@@ -502,23 +504,39 @@ TRANSPOSED_BELOW_CF = 512
 
 #: Channels-first weight gradients of one group in tiles of whole images of fewer than
 #: BATCH_COLUMNS_BELOW output positions (several images a product) go by pieces of input
-#: channels of at least this many packed rows (channels times taps), at most FEATURE_PIECES
-#: of them, where that makes two pieces or more (``_im2col._weight_gradient_by_features``):
-#: fixed by the shape, so that the bits do not depend on the threads. Smaller pieces made
-#: slower products; fewer pieces would leave cores idle.
-FEATURE_PIECE_ROWS = 576
+#: channels (``_im2col._weight_gradient_by_features``) of FEATURE_PIECE_ROWS packed rows
+#: (channels times taps): larger pieces make faster products (OpenBLAS packs dy's columns
+#: once a piece), but bound the workers a call can use, so on a machine with more cores
+#: than that makes pieces, as many pieces as cores, down to FEATURE_PIECE_MIN_ROWS rows a
+#: piece; at most FEATURE_PIECES, and only where that makes two or more. Fixed by the shape
+#: and the machine's CPU count, never by the threads, so the bits do not depend on them.
+FEATURE_PIECE_ROWS = 1152
+FEATURE_PIECE_MIN_ROWS = 576
 FEATURE_PIECES = 8
 
 
-def feature_pieces(g, tiles: list) -> int:
-    """How many pieces of input channels im2col's weight gradient goes by (above); 0: by
-    slots of tiles."""
+@functools.lru_cache(maxsize=None)
+def machine_cores() -> int:
+    """The machine's logical CPUs (``os.cpu_count()``, read once: it costs tens of
+    microseconds): what the pieces above follow, not the thread settings
+    (NUMBA_NUM_THREADS, ``numba.set_num_threads``, the BLAS's)."""
+    return os.cpu_count() or 1
+
+
+def feature_pieces(g, tiles: list, cores: Optional[int] = None) -> int:
+    """How many pieces of input channels im2col's weight gradient goes by (above), on a
+    machine of ``cores`` logical CPUs (None: this one's); 0: by slots of tiles."""
     whole = g.p[0] * g.p[1]
     if g.channels_last or g.groups != 1 or len(tiles) < 2 \
             or g.positions >= BATCH_COLUMNS_BELOW \
             or any(q1 - q0 != whole for _, _, q0, q1 in tiles):
         return 0
-    pieces = min(FEATURE_PIECES, g.c * g.taps // FEATURE_PIECE_ROWS, g.c)
+    features = g.c * g.taps
+    cores = machine_cores() if cores is None else cores
+    pieces = features // FEATURE_PIECE_ROWS
+    if pieces < cores:
+        pieces = max(pieces, min(cores, features // FEATURE_PIECE_MIN_ROWS))
+    pieces = min(FEATURE_PIECES, pieces, g.c)
     return pieces if pieces >= 2 else 0
 
 

@@ -5,6 +5,8 @@ the packed gradient of every window (``W^T @ dy``), which col2im adds back into 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .._kernel_geometry import Geom
@@ -177,34 +179,40 @@ def _dot(features, grads, out, transposed: bool):
 def _weight_gradient_by_features(g: Geom, x5, dy, args, tiles: list, transposed: bool,
                                  pieces: int) -> np.ndarray:
     """The channels-first weight gradient of one group by ``pieces`` pieces of input channels
-    (:func:`._heuristics.feature_pieces`, fixed by the shape) instead of by slots of tiles:
+    (:func:`._heuristics.feature_pieces`: fixed by the shape and the machine's CPU count,
+    not by the threads) instead of by slots of tiles:
     a piece packs its channels' windows of every tile (whole images), multiplies them by
-    dy's columns, adds the tiles' products in tile order in its own (features, K) part (a
-    few hundred KiB) and moves that into its columns of dw on the tile worker. No slot
-    partials, no final pass over them (figures: docs/cpu-algorithms.md, "`im2col`: the
-    channels-first weight gradient by pieces of channels")."""
+    dy's columns, adds the tiles' products in its own (features, K) part (a few hundred
+    KiB) and moves that into its columns of dw on the tile worker. No slot partials, no
+    final pass over them. Piece j takes the tiles from tile j on (in a rotated order fixed
+    by the shape), so that the pieces running at once start on different tiles and each
+    tile's dy columns, copied to (K, images * positions) by the first piece that needs them,
+    are copied on the workers side by side rather than all before they start (figures:
+    docs/cpu-algorithms.md, "`im2col`: the channels-first weight gradient by pieces of
+    channels")."""
     dtype = x5.dtype
     features = g.c * g.taps
     positions = g.positions
-    # dy as (K, N, positions): each tile's columns a view, (K, images * positions).
-    grads_all = np.ascontiguousarray(dy.reshape(g.n, g.k, positions).transpose(1, 0, 2))
     dw = np.empty((g.k, features), dtype)
     dwf = dw.reshape(-1)
     lanes = vector_lanes(dtype)
+    # dy as (K, N, positions): each tile's columns a view, (K, images * positions).
+    grads_all = np.empty((g.k, g.n, positions), dtype)
+    grads_of = _tiles.made_once([
+        functools.partial(_tile_grads, dy, grads_all, tile[0], tile[1]) for tile in tiles])
 
-    def piece(span, pick):
-        c0, c1 = span
+    def piece(job, pick):
+        j, (c0, c1) = job
         rows = (c1 - c0) * g.taps
         shape = (rows, g.k) if transposed else (g.k, rows)
         total = np.empty(shape, dtype)
-        for i, tile in enumerate(tiles):
+        for step in range(len(tiles)):
             _tiles.stop_if_interrupted()
-            n0, nb = tile[:2]
-            col = packed_cf(g, x5, args, tile, pick, True, span)[0]
-            grads = grads_all[:, n0:n0 + nb].reshape(g.k, nb * positions)
-            out = total if i == 0 else _tiles.workspace(shape, dtype, "product")
-            _dot(col, grads, out, transposed)
-            if i:
+            i = (j + step) % len(tiles)
+            col = packed_cf(g, x5, args, tiles[i], pick, True, (c0, c1))[0]
+            out = total if step == 0 else _tiles.workspace(shape, dtype, "product")
+            _dot(col, grads_of(i), out, transposed)
+            if step:
                 total += out
         if transposed:
             _transpose(total.reshape(-1), 0, g.k, dwf, c0 * g.taps, features, rows, g.k,
@@ -212,8 +220,18 @@ def _weight_gradient_by_features(g: Geom, x5, dy, args, tiles: list, transposed:
         else:
             dw[:, c0 * g.taps:c1 * g.taps] = total
 
-    _tiles.run_tiles(piece, _tiles.fixed_ranges(g.c, pieces))
+    _tiles.run_tiles(piece, list(enumerate(_tiles.fixed_ranges(g.c, pieces))))
     return dw
+
+
+def _tile_grads(dy, grads_all, n0: int, nb: int) -> np.ndarray:
+    """Images [n0, n0 + nb) of channels-first dy copied into their columns of ``grads_all``
+    (K, N, positions): the tile's columns for the weight gradient's product, (K, nb *
+    positions)."""
+    k, _, positions = grads_all.shape
+    grads = grads_all[:, n0:n0 + nb]
+    np.copyto(grads, dy[n0:n0 + nb].reshape(nb, k, positions).transpose(1, 0, 2))
+    return grads.reshape(k, nb * positions)
 
 
 def packed_cf(g: Geom, x5, args, job, pick, one_product: bool,

@@ -520,6 +520,23 @@ def _worker_pick():
     return _same if not serial_after_fork() and _parallel_kernels_in_workers() else serial
 
 
+def made_once(makers: list):
+    """``get(i)``: ``makers[i]()``, made by the first tile job that asks for it (the others
+    that ask meanwhile wait for it) and kept: a value that several jobs share, made on the
+    workers side by side instead of on the calling thread before they start."""
+    values = [None] * len(makers)
+    locks = [threading.Lock() for _ in makers]
+
+    def get(i: int):
+        if values[i] is None:
+            with locks[i]:
+                if values[i] is None:
+                    values[i] = makers[i]()
+        return values[i]
+
+    return get
+
+
 def run_tiles(work, jobs: list) -> list:
     """``[work(job, pick) for job in jobs]``, the jobs shared out among the tile workers.
 
