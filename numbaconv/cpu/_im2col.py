@@ -180,16 +180,15 @@ def _weight_gradient_by_features(g: Geom, x5, dy, args, tiles: list, transposed:
                                  pieces: int) -> np.ndarray:
     """The channels-first weight gradient of one group by ``pieces`` pieces of input channels
     (:func:`._heuristics.feature_pieces`: fixed by the shape and the machine's CPU count,
-    not by the threads) instead of by slots of tiles:
-    a piece packs its channels' windows of every tile (whole images), multiplies them by
-    dy's columns, adds the tiles' products in its own (features, K) part (a few hundred
-    KiB) and moves that into its columns of dw on the tile worker. No slot partials, no
-    final pass over them. Piece j takes the tiles from tile j on (in a rotated order fixed
-    by the shape), so that the pieces running at once start on different tiles and each
-    tile's dy columns, copied to (K, images * positions) by the first piece that needs them,
-    are copied on the workers side by side rather than all before they start (figures:
-    docs/cpu-algorithms.md, "`im2col`: the channels-first weight gradient by pieces of
-    channels")."""
+    not by the threads) instead of by slots of tiles: a piece packs its channels' windows
+    of every tile (whole images), multiplies them by dy's columns, adds the tiles' products
+    in its own (features, K) part (a few hundred KiB) and moves that into its columns of dw
+    on the tile worker. No slot partials, no final pass over them. Piece j takes the tiles
+    from tile j on (a rotated order, fixed by the shape), so that the pieces running at
+    once start on different tiles, and each tile's dy columns, copied to (K, images *
+    positions) by the first piece that needs them, are copied on the workers side by side
+    rather than all before they start (figures: docs/cpu-algorithms.md, "`im2col`: the
+    channels-first weight gradient by pieces of channels")."""
     dtype = x5.dtype
     features = g.c * g.taps
     positions = g.positions
