@@ -518,11 +518,7 @@ def _emit_grad3_rows(e, px, rs, ps, pdy, drs, dps, pacc, at, npx, split, rows, u
 
     def walk(name, first, last, acc, masked):
         """acc after steps q = first .. last - 1 (none where first >= last)."""
-        entry = builder.block
-        loop = builder.append_basic_block(f"{name}.loop")
-        done = builder.append_basic_block(f"{name}.done")
-        builder.cbranch(builder.icmp_signed("<", first, last), loop, done)
-        builder.position_at_end(loop)
+        entry, loop, done = e.open_loop(name, builder.sub(last, first))
         q = builder.phi(e.i64)
         sums = [builder.phi(e.vec) for _ in acc]
         updated = step(q, sums, masked)
