@@ -94,6 +94,23 @@ def _run(op, problem, operands, out=None):
     return dispatch.get_backend("cpu").run(op, problem, operands, out, "direct")
 
 
+def _same_bits_at_every_start(x, dy, w_shape, kw, dtype):
+    """The depthwise weight gradient of x and dy placed on a cache line: the reference's
+    (to rounding), and bitwise the same with x and dy starting at every offset past a line
+    (alike) and at two different ones. Returns the problem."""
+    from numbaconv.cpu._sliding import LINE
+    itemsize = np.dtype(dtype).itemsize
+    with nc.use_backend("reference"):
+        expected = nc.conv_backward_weight(x, dy, w_shape, **kw)
+    p = pb.conv_backward_weight_problem(x, dy, w_shape, **kw)
+    on_line = _run("conv_backward_weight", p, (_placed(x, 0), _placed(dy, 0)))
+    assert relative_error(on_line, expected) < TOL[dtype]
+    for x_offset, dy_offset in [(o, o) for o in range(itemsize, LINE, itemsize)] + [(16, 48)]:
+        dw = _run("conv_backward_weight", p, (_placed(x, x_offset), _placed(dy, dy_offset)))
+        assert np.array_equal(dw, on_line), (x_offset, dy_offset)
+    return p
+
+
 @pytest.mark.parametrize("layout", ["channels_last", "channels_first"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -299,21 +316,12 @@ def test_same_rows_weight_gradient_is_the_same_wherever_the_rows_start(dtype):
     vectors up to the first cache line of each pixel and from its last where x and dy start
     past a line alike (_sliding.channel_pieces): bitwise the dw of the same arrays on a
     line, at every start (and where x and dy start differently), and the reference's."""
-    from numbaconv.cpu._sliding import LINE, channel_pieces
-    itemsize = np.dtype(dtype).itemsize
-    channels = 1024 // itemsize                 # 1 KB a pixel: 4 L1 sets, the pieces taken
+    from numbaconv.cpu._sliding import channel_pieces
+    channels = 1024 // np.dtype(dtype).itemsize     # 1 KB a pixel: 4 L1 sets, pieces taken
     assert len(channel_pieces(16, channels, dtype)[1])
     kw = dict(padding=1, groups=channels, layout="channels_last")
     x, w, dy = _arrays((2, channels, 4, 6), (3, 3), dtype, "channels_last", padding=1)
-    with nc.use_backend("reference"):
-        expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
-    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
-
-    on_line = _run("conv_backward_weight", p, (_placed(x, 0), _placed(dy, 0)))
-    assert relative_error(on_line, expected) < TOL[dtype]
-    for x_offset, dy_offset in [(o, o) for o in range(itemsize, LINE, itemsize)] + [(16, 48)]:
-        dw = _run("conv_backward_weight", p, (_placed(x, x_offset), _placed(dy, dy_offset)))
-        assert np.array_equal(dw, on_line), (x_offset, dy_offset)
+    _same_bits_at_every_start(x, dy, w.shape, kw, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -369,23 +377,14 @@ def test_four_row_weight_gradient_is_the_same_wherever_the_rows_start(dtype, mon
     every start, and a non-finite dy at a row's first and last pixel (in a row walked 4 at
     a time) makes its padding taps' sums NaN, as in the reference."""
     from numbaconv.cpu import _heuristics
-    from numbaconv.cpu._sliding import LINE, row_lanes
+    from numbaconv.cpu._sliding import row_lanes
     monkeypatch.setattr(_heuristics, "SAME_WEIGHT_ROWS_MIN_WIDTH", 3)
     monkeypatch.setattr(_heuristics, "SAME_WEIGHT_ROWS_MIN_BYTES", 0)
-    itemsize = np.dtype(dtype).itemsize
     channels = 3 * row_lanes(dtype)             # a pair of vectors, one alone, the wrap
     kw = dict(padding=1, groups=channels, layout="channels_last")
     # 8 images of 11 rows: jobs of 6 and 5 rows, each with a walk of 4
     x, w, dy = _arrays((8, channels, 11, 5), (3, 3), dtype, "channels_last", padding=1)
-    with nc.use_backend("reference"):
-        expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
-    p = pb.conv_backward_weight_problem(x, dy, w.shape, **kw)
-
-    on_line = _run("conv_backward_weight", p, (_placed(x, 0), _placed(dy, 0)))
-    assert relative_error(on_line, expected) < TOL[dtype]
-    for x_offset, dy_offset in [(o, o) for o in range(itemsize, LINE, itemsize)] + [(16, 48)]:
-        dw = _run("conv_backward_weight", p, (_placed(x, x_offset), _placed(dy, dy_offset)))
-        assert np.array_equal(dw, on_line), (x_offset, dy_offset)
+    p = _same_bits_at_every_start(x, dy, w.shape, kw, dtype)
     dy[0, 2, 0, 1], dy[3, 7, -1, channels - 1] = np.inf, -np.inf
     with nc.use_backend("reference"), np.errstate(invalid="ignore"):
         expected = nc.conv_backward_weight(x, dy, w.shape, **kw)
