@@ -64,6 +64,12 @@ Read once, at first use, from the environment:
     math mode, which never rounds operands to TF32); ``1`` allows TF32 tensor-core math
     (``CUBLAS_TF32_TENSOR_OP_MATH``): faster on Ampere and later, with about 10 bits of
     mantissa in the products (errors near 1e-3 relative). Read on every product.
+``NUMBACONV_CUDA_SHORT_LAUNCH``
+    ``1`` (default): the ``cuda`` backend launches its convolution GEMM and depthwise kernels
+    and its recurrent step kernels by handing cuda.core the arguments Numba would build,
+    without Numba's per-launch dispatch and conversions (numbaconv/cuda/_launch.py); ``0``
+    launches them all through ``kernel[grid, block]``. Read at each kernel's (or step loop's)
+    first launch.
 ``NUMBACONV_FASTMATH``
     ``1`` (default) lets LLVM reassociate and contract (FMA) floating-point arithmetic, which
     vectorises reductions. NaN and infinity semantics are kept (no ``nnan``/``ninf``): a NaN
@@ -695,6 +701,12 @@ def cuda_cublas() -> bool:
     """``NUMBACONV_CUDA_CUBLAS`` (default 1): whether the recurrent ops' products may use
     cuBLAS."""
     return _flag("NUMBACONV_CUDA_CUBLAS", True)
+
+
+def cuda_short_launch() -> bool:
+    """``NUMBACONV_CUDA_SHORT_LAUNCH`` (default 1): whether the cuda backend may launch
+    kernels by its short path (numbaconv/cuda/_launch.py)."""
+    return _flag("NUMBACONV_CUDA_SHORT_LAUNCH", True)
 
 
 def cuda_tf32() -> bool:

@@ -186,7 +186,6 @@ print(json.dumps(dict(rows=[r.as_dict() for r in rows], late=[r.as_dict() for r 
 
 
 @needs_simulator
-@needs_simulator
 def test_the_rnn_algorithms_script_compares_both_loops():
     """docs/benchmarks/gpu_rnn_algorithms.py (how the persistent loops get timed on a GPU)
     runs under the simulator: both algorithms on the LSTM twin, and, on the Numba product
@@ -200,6 +199,21 @@ def test_the_rnn_algorithms_script_compares_both_loops():
             if line.startswith("lstm_T3_N2_4_5")]
     assert [r[1] for r in rows] == ["fused", "persistent"], proc.stdout
     assert all(float(r[4]) == 0.0 for r in rows), proc.stdout
+
+
+@needs_simulator
+def test_the_host_time_script_runs_both_launch_paths():
+    """docs/benchmarks/gpu_host_time.py (how the short launch path gets timed on a GPU) runs
+    under the simulator: a process per setting of NUMBACONV_CUDA_SHORT_LAUNCH, a row per
+    layout and op, and the two settings' results compared bit for bit."""
+    proc = subprocess.run([sys.executable, os.path.join("docs", "benchmarks",
+                                                         "gpu_host_time.py"),
+                           "--sim", "--case", "pointwise_2to4", "--reps", "1"],
+                          cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("pointwise_2to4_5")]
+    assert len(rows) == 6, proc.stdout
+    assert "results: the same bits in both settings" in proc.stdout
 
 
 def test_a_wrong_training_step_is_a_failure_and_is_not_timed():

@@ -28,6 +28,7 @@ import math
 
 
 from . import _implicit_gemm as ig
+from ._launch import launch
 from ._layout import device_array, geom
 from ._templates import compile_source, scalar_types
 
@@ -278,10 +279,9 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     run = kernel("dw_conv", dtype, cl, mode, stride1, wide, has_bias,
                  bool(problem.accumulate))
     threads = g.n * g.c * out_size[0] * out_size[1] * -(-out_size[2] // V)
-    run[-(-threads // THREADS), THREADS](
-        s.ref, wo.ref, o.ref, bias_ref, g.n, g.c, *src_size, *out_size, *s.strides,
-        *o.strides, *g.r, wo.strides[0], *wo.strides[2:], *g.stride, *g.dilation,
-        *g.before)
+    launch(run, -(-threads // THREADS), THREADS,
+           s.ref, wo.ref, o.ref, bias_ref, g.n, g.c, *src_size, *out_size, *s.strides, *o.strides,
+           *g.r, wo.strides[0], *wo.strides[2:], *g.stride, *g.dilation, *g.before)
     ig._written(target, result, g, cl)
     return result
 
@@ -309,11 +309,11 @@ def weight_gradient(problem, x, dy, out):
     partial = ig.workspace("partials", chunks * count, ig._acc(dtype))
     wide = max(xo.span, yo.span, chunks * count) > ig.INDEX32_LIMIT
     run = kernel("dw_weight", dtype, cl, tuple(g.r), wide)
-    run[(channel_blocks, chunks), THREADS](
-        xo.ref, yo.ref, ig._ref(partial), g.n, g.c, *g.s, *g.p, *xo.strides, *yo.strides,
-        *g.stride, *g.dilation, *g.before, chunk_len)
-    ig.kernel("sum_chunks", dtype)[-(-count // 256), 256](
-        ig._ref(partial), wo.ref, count, chunks, 1, g.taps, g.r[1], g.r[2],
-        bool(problem.accumulate), *wo.strides)
+    launch(run, (channel_blocks, chunks), THREADS,
+           xo.ref, yo.ref, ig._ref(partial), g.n, g.c, *g.s, *g.p, *xo.strides, *yo.strides,
+           *g.stride, *g.dilation, *g.before, chunk_len)
+    launch(ig.kernel("sum_chunks", dtype), -(-count // 256), 256,
+           ig._ref(partial), wo.ref, count, chunks, 1, g.taps, g.r[1], g.r[2],
+           bool(problem.accumulate), *wo.strides)
     ig._written(target, result, g, None)
     return result

@@ -52,6 +52,7 @@ from ..config import cuda_gemm_tile
 from ._implicit_gemm_kernels import (TILES, TILES64, Tile, conv_gemm_function, copy5_function,
                                      pack_weights_function, sum_chunks_function,
                                      weight_gemm_function)
+from ._launch import launch
 from ._layout import activation5, as_device, device_array, geom, simulated, view5, weight5
 
 #: Largest element offset the 32-bit kernels handle (below 2**31 with room for the padding
@@ -256,9 +257,9 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     wo = operand(w, None, g)
     count = g.groups * plan.taps * rp * rows
     wp = workspace("weights", count, _acc(dtype))
-    kernel("pack_weights", dtype)[_ceil(count, 256), 256](
-        wo.ref, _ref(wp), _table(plan.wtaps, np.int64), count, plan.taps, rows, reduce, rp,
-        g.kg, forward, *wo.strides)
+    launch(kernel("pack_weights", dtype), _ceil(count, 256), 256,
+           wo.ref, _ref(wp), _table(plan.wtaps, np.int64), count, plan.taps, rows, reduce, rp, g.kg,
+           forward, *wo.strides)
     wide = max(s.span, o.span, count) > INDEX32_LIMIT
     has_bias = bias is not None
     bias_ref = bias_operand(bias, dtype)
@@ -266,11 +267,10 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
                  bool(problem.accumulate))
     index = np.int64 if wide else np.int32
     grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm), g.groups * len(plan.phases))
-    run[grid, tile.threads](
-        s.ref, _ref(wp), o.ref, bias_ref, _table(plan.deltas, index),
-        _table(plan.phases, index), len(plan.phases), g.n, rows, reduce, rp, plan.taps,
-        *s.strides, *plan.src_size, *plan.col_stride, *plan.col_offset, *o.strides,
-        *plan.out_step)
+    launch(run, grid, tile.threads,
+           s.ref, _ref(wp), o.ref, bias_ref, _table(plan.deltas, index), _table(plan.phases, index),
+           len(plan.phases), g.n, rows, reduce, rp, plan.taps, *s.strides, *plan.src_size,
+           *plan.col_stride, *plan.col_offset, *o.strides, *plan.out_step)
     _written(target, result, g, cl)
     return result
 
@@ -300,13 +300,12 @@ def weight_gradient(problem, x, dy, out):
     partial = workspace("partials", chunks * count, _acc(dtype))
     wide = max(xo.span, yo.span, chunks * count) > INDEX32_LIMIT
     run = kernel("weight_gemm", dtype, problem.ndim, wide, tile)
-    run[(_ceil(cols, tile.bn), row_tiles * g.groups, chunks), tile.threads](
-        xo.ref, yo.ref, _ref(partial), g.n, g.groups, g.kg, g.cg, cols, row_tiles, chunk_len,
-        *xo.strides, *g.s, *yo.strides, *g.p, g.r[1], g.r[2], *g.stride, *g.dilation,
-        *g.before)
-    kernel("sum_chunks", dtype)[_ceil(count, 256), 256](
-        _ref(partial), wo.ref, count, chunks, g.cg, g.taps, g.r[1], g.r[2],
-        bool(problem.accumulate), *wo.strides)
+    launch(run, (_ceil(cols, tile.bn), row_tiles * g.groups, chunks), tile.threads,
+           xo.ref, yo.ref, _ref(partial), g.n, g.groups, g.kg, g.cg, cols, row_tiles, chunk_len,
+           *xo.strides, *g.s, *yo.strides, *g.p, g.r[1], g.r[2], *g.stride, *g.dilation, *g.before)
+    launch(kernel("sum_chunks", dtype), _ceil(count, 256), 256,
+           _ref(partial), wo.ref, count, chunks, g.cg, g.taps, g.r[1], g.r[2],
+           bool(problem.accumulate), *wo.strides)
     _written(target, result, g, None)
     return result
 

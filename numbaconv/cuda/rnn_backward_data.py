@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..problem import layer_params
 from ._layout import as_device, device_array
 from ._blas import Prepared, product
-from .rnn_forward import (configured, contiguous_params, copy2, device_lengths, launch,
+from .rnn_forward import (bound, contiguous_params, copy2, device_lengths, launch,
                           persistent_launch, scratch, steps)
 
 
@@ -37,8 +37,6 @@ def run(problem, operands, out, algorithm):
     dc = scratch("backward dc", (n, hs), dt) if lstm else dh
     proj = bool(cfg.proj_size)
     dm = scratch("backward dm", (n, hs), dt) if proj else None  # dproj @ W_hr
-    step = configured("backward_step", (mode, dt, proj), n * hs)
-    output_gradient = configured("gradient_of_output", (dt,), n * p) if proj else None
     dout = dy
     for layer in reversed(range(cfg.num_layers)):
         din = device_array((t_len, n, cfg.layer_input_size(layer)), dt)
@@ -71,16 +69,22 @@ def run(problem, operands, out, algorithm):
                 # planned once; each step moves it to its own step of the reserve
                 recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec,
                                      dt, steps=gates)
-                if proj:
+                key = (mode, dt, proj)
+                if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
                     dproj = layout.dproj(reserve, layer, d)
                     projection = Prepared(dproj[0], w_hr, dm, dt, steps=dproj)
+                    output_gradient = bound("gradient_of_output", (dt,), n * p,
+                                            (dh, rec, dy_d, dproj, lens, 0), at=5)
+                    step = bound("backward_step", key, n * hs, (gates, cells, states, init, dm,
+                                 dm, gates, dc, lens, 0, d == 1), at=9)
+                else:
+                    step = bound("backward_step", key, n * hs, (gates, cells, states, init, dh,
+                                 rec, dy_d, dc, lens, 0, d == 1), at=9)
                 for t in reversed(steps(t_len, d)):
-                    if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
-                        output_gradient(dh, rec, dy_d, dproj, lens, t)
+                    if proj:
+                        output_gradient(t)
                         projection(t)
-                        step(gates, cells, states, init, dm, dm, gates, dc, lens, t, d == 1)
-                    else:
-                        step(gates, cells, states, init, dh, rec, dy_d, dc, lens, t, d == 1)
+                    step(t)
                     recurrent(t)
             copy2(dh, dhx[ld], dt, add=rec)
             if lstm:

@@ -22,19 +22,21 @@ from ..config import cuda_threads_per_block, cuda_tile
 from ..problem import layer_params
 from . import _rnn_kernels
 from ._blas import Prepared, blocks, elementwise_launch, product
+from ._launch import Bound
 from ._layout import as_device, device_array
 
 
-def configured(name, key, count):
-    """The element-wise kernel ``name`` configured for ``count`` threads, to be called with
-    its arguments (a step loop configures once and launches every step)."""
+def bound(name, key, count, args, at: int) -> Bound:
+    """The element-wise kernel ``name`` over ``count`` threads with ``args`` set up once, to
+    be run every step with argument ``at`` (the step index) set: ``bound(...)(t)``."""
     grid, block = elementwise_launch(count, cuda_threads_per_block())
-    return _rnn_kernels.kernel(name, *key)[grid, block]
+    return Bound(_rnn_kernels.kernel(name, *key), grid, block, args, at)
 
 
 def launch(name, key, count, *args):
     """An element-wise kernel over ``count`` threads."""
-    configured(name, key, count)(*args)
+    grid, block = elementwise_launch(count, cuda_threads_per_block())
+    _rnn_kernels.kernel(name, *key)[grid, block](*args)
 
 
 def copy2(src, dst, dtype, add=None):
@@ -230,8 +232,6 @@ def run(problem, operands, out, algorithm):
     masked = masked_scratch(problem, dt) if training else None
     inp = x_rows
     out_l = None
-    step = configured("forward_step", (cfg.mode, dt, proj), n * hs)
-    commit = configured("commit_projection", (dt,), n * p) if proj else None
     for layer in range(cfg.num_layers):
         if training:  # with its dropout masks applied
             inp = layer_input(layout, reserve, layer, x_rows, masked, dt)
@@ -259,15 +259,22 @@ def run(problem, operands, out, algorithm):
             else:
                 # planned once, run every step: the same arrays each time
                 recurrent = Prepared(h, w_hh, hg, dt, tb=True)
-                projection = Prepared(m, w_hr, hp, dt, tb=True) if proj else None
+                key = (cfg.mode, dt, proj)
+                if proj:  # the cell writes m; h and y come from its projection
+                    projection = Prepared(m, w_hr, hp, dt, tb=True)
+                    step = bound("forward_step", key, n * hs, (gates, hg, b_ih, b_hh, m, c,
+                                 gates, cells, lens, 0, training), at=9)
+                    commit = bound("commit_projection", (dt,), n * p, (hp, h, y_d, lens, 0),
+                                   at=4)
+                else:
+                    step = bound("forward_step", key, n * hs, (gates, hg, b_ih, b_hh, h, c,
+                                 y_d, cells, lens, 0, training), at=9)
                 for t in steps(t_len, d):
                     recurrent()
-                    if proj:  # the cell writes m; h and y come from its projection
-                        step(gates, hg, b_ih, b_hh, m, c, gates, cells, lens, t, training)
+                    step(t)
+                    if proj:
                         projection()
-                        commit(hp, h, y_d, lens, t)
-                    else:
-                        step(gates, hg, b_ih, b_hh, h, c, y_d, cells, lens, t, training)
+                        commit(t)
             copy2(h, hy[ld], dt)
             if lstm:
                 copy2(c, cy[ld], dt)
