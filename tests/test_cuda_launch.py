@@ -99,6 +99,17 @@ def test_a_non_integer_argument_is_refused(value):
         _launch.integer(value)
 
 
+def test_numba_cudas_launch_pieces_are_where_the_short_path_reads_them():
+    """On the numba-cuda installed here, ``_core`` finds cuda.core's launch and the rest
+    (else the short path would silently never apply), and builds the configuration Numba
+    would: dimensions normalised, no dynamic shared memory, not cooperative."""
+    core = _launch._core()
+    assert core is not None
+    config = core.config((3, 2), 64)
+    assert (tuple(config.grid), tuple(config.block), config.shmem_size) == \
+        ((3, 2, 1), (64, 1, 1), 0)
+
+
 # --- the launch paths, with Numba's launch replaced by recorders ---------------------------
 
 class Recorder:

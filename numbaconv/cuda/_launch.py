@@ -3,16 +3,16 @@
 ``kernel[grid, block](*args)`` costs Numba, at every launch: a launch-configuration object,
 the dispatch on the arguments' types, and each argument's conversion to a ctypes value by
 ``_Kernel._prepare_args`` (an isinstance chain, a formatted type name and a ctypes object
-per argument). For the 34 integers of a convolution GEMM that is most of a call's host time
-on a GPU (docs/cuda.md, "Host time of a launch"). Both paths here end in the call Numba itself
+per argument): the largest part of a convolution call's host time in the GPU profiles of
+docs/cuda.md ("Host time of a launch"). Both paths here end in the call Numba itself
 makes, cuda.core's ``launch(stream, config, kernel, *arguments)``, with arguments that give
 the same bytes:
 
 :func:`launch`
     For a kernel compiled for one signature of device pointers, 64-bit integers and flags
-    (the GEMM and depthwise kernels, :func:`._implicit_gemm.jit_kernel`): the arguments go
-    as Python ints, which cuda.core passes as 8-byte integers, the bytes of Numba's
-    ``c_int64`` for an integer and of the int it passes for a pointer or a flag.
+    (the GEMM and depthwise kernels, :func:`._implicit_gemm.jit_kernel`): the
+    arguments go as Python ints, which cuda.core passes as 8-byte integers, the bytes of
+    Numba's ``c_int64`` for an integer and of the int it passes for a pointer or a flag.
 :class:`Bound`
     A step loop's launch: every argument converted once, by Numba's own ``_prepare_args``,
     then at each step only the step index replaced (in the ctypes type Numba chose for it).
@@ -56,7 +56,8 @@ _UNSEEN = object()
 class _Plan:
     """A kernel's one overload, ready to launch with integer arguments; ``last`` keeps the
     function loaded on the device of the last launch, with cuda.core's kernel and the
-    default stream for it (building the stream object costs 6 us)."""
+    default stream for it (building a stream object is a sizeable part of Numba's launch:
+    docs/cuda.md)."""
 
     __slots__ = ("overload", "count", "configs", "core", "last")
 
@@ -140,12 +141,19 @@ class _Core:
                                   **{self.cooperative_key: False})
 
 
+#: Names numba-cuda's ``_Kernel.launch`` uses when it launches as this module does.
+LAUNCH_NAMES = frozenset({"get_cufunc", "_prepare_args", "LaunchConfig", "kernel", "launch"})
+
+
 def _core():
-    """numba-cuda's launch pieces, or None where they are not where this module looks."""
+    """numba-cuda's launch pieces, or None where they are not where this module looks (or
+    its ``_Kernel.launch`` no longer names them)."""
     try:
         from numba.cuda import dispatcher as nd
         from numba.cuda.cudadrv.driver import _to_core_stream
         from numba.cuda.dispatcher import normalize_kernel_dimensions
+        if not LAUNCH_NAMES <= set(nd._Kernel.launch.__code__.co_names):
+            return None
         key = "is_cooperative" if getattr(nd, "CUDA_CORE_GE_1_0") else "cooperative_launch"
         return _Core(nd.launch, nd.LaunchConfig, _to_core_stream,
                      normalize_kernel_dimensions, key)
