@@ -31,10 +31,15 @@ CCS = ((8, 0), (9, 0))
 def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
     from numba import cuda
 
-    from numbaconv.cuda import _kernels
+    from numbaconv.cuda import _bias, _kernels
     ptxas = machine_code.ptxas()
-    kernels = _kernels.signatures(dtype, layout == "channels_last", CUDA_THREADS_PER_BLOCK)
-    assert len(kernels) >= 3
+    cl = layout == "channels_last"
+    kernels = _kernels.signatures(dtype, cl)
+    kernels += [(f"bias_sums_{layout}_{dtype}_d{dims}_{'wide' if wide else '32'}",
+                 _bias.bias_sums_function(dtype, cl, dims, wide, CUDA_THREADS_PER_BLOCK),
+                 _bias.launch_types(dtype))
+                for dims, wide in ((0, False), (1, False), (3, False), (3, True))]
+    assert len(kernels) >= 4
     lines = []
     for label, function, signature in kernels:
         ptx, _ = cuda.compile_ptx(function, signature, cc=cc)

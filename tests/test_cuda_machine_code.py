@@ -155,3 +155,37 @@ def test_64_bit_and_other_ranks_compile(tmp_path):
                 sass = machine_code.disassemble(report["cubin"])
                 loop = machine_code.main_loop(sass, tile.bk // function.__numbaconv_unroll__)
                 assert loop["fma_share"] >= MIN_FFMA_SHARE, (nd, loop)
+
+
+#: Issued instructions a row may cost the bias gradient's loop, by the walk's carrying
+#: digits (a load, an add, the step and its carries; docs/cuda.md has the counts).
+BIAS_INSTRUCTIONS_PER_ROW = {0: 12, 1: 12, 2: 20, 3: 28}
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_bias_loop_divides_nothing(layout, tmp_path):
+    """``bias_sums`` (32-bit, float32, 256 threads), for each number of carrying digits:
+    no call to a division routine, no spill, and its row loop within
+    :data:`BIAS_INSTRUCTIONS_PER_ROW` instructions per load."""
+    from numba import cuda
+
+    from numbaconv.cuda import _bias
+    lines = []
+    for dims, most in BIAS_INSTRUCTIONS_PER_ROW.items():
+        function = _bias.bias_sums_function("float32", layout == "channels_last", dims,
+                                            False, 256)
+        ptx, _ = cuda.compile_ptx(function, _bias.launch_types("float32"), cc=CC)
+        report = machine_code.assemble(ptx, CC, tmp_path, f"bias{dims}")
+        sass = machine_code.disassemble(report["cubin"])
+        assert "CALL" not in sass, dims
+        assert report["spill_stores"] == report["spill_loads"] == 0, (dims, report)
+        code, spans = machine_code.loops(sass)
+        rows = [(b - a + 1, sum(op.startswith("LDG") for op, _ in code[a:b + 1]))
+                for a, b in spans]
+        rows = [(count, loads) for count, loads in rows if loads]
+        assert len(rows) == 1, (dims, rows)  # the row loop, unrolled
+        count, loads = rows[0]
+        lines.append(f"sm_90 bias_sums {layout} dims={dims} {report['registers']:3d} regs  "
+                     f"{count} instructions / {loads} loads = {count / loads:.1f} a row")
+        assert count / loads <= most, lines[-1]
+    print("\n" + "\n".join(lines))

@@ -159,6 +159,62 @@ def test_strided_operands_and_out():
     assert not out_wide.copy_to_host()[:, :, 1::3].any()   # nothing written between
 
 
+#: dy views for the bias gradient, each walked with a different number of carrying digits
+#: (:func:`numbaconv.cuda._bias.walk`): (label, layout, logical shape, physical shape of
+#: the array the view is cut from, the cut).
+BIAS_VIEWS = (
+    ("cl_contiguous", "channels_last", (3, 5, 4, 7), (3, 4, 7, 5), None),
+    ("cf_contiguous", "channels_first", (3, 5, 4, 7), (3, 5, 4, 7), None),
+    ("cf_every_other_column", "channels_first", (2, 3, 4, 5), (2, 3, 4, 10),
+     (Ellipsis, slice(None, None, 2))),
+    ("cl_3d_rows_cut", "channels_last", (2, 33, 3, 4, 2), (2, 5, 4, 2, 33),
+     (slice(None), slice(1, -1))),
+    ("cf_1d_negative", "channels_first", (2, 3, 9), (2, 3, 9),
+     (Ellipsis, slice(None, None, -1))),
+    ("cl_2d_window", "channels_last", (2, 3, 4, 5), (2, 6, 7, 3),
+     (slice(None), slice(1, -1), slice(1, -1))),
+    ("cf_3d_window", "channels_first", (2, 2, 3, 4, 5), (2, 2, 5, 6, 7),
+     (slice(None), slice(None), slice(1, -1), slice(1, -1), slice(1, -1))),
+)
+
+
+@pytest.mark.parametrize("label, layout, shape, physical, cut", BIAS_VIEWS,
+                         ids=lambda v: v if isinstance(v, str) and "_" in v else "")
+@pytest.mark.parametrize("threads, chunks", [(None, "by_shape"), (None, 1), (None, 3),
+                                             (64, 2)], ids=["split", "1", "3", "64threads"])
+def test_conv_backward_bias_walks_every_view(label, layout, shape, physical, cut, threads,
+                                             chunks, monkeypatch):
+    """The bias gradient against NumPy on contiguous and strided dy (rows walked with no
+    carrying digit, one, several; a negative stride, which is copied first), with the
+    shape's split, one chunk, three (chunks that start inside a row) and 64 threads a block
+    (channels-last: two row lanes a channel); float64 accumulating into a strided out, and
+    float16."""
+    from numbaconv.cuda import _bias, conv_backward_bias
+    if chunks != "by_shape":
+        monkeypatch.setattr(_bias, "chunks_for", lambda rows, blocks, lanes: (
+            chunks, -(-rows // chunks)))
+    if threads:
+        monkeypatch.setattr(conv_backward_bias, "cuda_threads_per_block", lambda: threads)
+    big = np.random.default_rng(7).uniform(-1, 1, physical)
+    dy = cuda.to_device(big)
+    if cut is not None:
+        big, dy = big[cut], dy[cut]
+    channel_axis = len(shape) - 1 if layout == "channels_last" else 1
+    want = big.sum(axis=tuple(i for i in range(len(shape)) if i != channel_axis))
+    assert want.shape == (shape[1],)
+    start = np.arange(2 * shape[1], dtype=np.float64)
+    out_wide = cuda.to_device(start)
+    got = nc.conv_backward_bias(dy, layout=layout, out=out_wide[::-2], accumulate=True)
+    after = out_wide.copy_to_host()
+    assert np.allclose(after[::-2], start[::-2] + want, rtol=1e-12, atol=1e-12), label
+    assert np.array_equal(after[-2::-2], start[-2::-2])  # nothing written between
+    assert got.shape == (shape[1],)
+    half = nc.conv_backward_bias(cuda.to_device(np.ascontiguousarray(big).astype(np.float16)),
+                                 layout=layout).copy_to_host()
+    assert half.dtype == np.float16
+    assert relative_error(half, want) < TOLERANCE["float16"], label
+
+
 def test_reductions_are_deterministic():
     c, layout = case("1d_stride_dilation_groups"), "channels_first"
     d = device(case_arrays(c, layout, "float32"))

@@ -11,12 +11,8 @@ Kernels (see docs/cuda.md for their performance model; the implicit GEMMs are in
 ``direct(mode, ...)``
     One thread per output element summing its window: for grouped convolutions with few
     channels per group (depthwise), where a GEMM tile would be mostly empty.
-``bias_partials``
-    One block per (channel, chunk): each thread sums a strided set of rows in order, then a
-    fixed shared-memory tree.
-``sum_partials``
-    Adds the partials of a split reduction in chunk order and writes (or accumulates) the
-    result: the second pass that makes the reductions deterministic.
+
+The bias gradient's reduction is in :mod:`._bias`.
 """
 
 from __future__ import annotations
@@ -161,79 +157,6 @@ def direct_function(mode: str, channels_last: bool, dtype: str):
     return direct
 
 
-# --- reductions ----------------------------------------------------------------------------
-
-def bias_partials_function(channels_last: bool, dtype: str, threads: int):
-    """Per-chunk bias gradients: ``partial[chunk, k, 0]``.
-
-    Launch: block ``threads`` (a power of two); grid ``(K, chunks)``.
-    Arguments: ``dy, partial, chunk_len``; rows are (image, position) pairs.
-    """
-    split3, load5, _, _ = _helpers()
-    acc = _acc_type(dtype)
-    cl = channels_last
-
-    def bias_partials(dy, partial, chunk_len):
-        buf = cuda.shared.array(threads, acc)
-        tid = cuda.threadIdx.x
-        k = cuda.blockIdx.x
-        if cl:
-            p0, p1, p2 = dy.shape[1], dy.shape[2], dy.shape[3]
-        else:
-            p0, p1, p2 = dy.shape[2], dy.shape[3], dy.shape[4]
-        positions = p0 * p1 * p2
-        rows = dy.shape[0] * positions
-        start = cuda.blockIdx.y * chunk_len
-        stop = min(start + chunk_len, rows)
-        total = acc(0)
-        for j in range(start + tid, stop, threads):
-            o0, o1, o2 = split3(j % positions, p1, p2)
-            total += acc(load5(dy, cl, j // positions, k, o0, o1, o2))
-        buf[tid] = total
-        cuda.syncthreads()
-        half = threads // 2
-        while half > 0:
-            if tid < half:
-                buf[tid] += buf[tid + half]
-            cuda.syncthreads()
-            half //= 2
-        if tid == 0:
-            partial[cuda.blockIdx.y, k, 0] = buf[0]
-
-    return bias_partials
-
-
-def sum_partials_function(dtype: str):
-    """``out = [out +] sum over chunks of partial[chunk]``, chunks added in order.
-
-    Launch: 1D, one thread per element of ``out`` (5D, C order of the partial's columns).
-    Arguments: ``partial (chunks, rows, cols), out, accumulate``.
-    """
-    split3, _, _, _ = _helpers()
-    acc = _acc_type(dtype)
-
-    def sum_partials(partial, out, accumulate):
-        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        cols = partial.shape[2]
-        if e >= partial.shape[1] * cols:
-            return
-        row = e // cols
-        col = e % cols
-        total = partial[0, row, col]
-        for chunk in range(1, partial.shape[0]):
-            total += partial[chunk, row, col]
-        d1 = out.shape[1]
-        rest = col // (out.shape[2] * out.shape[3] * out.shape[4])
-        i1 = rest % d1
-        i2, i3, i4 = split3(col % (out.shape[2] * out.shape[3] * out.shape[4]),
-                            out.shape[3], out.shape[4])
-        if accumulate:
-            total += acc(out[row, i1, i2, i3, i4])
-        out[row, i1, i2, i3, i4] = total
-
-    return sum_partials
-
-
 # --- compiled kernels ----------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
@@ -244,18 +167,15 @@ def kernel(name: str, *key):
 
 FUNCTIONS = {
     "direct": direct_function,
-    "bias_partials": bias_partials_function,
-    "sum_partials": sum_partials_function,
 }
 
 
-def signatures(dtype: str, channels_last: bool, threads: int):
+def signatures(dtype: str, channels_last: bool):
     """Every kernel of one (dtype, layout) as ``(label, python function, signature)``:
     what the compile tests hand to ``numba.cuda.compile_ptx``."""
     from numba import types
     elem = {"float16": types.float16, "float32": types.float32,
             "float64": types.float64}[dtype]
-    acc = types.float64 if dtype == "float64" else types.float32
     a5 = types.Array(elem, 5, "A")
     a1 = types.Array(elem, 1, "A")
     i3 = types.UniTuple(types.int64, 3)
@@ -266,11 +186,4 @@ def signatures(dtype: str, channels_last: bool, threads: int):
     for mode in MODES:
         found.append((f"direct_{mode}_{layout}_{dtype}",
                       direct_function(mode, channels_last, dtype), conv_sig))
-    part3 = types.Array(acc, 3, "C")
-    found.append((f"bias_partials_{layout}_{dtype}",
-                  bias_partials_function(channels_last, dtype, threads),
-                  (a5, part3, types.int64)))
-    if not channels_last:
-        found.append((f"sum_partials_{dtype}", sum_partials_function(dtype),
-                      (part3, a5, types.boolean)))
     return found

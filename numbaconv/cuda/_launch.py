@@ -10,7 +10,7 @@ the same bytes:
 
 :func:`launch`
     For a kernel compiled for one signature of device pointers, 64-bit integers and flags
-    (the GEMM and depthwise kernels, :func:`._implicit_gemm.jit_kernel`): the
+    (the GEMM, depthwise and bias kernels, :func:`._implicit_gemm.jit_kernel`): the
     arguments go as Python ints, which cuda.core passes as 8-byte integers, the bytes of
     Numba's ``c_int64`` for an integer and of the int it passes for a pointer or a flag.
 :class:`Bound`
