@@ -2,7 +2,8 @@
 
 Used by ``numbaconv bench --device cuda``; docs/gpu-benchmark.md says how to run it and read
 it. For each case of :data:`CASES` (ResNet 3x3 layers at stride 1 and 2, a 1x1 and a
-depthwise 3x3, all N=32), each op of :data:`OPS` and each layout:
+depthwise 3x3, all N=32), each op of :data:`OPS` (or of :data:`ALL_OPS`, which adds the bias
+gradient, as asked) and each layout:
 
 1. numbaconv's result (public API under ``use_backend("cuda")``, Numba device arrays in and
    out, ``out=`` preallocated) is compared with PyTorch's in strict IEEE float32 (TF32 off):
@@ -62,6 +63,9 @@ from .problem import _physical
 
 #: The ops timed: the forward convolution and its data and weight gradients.
 OPS = ("conv", "conv_backward_data", "conv_backward_weight")
+#: Every op ``--op`` may ask for: also the bias gradient (a reduction of dy; its "TFLOP/s"
+#: count one add a dy element).
+ALL_OPS = OPS + ("conv_backward_bias",)
 
 #: The op of a recurrent row: one training step, rnn_forward(training=True) into a
 #: preallocated reserve, rnn_backward_data, rnn_backward_weights(out=), as the CPU suite
@@ -155,6 +159,12 @@ class GpuCase:
         ops, counted twice."""
         return (2 * self.batch * self.out_channels * (self.in_channels // self.groups)
                 * self.kernel ** 2 * self.output_size ** 2)
+
+    def op_flops(self, op: str) -> int:
+        """:attr:`flops` for a convolution op; for the bias gradient one add a dy element."""
+        if op == "conv_backward_bias":
+            return self.batch * self.out_channels * self.output_size ** 2
+        return self.flops
 
     def kwargs(self, layout: str) -> dict:
         return dict(stride=self.stride, padding=self.padding, groups=self.groups,
@@ -333,7 +343,8 @@ class Operands:
             self.arrays = {name: cuda.as_cuda_array(t) for name, t in self._keep.items()}
         shapes = dict(conv=case.output_shape(layout),
                       conv_backward_data=case.input_shape(layout),
-                      conv_backward_weight=case.weight_shape)
+                      conv_backward_weight=case.weight_shape,
+                      conv_backward_bias=(case.out_channels,))
         self.out = {op: cuda.device_array(shape, dtype="float32")
                     for op, shape in shapes.items()}
 
@@ -351,7 +362,9 @@ class Operands:
             return (a["dy"], a["w"], case.input_shape(self.layout)), kwargs
         if op == "conv_backward_weight":
             return (a["x"], a["dy"], case.weight_shape), kwargs
-        raise ValueError(f"op: expected one of {OPS}, got {op!r}")
+        if op == "conv_backward_bias":
+            return (a["dy"],), dict(layout=self.layout, out=self.out[op])
+        raise ValueError(f"op: expected one of {ALL_OPS}, got {op!r}")
 
 
 def numbaconv_call(op: str, operands: Operands):
@@ -373,11 +386,12 @@ def torch_call(op: str, operands: Operands):
     if op == "conv":
         return torch.nn.functional.conv2d(t["x"], t["w"], None, case.stride, case.padding, 1,
                                           case.groups)
-    mask = [op == "conv_backward_data", op == "conv_backward_weight", False]
+    mask = [op == "conv_backward_data", op == "conv_backward_weight",
+            op == "conv_backward_bias"]
     grads = torch.ops.aten.convolution_backward(
-        t["dy"], t["x"], t["w"], None, [case.stride] * 2, [case.padding] * 2, [1, 1], False,
-        [0, 0], case.groups, mask)
-    return grads[0] if mask[0] else grads[1]
+        t["dy"], t["x"], t["w"], [case.out_channels] if mask[2] else None,
+        [case.stride] * 2, [case.padding] * 2, [1, 1], False, [0, 0], case.groups, mask)
+    return grads[mask.index(True)]
 
 
 def explain_call(op: str, operands: Operands) -> str:
@@ -612,7 +626,7 @@ def run_rows(cases: Sequence[GpuCase], *, sim: bool, ops: Sequence[str] = OPS,
         warnings.filterwarnings("ignore", message=".*under-utilization.*")
         for case in cases:
             for layout in layouts:
-                new_rows = [GpuRow(case.name, layout, op, case.flops / 1e9,
+                new_rows = [GpuRow(case.name, layout, op, case.op_flops(op) / 1e9,
                                    tolerance=tolerance) for op in ops]
                 if out_of_time():
                     for row in new_rows:
@@ -654,7 +668,7 @@ def _check_and_time(row: GpuRow, operands: Operands, *, sim, timer, tf32, ours, 
         say(f"{what}: checking against PyTorch (IEEE float32)")
         set_torch_fp32("ieee")
         reference = torch_call(op, operands)
-        if op != "conv_backward_weight":  # compare in numbaconv's physical layout
+        if op in ("conv", "conv_backward_data"):  # compare in numbaconv's physical layout
             reference = operands.physical(reference)
         got = ours(op, operands)
         if not sim:

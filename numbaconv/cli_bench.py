@@ -366,11 +366,11 @@ def _bench_cuda(args) -> int:
                f"--suite rnn", file=sys.stderr)
         return USAGE_ERROR
     ops = tuple(dict.fromkeys(args.op)) if args.op else bench_cuda.OPS
-    wrong = [op for op in ops if op not in bench_cuda.OPS]
+    wrong = [op for op in ops if op not in bench_cuda.ALL_OPS]
     if wrong or args.dtype != "float32":
         what = f"--op {', '.join(wrong)}" if wrong else f"--dtype {args.dtype}"
-        _print(f"numbaconv bench: error: --device cuda times float32 {', '.join(bench_cuda.OPS)}"
-               f" only, not {what}", file=sys.stderr)
+        _print(f"numbaconv bench: error: --device cuda times float32 "
+               f"{', '.join(bench_cuda.ALL_OPS)} only, not {what}", file=sys.stderr)
         return USAGE_ERROR
     for name in ("tolerance", "budget", "time_limit"):
         value = getattr(args, name)
@@ -459,7 +459,9 @@ def _bench_cuda(args) -> int:
               else f"{tolerance:g} (conv), {rnn_tolerance:g} (rnn)")
            + ", else the row fails and is not timed; 'ieee/ours' and 'tf32/ours' are "
            "PyTorch's time over numbaconv's (> 1: numbaconv is faster)"
-           + ("; TFLOP/s counts 2*N*K*(C/groups)*R*S*P*Q per op" if cases else ""))
+           + ("; TFLOP/s counts 2*N*K*(C/groups)*R*S*P*Q per op" if cases else "")
+           + (" (conv_backward_bias: N*K*P*Q, one add a dy element)"
+              if cases and "conv_backward_bias" in ops else ""))
     if rnn_cases:
         _print(f"{bench_cuda.RNN_OP}: rnn_forward(training=True, reserve=preallocated) + "
                f"rnn_backward_data + rnn_backward_weights(out=) on device arrays, checked on "

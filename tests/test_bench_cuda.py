@@ -80,6 +80,25 @@ def test_sim_run_checks_and_times_every_row(tmp_path):
     assert "12 of 12 rows checked and timed" in proc.stdout
 
 
+@needs_simulator
+def test_sim_run_times_the_bias_gradient_when_asked(tmp_path):
+    """``--op conv_backward_bias`` (not among the default ops): the bias rows are checked
+    against PyTorch's convolution_backward and timed, their GFLOP one add a dy element."""
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, "-m", "numbaconv", "bench", "--device", "cuda",
+                           "--sim", "--case", "pointwise", "--op", "conv_backward_bias",
+                           "--json", str(out)], cwd=ROOT, env=SIM_ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["layout"], r["op"], r["status"]) for r in rows] == [
+        (lay, "conv_backward_bias", "ok") for lay in bench_cuda.LAYOUTS]
+    case = bench_cuda.select_cases(sim=True, patterns=["pointwise"])[0]
+    for r in rows:
+        assert r["rel_err"] <= r["tolerance"] and r["algorithm"] == "cuda/reduce", r
+        assert r["gflop"] == case.batch * case.out_channels * case.output_size ** 2 / 1e9
+
+
 _WRONG = """
 import json, sys
 import numpy as np
@@ -212,7 +231,7 @@ def test_the_host_time_script_runs_both_launch_paths():
                           cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("pointwise_2to4_5")]
-    assert len(rows) == 6, proc.stdout
+    assert len(rows) == 8, proc.stdout  # 2 layouts x 4 ops, the bias gradient included
     assert "results: the same bits in both settings" in proc.stdout
 
 

@@ -2,8 +2,8 @@
 
 Each setting of ``NUMBACONV_CUDA_SHORT_LAUNCH`` (``0``: every kernel through Numba's
 ``kernel[grid, block]``; ``1``: numbaconv/cuda/_launch.py) runs in its own process, on the
-GPU benchmark's cases (numbaconv.bench_cuda: the convolution ops in both layouts, and the
-recurrent training step). Per case and op, after warm-up calls:
+GPU benchmark's cases (numbaconv.bench_cuda: the convolution ops and the bias gradient in
+both layouts, and the recurrent training step). Per case and op, after warm-up calls:
 
 - ``issue us``: host time per call while issuing ``--reps`` calls back to back without
   waiting for the GPU (the median of 5 such rounds), what a host-bound call costs;
@@ -71,7 +71,7 @@ def measure(args) -> dict:
         for case in b.select_cases(sim=args.sim, patterns=args.case):
             for layout in ("channels_first", "channels_last"):
                 operands = b.Operands(case, layout, sim=args.sim)
-                for op in b.OPS:
+                for op in b.ALL_OPS:
                     timed(f"{case.name} {layout} {op}",
                           lambda: b.numbaconv_call(op, operands))
         for case in b.select_rnn_cases(sim=args.sim, patterns=args.case):
