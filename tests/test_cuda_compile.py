@@ -31,10 +31,16 @@ CCS = ((8, 0), (9, 0))
 def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
     from numba import cuda
 
-    from numbaconv.cuda import _bias, _kernels
+    from numbaconv.cuda import _bias, _depthwise
     ptxas = machine_code.ptxas()
     cl = layout == "channels_last"
-    kernels = _kernels.signatures(dtype, cl)
+    kernels = [(f"dw_conv_{mode}_{layout}_{dtype}_{'s1' if s1 else 'strided'}"
+                f"{'_grouped' if grouped else ''}",
+                _depthwise.dw_conv_function(dtype, cl, mode, s1, False, mode == "forward",
+                                            False, grouped),
+                _depthwise._launch_types("dw_conv", (dtype,)))
+               for mode in ("forward", "data") for s1 in (True, False)
+               for grouped in (False, True)]
     kernels += [(f"bias_sums_{layout}_{dtype}_d{dims}_{'wide' if wide else '32'}",
                  _bias.bias_sums_function(dtype, cl, dims, wide, CUDA_THREADS_PER_BLOCK),
                  _bias.launch_types(dtype))

@@ -117,15 +117,16 @@ def test_depthwise_kernels_compile_without_spills(dtype, tmp_path):
     from numba import cuda
 
     from numbaconv.cuda import _depthwise as dw
-    keys = [("dw_conv", (dtype, cl, mode, stride1, False, bias, False))
+    keys = [("dw_conv", (dtype, cl, mode, stride1, False, bias, False, grouped))
             for cl in (False, True) for mode, bias in (("forward", True), ("data", False))
-            for stride1 in (True, False)]
+            for stride1 in (True, False) for grouped in (False, True)]
     keys += [("dw_weight", (dtype, cl, (1, 3, 3), False)) for cl in (False, True)]
     lines = []
     for name, key in keys:
         ptx, _ = cuda.compile_ptx(dw._FUNCTIONS[name](*key), dw._launch_types(name, key),
                                   cc=CC)
-        label = f"{name}_{'_'.join(map(str, key[1:4]))}"
+        grouped = name == "dw_conv" and key[-1]
+        label = f"{name}_{'_'.join(map(str, key[1:4]))}{'_grouped' if grouped else ''}"
         report = machine_code.assemble(ptx, CC, tmp_path, "kernel")
         assert "CALL" not in machine_code.disassemble(report["cubin"]), label
         lines.append(f"sm_90 {label:40s} {report['registers']:3d} regs "

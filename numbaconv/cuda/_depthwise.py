@@ -1,10 +1,12 @@
 """The ``depthwise`` algorithm of the cuda backend: one channel per group, one output
-channel per input channel (``groups == C == K``), where a GEMM tile would be almost empty.
+channel per input channel (``groups == C == K``), where a GEMM tile would be almost empty;
+its forward kernel also serves ``direct`` (groups of a few channels).
 
 ``dw_conv`` (forward, data gradient, transposed convolution)
     Each thread computes ``V`` outputs along the last spatial dimension of one (image,
     channel, row), decoding its position once; the taps run in loops, the weights of its
-    channel read once a tap. Memory-bound: every input element is read by up to ``taps``
+    channel read once a tap, once for each source channel of its group (one when
+    depthwise). Memory-bound: every input element is read by up to ``taps``
     neighbouring outputs, mostly from L1. Channels-last: neighbouring threads take
     neighbouring channels (coalesced); channels-first: neighbouring runs of a row. The data
     gradient of stride 1 is the same gather with the taps mirrored; with a stride, a tap
@@ -59,8 +61,8 @@ def weight_applies(problem) -> bool:
 
 DW_CONV = """
 def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
-            sN, sC, s0, s1, s2, oN, oC, o0, o1, o2, R0, R1, R2, wC, w0, w1, w2,
-            st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2):
+            sN, sC, s0, s1, s2, oN, oC, o0, o1, o2, R0, R1, R2, wK, w0, w1, w2,
+            st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2, GO, M, wCi):
     f = I(cuda.blockIdx.x * THREADS + cuda.threadIdx.x)
     Q2 = I((P2 + V - 1) // V)
     rows = I(P0 * P1)
@@ -84,54 +86,73 @@ def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
     p0 = I(U(r01) // U(P1))
     p1 = I(r01 - p0 * P1)
     pb = I(q2 * V)
-    sbase = I(n * sN + c * sC)
-    wbase = I(c * wC)
+#if GROUPED
+    # output channel c of group g sums the group's M source channels
+    g = I(U(c) // U(GO))
+    sgroup = I(n * sN + g * M * sC)
+#if forward
+    wgroup = I(c * wK)
+    wstep = I(wCi)
+#else
+    wgroup = I(g * M * wK + (c - g * GO) * wCi)
+    wstep = I(wK)
+#end
+    summed = I(M)
+#else
+    sgroup = I(n * sN + c * sC)
+    wgroup = I(c * wK)
+    wstep = I(0)
+    summed = I(1)
+#end
 #unroll v V
     acc_{v} = acc(0)
 #end
-    for t0 in range(R0):
+    for m in range(summed):
+        sbase = I(sgroup + m * sC)
+        wbase = I(wgroup + m * wstep)
+        for t0 in range(R0):
 #if forward
-        i0 = I(p0 * st0 - bf0 + t0 * dl0)
-        ok0 = U(i0) < U(S0)
+            i0 = I(p0 * st0 - bf0 + t0 * dl0)
+            ok0 = U(i0) < U(S0)
 #elif stride1
-        i0 = I(p0 + bf0 - t0 * dl0)
-        ok0 = U(i0) < U(S0)
+            i0 = I(p0 + bf0 - t0 * dl0)
+            ok0 = U(i0) < U(S0)
 #else
-        m0 = I(p0 + bf0 - t0 * dl0)
-        i0 = I(U(m0) // U(st0))
-        ok0 = (m0 >= 0) & (m0 - i0 * st0 == 0) & (i0 < S0)
+            m0 = I(p0 + bf0 - t0 * dl0)
+            i0 = I(U(m0) // U(st0))
+            ok0 = (m0 >= 0) & (m0 - i0 * st0 == 0) & (i0 < S0)
 #end
-        if ok0:
-            for t1 in range(R1):
+            if ok0:
+                for t1 in range(R1):
 #if forward
-                i1 = I(p1 * st1 - bf1 + t1 * dl1)
-                ok1 = U(i1) < U(S1)
+                    i1 = I(p1 * st1 - bf1 + t1 * dl1)
+                    ok1 = U(i1) < U(S1)
 #elif stride1
-                i1 = I(p1 + bf1 - t1 * dl1)
-                ok1 = U(i1) < U(S1)
+                    i1 = I(p1 + bf1 - t1 * dl1)
+                    ok1 = U(i1) < U(S1)
 #else
-                m1 = I(p1 + bf1 - t1 * dl1)
-                i1 = I(U(m1) // U(st1))
-                ok1 = (m1 >= 0) & (m1 - i1 * st1 == 0) & (i1 < S1)
+                    m1 = I(p1 + bf1 - t1 * dl1)
+                    i1 = I(U(m1) // U(st1))
+                    ok1 = (m1 >= 0) & (m1 - i1 * st1 == 0) & (i1 < S1)
 #end
-                if ok1:
-                    row = I(sbase + i0 * s0 + i1 * s1)
-                    for t2 in range(R2):
-                        wv = acc(w[U(wbase + t0 * w0 + t1 * w1 + t2 * w2)])
+                    if ok1:
+                        row = I(sbase + i0 * s0 + i1 * s1)
+                        for t2 in range(R2):
+                            wv = acc(w[U(wbase + t0 * w0 + t1 * w1 + t2 * w2)])
 #unroll v V
 #if forward
-                        i2 = I((pb + {v}) * st2 - bf2 + t2 * dl2)
-                        if U(i2) < U(S2):
-                            acc_{v} += wv * acc(src[U(row + i2 * s2)])
+                            i2 = I((pb + {v}) * st2 - bf2 + t2 * dl2)
+                            if U(i2) < U(S2):
+                                acc_{v} += wv * acc(src[U(row + i2 * s2)])
 #elif stride1
-                        i2 = I(pb + {v} + bf2 - t2 * dl2)
-                        if U(i2) < U(S2):
-                            acc_{v} += wv * acc(src[U(row + i2 * s2)])
+                            i2 = I(pb + {v} + bf2 - t2 * dl2)
+                            if U(i2) < U(S2):
+                                acc_{v} += wv * acc(src[U(row + i2 * s2)])
 #else
-                        m2 = I(pb + {v} + bf2 - t2 * dl2)
-                        i2 = I(U(m2) // U(st2))
-                        if (m2 >= 0) & (m2 - i2 * st2 == 0) & (i2 < S2):
-                            acc_{v} += wv * acc(src[U(row + i2 * s2)])
+                            m2 = I(pb + {v} + bf2 - t2 * dl2)
+                            i2 = I(U(m2) // U(st2))
+                            if (m2 >= 0) & (m2 - i2 * st2 == 0) & (i2 < S2):
+                                acc_{v} += wv * acc(src[U(row + i2 * s2)])
 #end
 #end
     obase = I(n * oN + c * oC + p0 * o0 + p1 * o1)
@@ -152,17 +173,20 @@ def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
 
 
 def dw_conv_function(dtype: str, channels_last: bool, mode: str, stride1: bool, wide: bool,
-                     has_bias: bool, accumulate: bool):
-    """The Python function of the depthwise forward / data-gradient kernel.
+                     has_bias: bool, accumulate: bool, grouped: bool = False):
+    """The Python function of the forward / data-gradient kernel of few channels a group.
 
     Launch: ``THREADS`` threads a block, one thread per ``V`` outputs of a row. ``S`` are
     the gathered operand's sizes, ``P`` the output's; for "data" the roles of stride,
     dilation and padding are those of the forward convolution whose gradient it is.
+    ``grouped``: ``GO`` output channels a group, each summing ``M`` source channels (else
+    depthwise: one and one, known when compiled).
     """
     acc, I, U = scalar_types(dtype, wide)
     names = dict(V=V, THREADS=THREADS, cl=channels_last, forward=mode == "forward",
-                 stride1=stride1, BIAS=has_bias, ACCUM=accumulate,
-                 KEY=f"{dtype} cl={channels_last} {mode} stride1={stride1} wide={wide}")
+                 stride1=stride1, BIAS=has_bias, ACCUM=accumulate, GROUPED=grouped,
+                 KEY=f"{dtype} cl={channels_last} {mode} stride1={stride1} wide={wide} "
+                     f"grouped={grouped}")
     return compile_source("dw_conv", DW_CONV, names, dict(acc=acc, I=I, U=U))
 
 
@@ -254,13 +278,15 @@ def _launch_types(name: str, key: tuple) -> tuple:
     from numba import types
     data, accs = ig.pointer_types(key[0])
     if name == "dw_conv":
-        return (data, data, data, data) + (types.int64,) * 34
+        return (data, data, data, data) + (types.int64,) * 37
     return (data, data, accs) + (types.int64,) * 28
 
 
 def convolution(mode: str, problem, src, w, bias, out, result_shape):
-    """Depthwise ``out = [out +] conv(src, w) [+ bias]`` ("forward") or its data gradient /
-    transposed convolution ("data")."""
+    """``out = [out +] conv(src, w) [+ bias]`` ("forward") or its data gradient / transposed
+    convolution ("data") by ``dw_conv``: depthwise, or any grouping (each output sums its
+    group's source channels one after another; the ``direct`` algorithm, chosen for groups
+    of a few channels)."""
     g = geom(problem)
     dtype = problem.dtype
     cl = problem.channels_last
@@ -273,15 +299,17 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     wo = ig.operand(w, None, g)
     src_size, out_size = (g.s, g.p) if forward else (g.p, g.s)
     stride1 = g.stride == (1, 1, 1)
-    wide = max(s.span, o.span) > ig.INDEX32_LIMIT
+    wide = max(s.span, o.span, wo.span) > ig.INDEX32_LIMIT
     has_bias = bias is not None
     bias_ref = ig.bias_operand(bias, dtype)
     run = kernel("dw_conv", dtype, cl, mode, stride1, wide, has_bias,
-                 bool(problem.accumulate))
-    threads = g.n * g.c * out_size[0] * out_size[1] * -(-out_size[2] // V)
+                 bool(problem.accumulate), not applies(problem))
+    channels, per_group, summed = (g.k, g.kg, g.cg) if forward else (g.c, g.cg, g.kg)
+    threads = g.n * channels * out_size[0] * out_size[1] * -(-out_size[2] // V)
     launch(run, -(-threads // THREADS), THREADS,
-           s.ref, wo.ref, o.ref, bias_ref, g.n, g.c, *src_size, *out_size, *s.strides, *o.strides,
-           *g.r, wo.strides[0], *wo.strides[2:], *g.stride, *g.dilation, *g.before)
+           s.ref, wo.ref, o.ref, bias_ref, g.n, channels, *src_size, *out_size, *s.strides,
+           *o.strides, *g.r, wo.strides[0], *wo.strides[2:], *g.stride, *g.dilation,
+           *g.before, per_group, summed, wo.strides[1])
     ig._written(target, result, g, cl)
     return result
 

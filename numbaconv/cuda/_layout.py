@@ -13,7 +13,7 @@ import numpy as np
 from .._device import as_device, device_array, simulated
 from .._kernel_geometry import Geom, geom
 
-__all__ = ["Geom", "geom", "device_array", "geometry_args", "view5", "as_device",
+__all__ = ["Geom", "geom", "device_array", "view5", "as_device",
            "simulated"]
 
 
@@ -40,12 +40,3 @@ def activation5(g: Geom, a):
 
 def weight5(a):
     return view5(a, 2)
-
-
-def geometry_args(g: Geom) -> tuple:
-    """``(groups, s, r, p, stride, dilation, before)`` as kernel arguments (int64)."""
-    def ints(t):
-        return tuple(int(v) for v in t)
-    return (int(g.groups), ints(g.s), ints(g.r), ints(g.p), ints(g.stride), ints(g.dilation),
-            ints(g.before))
-

@@ -1,7 +1,8 @@
 """CUDA data gradient and transposed convolution: the forward driver in ``"data"`` mode.
 
-Each thread owns one dx element and sums the (output channel, tap) pairs whose window covers
-it, so nothing is scattered and no atomics are needed (see ``_kernels.implicit_gemm``).
+Every dx element is summed by the thread that owns it over the (output channel, tap) pairs
+whose window covers it (:mod:`._implicit_gemm` by stride phases, :mod:`._depthwise`), so
+nothing is scattered and no atomics are needed.
 """
 
 from __future__ import annotations
