@@ -69,17 +69,16 @@ def run(problem, operands, out, algorithm):
                 # planned once; each step moves it to its own step of the reserve
                 recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec,
                                      dt, steps=gates)
-                key = (mode, dt, proj)
-                if proj:  # the cell kernel reads dm = dproj @ W_hr, not dh, rec and dy
+                # with a projection the cell kernel reads dm = dproj @ W_hr, not dh, rec, dy
+                cell_dh, cell_rec, cell_dy = (dm, dm, gates) if proj else (dh, rec, dy_d)
+                step = bound("backward_step", (mode, dt, proj), n * hs,
+                             (gates, cells, states, init, cell_dh, cell_rec, cell_dy, dc, lens,
+                              0, d == 1), at=9)
+                if proj:
                     dproj = layout.dproj(reserve, layer, d)
                     projection = Prepared(dproj[0], w_hr, dm, dt, steps=dproj)
                     output_gradient = bound("gradient_of_output", (dt,), n * p,
                                             (dh, rec, dy_d, dproj, lens, 0), at=5)
-                    step = bound("backward_step", key, n * hs, (gates, cells, states, init, dm,
-                                 dm, gates, dc, lens, 0, d == 1), at=9)
-                else:
-                    step = bound("backward_step", key, n * hs, (gates, cells, states, init, dh,
-                                 rec, dy_d, dc, lens, 0, d == 1), at=9)
                 for t in reversed(steps(t_len, d)):
                     if proj:
                         output_gradient(t)

@@ -259,16 +259,15 @@ def run(problem, operands, out, algorithm):
             else:
                 # planned once, run every step: the same arrays each time
                 recurrent = Prepared(h, w_hh, hg, dt, tb=True)
-                key = (cfg.mode, dt, proj)
-                if proj:  # the cell writes m; h and y come from its projection
+                # with a projection the cell writes m, and h and y come from the projection
+                cell_h, cell_y = (m, gates) if proj else (h, y_d)
+                step = bound("forward_step", (cfg.mode, dt, proj), n * hs,
+                             (gates, hg, b_ih, b_hh, cell_h, c, cell_y, cells, lens, 0,
+                              training), at=9)
+                if proj:
                     projection = Prepared(m, w_hr, hp, dt, tb=True)
-                    step = bound("forward_step", key, n * hs, (gates, hg, b_ih, b_hh, m, c,
-                                 gates, cells, lens, 0, training), at=9)
                     commit = bound("commit_projection", (dt,), n * p, (hp, h, y_d, lens, 0),
                                    at=4)
-                else:
-                    step = bound("forward_step", key, n * hs, (gates, hg, b_ih, b_hh, h, c,
-                                 y_d, cells, lens, 0, training), at=9)
                 for t in steps(t_len, d):
                     recurrent()
                     step(t)
