@@ -45,12 +45,18 @@ def launch(kernel, grid, block, *args) -> None:
         kernel[grid, block](*args)
     elif plan is _UNSEEN:
         kernel[grid, block](*args)
-        _PLANS[kernel] = None if simulated() or not cuda_short_launch() else _plan(kernel)
+        _PLANS[kernel] = _plan(kernel) if _wanted() else None
     else:
         plan(grid, block, args)
 
 
 _UNSEEN = object()
+
+
+def _wanted() -> bool:
+    """Whether the short path may be tried: a GPU (not the simulator), and
+    ``NUMBACONV_CUDA_SHORT_LAUNCH`` not 0."""
+    return not simulated() and cuda_short_launch()
 
 
 class _Plan:
@@ -183,8 +189,7 @@ class Bound:
             args[self.at] = value
             self.kernel[self.grid, self.block](*args)
             if prepared is _UNSEEN:
-                self.prepared = (None if simulated() or not cuda_short_launch()
-                                 else self._prepare())
+                self.prepared = self._prepare() if _wanted() else None
             return
         launch, stream, config, function, kernelargs, slot, cast = prepared
         kernelargs[slot] = cast(value)
