@@ -24,15 +24,13 @@ from typing import NamedTuple
 
 from . import _implicit_gemm as ig
 from ._launch import launch
-from ._layout import device_array, view5
+from ._layout import device_array
 from ._templates import compile_source, scalar_types
 
 #: Blocks to aim for over all channel blocks: enough to fill a large GPU several times,
 #: few enough that the partials (chunks x K) stay small. Fixed: the split (and the bits of
 #: db) never depend on the device.
 TARGET_BLOCKS = 1024
-#: Rows a lane sums at least per chunk (fewer chunks, less partial traffic, for small dy).
-MIN_ROWS_PER_LANE = 4
 
 BIAS_SUMS = """
 def bias_sums(dy, partial, K_, rows_, P0_, P1_, P2_, yN_, yK_, y0_, y1_, y2_, chunk_len_,
@@ -175,45 +173,23 @@ def walk(sizes: tuple, strides: tuple, image_stride: int, lanes: int) -> Walk:
                 (0,) * pad + tuple(reversed(carries)))
 
 
-class _Layout(NamedTuple):
-    """What :func:`._implicit_gemm.operand` needs of a geometry to copy a negatively strided
-    dy (its layout)."""
-    channels_last: bool
-
-
-def chunks_for(rows: int, channel_blocks: int, lanes: int) -> tuple:
-    """``(chunks, chunk_len)``: about :data:`TARGET_BLOCKS` blocks in all, each lane summing
-    at least :data:`MIN_ROWS_PER_LANE` rows, at most 65,535 chunks (the grid's y limit)."""
-    chunks = max(1, min(-(-TARGET_BLOCKS // channel_blocks),
-                        -(-rows // (lanes * MIN_ROWS_PER_LANE)), 65535))
-    chunk_len = max(1, -(-rows // chunks))
-    return max(1, -(-rows // chunk_len)), chunk_len
-
-
 def bias_gradient(problem, dy, out, threads: int):
     """``db = [db +] sum of dy over images and positions`` (see the module's docstring)."""
     cl = problem.channels_last
     dtype = problem.dtype
     k = problem.channels
     result = out if out is not None else device_array((k,), dtype)
-    if k == 0:
-        return result
     sizes = (1,) * (3 - len(problem.output_size)) + tuple(problem.output_size)
-    rows = problem.batch * math.prod(sizes)
-    yo = ig.operand(dy, cl, _Layout(cl))
-    target = result  # a negatively strided db is written through a contiguous stand-in
-    if any(st < 0 for st in ig._shape_strides(result)[1]):
-        target = device_array((k,), dtype)
-        if problem.accumulate:
-            ig._copy5(view5(result, 1), into=view5(target, 1))
-    wo = ig.operand(target)
+    rows = problem.batch * math.prod(sizes)  # at least 1: empty arrays are refused
+    yo = ig.operand(dy, cl, problem)  # the problem's layout, should dy need a copy
+    target, wo = ig._writable(result, (k,), None, None, problem.accumulate)
     cb = min(32, threads) if cl else 1
     lanes = threads // cb
     channel_blocks = -(-k // cb)
-    chunks, chunk_len = chunks_for(rows, channel_blocks, lanes)
+    chunks, chunk_len = ig.row_chunks(rows, channel_blocks, lanes, TARGET_BLOCKS)
     partial = ig.workspace("bias partials", chunks * k, ig._acc(dtype))
     ys = yo.strides
-    w = walk(sizes if rows else (1, 1, 1), ys[2:], ys[0], lanes)
+    w = walk(sizes, ys[2:], ys[0], lanes)
     # 32-bit where every offset a lane forms, before its carries too, stays below the limit
     reach = yo.span + abs(w.step) + sum(abs(c) for c in w.carries)
     wide = max(reach, rows + lanes, chunks * k) > ig.INDEX32_LIMIT
@@ -223,6 +199,5 @@ def bias_gradient(problem, dy, out, threads: int):
     launch(ig.kernel("sum_chunks", dtype), -(-k // 256), 256,
            ig._ref(partial), wo.ref, k, chunks, 1, 1, 1, 1, bool(problem.accumulate),
            *wo.strides)
-    if target is not result:
-        ig._copy5(view5(target, 1), into=view5(result, 1))
+    ig._written(target, result, None, None)
     return result

@@ -18,11 +18,14 @@ __all__ = ["Geom", "geom", "device_array", "view5", "as_device",
 
 
 def view5(a, at: int):
-    """``a`` with unit axes inserted at ``at`` until it has 5 dimensions (a view)."""
+    """``a`` with unit axes inserted at ``at`` (at most after its last axis: a bias's or
+    1-D weight's ``(K,)`` becomes ``(K, 1, 1, 1, 1)``) until it has 5 dimensions (a
+    view)."""
     a = as_device(a)
     count = 5 - len(a.shape)
     if count == 0:
         return a
+    at = min(at, len(a.shape))
     if simulated():
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
         return FakeCUDAArray(np.expand_dims(a._ary, tuple(range(at, at + count))))
