@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("numba_cuda")
 
-from numbaconv.cuda._bias import TARGET_BLOCKS, chunks_for, walk  # noqa: E402
+from numbaconv.cuda._bias import TARGET_BLOCKS, walk  # noqa: E402
+from numbaconv.cuda._implicit_gemm import row_chunks  # noqa: E402
 
 
 def walked(w, start: int, count: int) -> list:
@@ -85,7 +86,7 @@ def test_contiguous_layouts_need_at_most_one_digit():
 @pytest.mark.parametrize("rows", [0, 1, 7, 256, 10_000, 3_211_264, 10 ** 10])
 @pytest.mark.parametrize("channel_blocks", [1, 8, 256, 5000])
 def test_chunks_cover_the_rows_within_the_grid(rows, channel_blocks):
-    chunks, chunk_len = chunks_for(rows, channel_blocks, 8)
+    chunks, chunk_len = row_chunks(rows, channel_blocks, 8, TARGET_BLOCKS)
     assert 1 <= chunks <= 65535 and chunk_len >= 1
     assert (chunks - 1) * chunk_len < max(rows, 1) <= chunks * chunk_len
     assert chunks <= max(1, -(-TARGET_BLOCKS // channel_blocks))

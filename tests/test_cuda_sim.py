@@ -189,9 +189,9 @@ def test_conv_backward_bias_walks_every_view(label, layout, shape, physical, cut
     shape's split, one chunk, three (chunks that start inside a row) and 64 threads a block
     (channels-last: two row lanes a channel); float64 accumulating into a strided out, and
     float16."""
-    from numbaconv.cuda import _bias, conv_backward_bias
+    from numbaconv.cuda import _implicit_gemm, conv_backward_bias
     if chunks != "by_shape":
-        monkeypatch.setattr(_bias, "chunks_for", lambda rows, blocks, lanes: (
+        monkeypatch.setattr(_implicit_gemm, "row_chunks", lambda rows, blocks, lanes, aim: (
             chunks, -(-rows // chunks)))
     if threads:
         monkeypatch.setattr(conv_backward_bias, "cuda_threads_per_block", lambda: threads)

@@ -329,10 +329,7 @@ def weight_gradient(problem, x, dy, out):
     channel_blocks = -(-g.c // cb)
     lanes = THREADS // cb
     total = g.n * g.positions
-    chunks = max(1, min(-(-WEIGHT_TARGET_BLOCKS // channel_blocks),
-                        -(-total // (lanes * 4)), 65535))
-    chunk_len = -(-total // chunks)
-    chunks = -(-total // chunk_len)
+    chunks, chunk_len = ig.row_chunks(total, channel_blocks, lanes, WEIGHT_TARGET_BLOCKS)
     count = g.c * g.taps
     partial = ig.workspace("partials", chunks * count, ig._acc(dtype))
     wide = max(xo.span, yo.span, chunks * count) > ig.INDEX32_LIMIT

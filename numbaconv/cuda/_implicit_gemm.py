@@ -310,6 +310,23 @@ def weight_gradient(problem, x, dy, out):
     return result
 
 
+#: Rows a lane sums at least per chunk in the per-channel reductions (fewer chunks, less
+#: partial traffic, for small operands).
+MIN_ROWS_PER_LANE = 4
+
+
+def row_chunks(rows: int, channel_blocks: int, lanes: int, target_blocks: int) -> tuple:
+    """``(chunks, chunk_len)`` of a per-channel reduction over ``rows`` rows (the depthwise
+    weight gradient's, the bias gradient's) by ``channel_blocks`` blocks of ``lanes`` row
+    lanes: about ``target_blocks`` blocks in all, each lane summing at least
+    :data:`MIN_ROWS_PER_LANE` rows, at most 65,535 chunks (the grid's y limit). Depends on
+    the shape only."""
+    chunks = max(1, min(-(-target_blocks // channel_blocks),
+                        -(-rows // (lanes * MIN_ROWS_PER_LANE)), 65535))
+    chunk_len = max(1, -(-rows // chunks))
+    return max(1, -(-rows // chunk_len)), chunk_len
+
+
 @functools.lru_cache(maxsize=1024)
 def weight_chunks(tiles: int, steps: int, partial_elements: int, threads: int) -> int:
     """How many chunks the weight gradient cuts its reduction of ``steps`` steps into, for
