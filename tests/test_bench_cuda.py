@@ -35,6 +35,19 @@ SIM_ENV = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBACONV_CUDA_TILE="4,8,4"
                                                     if p]))
 
 
+#: ``numbaconv bench --device cuda --sim``, as :func:`run_sim` takes it.
+SIM_BENCH = ("-m", "numbaconv", "bench", "--device", "cuda", "--sim")
+
+
+def run_sim(*argv):
+    """``python *argv`` from the checkout under the simulator (:data:`SIM_ENV`), which must
+    exit 0; the finished process."""
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=SIM_ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 def run_cli(capsys, *argv):
     status = main(list(argv))
     captured = capsys.readouterr()
@@ -48,11 +61,8 @@ def test_sim_run_checks_and_times_every_row(tmp_path):
     """Two cases (a 1x1 and a stride-2 3x3), both layouts, the three ops: each row matches
     PyTorch and carries the three timings; the JSON holds every row and the environment."""
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, "-m", "numbaconv", "bench", "--device", "cuda",
-                           "--sim", "--case", "pointwise", "--case", "resnet3x3s2_2c",
-                           "--json", str(out)], cwd=ROOT, env=SIM_ENV, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_sim(*SIM_BENCH, "--case", "pointwise", "--case", "resnet3x3s2_2c", "--json",
+                   str(out))
     assert "mean nothing" in proc.stdout
     assert "checking against PyTorch" in proc.stderr  # progress, on stderr
     record = json.loads(out.read_text())
@@ -85,11 +95,8 @@ def test_sim_run_times_the_bias_gradient_when_asked(tmp_path):
     """``--op conv_backward_bias`` (not among the default ops): the bias rows are checked
     against PyTorch's convolution_backward and timed, their GFLOP one add a dy element."""
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, "-m", "numbaconv", "bench", "--device", "cuda",
-                           "--sim", "--case", "pointwise", "--op", "conv_backward_bias",
-                           "--json", str(out)], cwd=ROOT, env=SIM_ENV, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_sim(*SIM_BENCH, "--case", "pointwise", "--op", "conv_backward_bias", "--json",
+            str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [(r["layout"], r["op"], r["status"]) for r in rows] == [
         (lay, "conv_backward_bias", "ok") for lay in bench_cuda.LAYOUTS]
@@ -129,9 +136,7 @@ print(json.dumps(dict(rows=[r.as_dict() for r in rows], late=[r.as_dict() for r 
 
 @needs_simulator
 def test_a_wrong_result_is_a_failure_and_is_not_timed():
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WRONG)], cwd=ROOT,
-                          env=SIM_ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_sim("-c", textwrap.dedent(_WRONG))
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     wrong, broken, right = result["rows"]
     assert wrong["op"] == "conv" and wrong["status"] == "FAIL"
@@ -153,10 +158,7 @@ def test_sim_rnn_rows_check_and_time_a_training_step(tmp_path):
     the weight gradients and carries the three timings and the product path (the GRU's
     check runs in the test below; the simulator takes about 5 s per step)."""
     out = tmp_path / "rnn.json"
-    proc = subprocess.run([sys.executable, "-m", "numbaconv", "bench", "--device", "cuda",
-                           "--sim", "--suite", "rnn", "--quick", "--json", str(out)],
-                          cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_sim(*SIM_BENCH, "--suite", "rnn", "--quick", "--json", str(out))
     assert "rnn_training_step: rnn_forward(training=True" in proc.stdout
     assert "recurrent products (numbaconv's cuda backend): the Numba gemm kernel" in \
         proc.stdout
@@ -209,11 +211,8 @@ def test_the_rnn_algorithms_script_compares_both_loops():
     """docs/benchmarks/gpu_rnn_algorithms.py (how the persistent loops get timed on a GPU)
     runs under the simulator: both algorithms on the LSTM twin, and, on the Numba product
     path the simulator has, the same results to the bit."""
-    proc = subprocess.run([sys.executable, os.path.join("docs", "benchmarks",
-                                                         "gpu_rnn_algorithms.py"),
-                           "--sim", "--case", "lstm_T3", "--reps", "1"],
-                          cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_sim(os.path.join("docs", "benchmarks", "gpu_rnn_algorithms.py"), "--sim",
+                   "--case", "lstm_T3", "--reps", "1")
     rows = [line.split() for line in proc.stdout.splitlines()
             if line.startswith("lstm_T3_N2_4_5")]
     assert [r[1] for r in rows] == ["fused", "persistent"], proc.stdout
@@ -225,20 +224,16 @@ def test_the_host_time_script_runs_both_launch_paths():
     """docs/benchmarks/gpu_host_time.py (how the short launch path gets timed on a GPU) runs
     under the simulator: a process per setting of NUMBACONV_CUDA_SHORT_LAUNCH, a row per
     layout and op, and the two settings' results compared bit for bit."""
-    proc = subprocess.run([sys.executable, os.path.join("docs", "benchmarks",
-                                                         "gpu_host_time.py"),
-                           "--sim", "--case", "pointwise_2to4", "--reps", "1"],
-                          cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_sim(os.path.join("docs", "benchmarks", "gpu_host_time.py"), "--sim", "--case",
+                   "pointwise_2to4", "--reps", "1")
     rows = [line for line in proc.stdout.splitlines() if line.startswith("pointwise_2to4_5")]
     assert len(rows) == 8, proc.stdout  # 2 layouts x 4 ops, the bias gradient included
     assert "results: the same bits in both settings" in proc.stdout
 
 
+@needs_simulator
 def test_a_wrong_training_step_is_a_failure_and_is_not_timed():
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WRONG_RNN)], cwd=ROOT,
-                          env=SIM_ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_sim("-c", textwrap.dedent(_WRONG_RNN))
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     [wrong] = result["rows"]
     assert wrong["status"] == "FAIL" and "(dparams)" in wrong["detail"], wrong
