@@ -70,21 +70,22 @@ def send_workload(conn) -> None:
 #: Calls of several seconds on two threads, for the Ctrl-C test: op, algorithm, x shape
 #: (channels-first), w shape, groups, padding, layout. Each runs as many parallel regions:
 #: tiles among the tile workers (the weight gradient's partial sums each run many), or
-#: pieces of the algorithms that launch their kernels from the calling thread.
+#: pieces of the algorithms that launch their kernels from the calling thread. Each takes
+#: 2.2 s or more on 2 Zen 5 cores, so that the signal, sent 0.5 s in, arrives mid-call on
+#: any CI machine (a 1.0 s call once finished first there); an interrupted call costs the
+#: suite only its first 0.5 s.
 LONG_CALLS = {
-    "im2col forward": ("conv", "im2col", (32, 128, 56, 56), (256, 128, 7, 7), 1, 3,
+    "im2col forward": ("conv", "im2col", (48, 128, 56, 56), (256, 128, 7, 7), 1, 3,
                        "channels_first"),
-    "im2col weight gradient": ("conv_backward_weight", "im2col", (32, 128, 56, 56),
+    "im2col weight gradient": ("conv_backward_weight", "im2col", (48, 128, 56, 56),
                                (256, 128, 7, 7), 1, 3, "channels_first"),
-    # 7x7 on 48 images: seconds even with AVX-512, so that the signal, sent 0.5 s in,
-    # arrives mid-call.
     "implicit forward": ("conv", "implicit", (48, 256, 56, 56), (256, 256, 7, 7), 1, 3,
                          "channels_last"),
     "implicit weight gradient": ("conv_backward_weight", "implicit", (48, 256, 56, 56),
                                  (256, 256, 7, 7), 1, 3, "channels_last"),
-    "direct forward": ("conv", "direct", (48, 256, 32, 32), (256, 16, 15, 15), 16, 7,
+    "direct forward": ("conv", "direct", (48, 256, 56, 56), (256, 16, 15, 15), 16, 7,
                        "channels_last"),
-    "direct weight gradient": ("conv_backward_weight", "direct", (48, 256, 32, 32),
+    "direct weight gradient": ("conv_backward_weight", "direct", (48, 256, 56, 56),
                                (256, 16, 15, 15), 16, 7, "channels_first"),
     # (T, N, input size, hidden size): batch chains (four with AVX2's tiles, two with
     # AVX-512's), each stepping through time on a tile worker.
