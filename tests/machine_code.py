@@ -88,15 +88,17 @@ def loops(sass: str):
     return code, spans
 
 
-def main_loop(sass: str, trips: int) -> dict:
+def main_loop(sass: str, trips: int, multiply: tuple = FMA) -> dict:
     """The reduction step of a tiled GEMM: the loop with the barrier around the
     multiply-add loop, which runs ``trips`` times a step. Counts are per step, as issued:
     the step loop's own instructions (all of them, conditional ones included) plus the
-    multiply loop's times its trips."""
+    multiply loop's times its trips. ``multiply``: the opcodes counted as ``fma`` (the
+    tensor cores' ``HMMA``, say)."""
     code, spans = loops(sass)
 
     def fmas(span):
-        return sum(1 for op, _ in code[span[0]:span[1] + 1] if op.split(".")[0] in FMA)
+        return sum(1 for op, _ in code[span[0]:span[1] + 1]
+                   if op.split(".")[0] in multiply)
     inner = max(spans, key=lambda s: (fmas(s), s[0] - s[1]))    # ties: the innermost
 
     def barrier(span):
@@ -110,7 +112,7 @@ def main_loop(sass: str, trips: int) -> dict:
     body = code[outer[0]:outer[1] + 1]
     total = len(body) - inner_count + trips * inner_count
     ops = collections.Counter(op.split(".")[0] for op, _ in body)
-    fma_ops = sum(ops[name] for name in FMA)
+    fma_ops = sum(ops[name] for name in multiply)
     fma = fma_ops - (fmas(inner) if inner else 0) + trips * (fmas(inner) if inner else 0)
     return dict(instructions=total, fma=fma, fma_share=fma / total,
                 calls=ops["CALL"], global_loads=ops["LDG"], shared_loads=ops["LDS"])

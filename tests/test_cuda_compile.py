@@ -45,6 +45,14 @@ def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
                  _bias.bias_sums_function(dtype, cl, dims, wide, CUDA_THREADS_PER_BLOCK),
                  _bias.launch_types(dtype))
                 for dims, wide in ((0, False), (1, False), (3, False), (3, True))]
+    if dtype == "float32" and cc == (8, 0):
+        # The TF32 tensor-core GEMMs on the first architecture that has them (sm_90:
+        # tests/test_cuda_machine_code.py), on a smaller tile than the machine-code test's.
+        from numbaconv.cuda import _implicit_gemm
+        kernels += [(label, function, signature) for label, function, signature, _ in
+                    _implicit_gemm.signatures(dtype, cl, tile=_implicit_gemm.TILES[3],
+                                              tc=True)
+                    if not (cl and label.startswith("weight_gemm"))]
     assert len(kernels) >= 4
     lines = []
     for label, function, signature in kernels:

@@ -158,6 +158,44 @@ def test_64_bit_and_other_ranks_compile(tmp_path):
                 assert loop["fma_share"] >= MIN_FFMA_SHARE, (nd, loop)
 
 
+#: The most instructions the TF32 kernels' reduction step may issue per m16n8k8 product
+#: (each stands for 32 FFMA of a thread): 15.5-16.4 when written (docs/cuda.md).
+MAX_INSTRUCTIONS_PER_HMMA = 20
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_tf32_step_runs_on_tensor_cores(layout, tmp_path):
+    """The TF32 variants (NUMBACONV_CUDA_TF32=1) of the three GEMMs, float32, largest tile:
+    the reduction step issues HMMA.1688.F32.TF32, as many as the warp's products, within
+    :data:`MAX_INSTRUCTIONS_PER_HMMA` instructions each; no division routine, no local
+    memory, two blocks per SM."""
+    from numba import cuda
+
+    from numbaconv.cuda import _implicit_gemm as ig
+    lines = []
+    for label, function, signature, tile in ig.signatures("float32", layout == "channels_last",
+                                                          tc=True):
+        if layout == "channels_last" and label.startswith("weight_gemm"):
+            continue
+        ptx, _ = cuda.compile_ptx(function, signature, cc=CC, launch_bounds=(tile.threads, 2))
+        report = machine_code.assemble(ptx, CC, tmp_path, label)
+        sass = machine_code.disassemble(report["cubin"])
+        loop = machine_code.main_loop(sass, 1, multiply=("HMMA",))
+        products = (tile.tm // 2) * (tile.tn // 2) * (tile.bk // 8)
+        per = loop["instructions"] / max(1, loop["fma"])
+        lines.append(f"sm_90 {label:33s} tile {tile.bm}x{tile.bn}x{tile.bk} "
+                     f"{report['registers']:3d} regs  {loop['instructions']:4d} instr/step  "
+                     f"{loop['fma']:3d} HMMA  {per:.1f} instr/HMMA  {loop['global_loads']} LDG  "
+                     f"{loop['shared_loads']} LDS")
+        assert "HMMA.1688.F32.TF32" in sass, label
+        assert loop["fma"] == products, (label, loop)
+        assert per <= MAX_INSTRUCTIONS_PER_HMMA, lines[-1]
+        assert "CALL" not in sass and "LDL" not in sass and "STL" not in sass, label
+        assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
+        assert report["registers"] * tile.threads * 2 <= REGISTERS_PER_SM, (label, report)
+    print("\n" + "\n".join(lines))
+
+
 #: Issued instructions a row may cost the bias gradient's loop, by the walk's carrying
 #: digits (a load, an add, the step and its carries; docs/cuda.md has the counts).
 BIAS_INSTRUCTIONS_PER_ROW = {0: 12, 1: 12, 2: 20, 3: 28}

@@ -224,6 +224,103 @@ def test_reductions_are_deterministic():
         assert np.array_equal(first, again), op
 
 
+#: Tensor-core tiles (bm, bn, bk, tm, tn) for the TF32 tests, with a layout each (the
+#: layout changes only the gathers): two warps side by side along the columns (one m16n8
+#: product each), two along the rows (two products a warp along the columns), and one
+#: warp of two products along the rows.
+TF32_TILES = (("channels_first", "16,16,8,2,2"), ("channels_last", "32,16,8,2,4"),
+              ("channels_last", "32,16,8,4,2"))
+#: A case with a reduction of more than one step (12 channels: a partial second step), a
+#: partial row tile and, in the data gradient, two stride phases.
+TF32_CASE = ConvCase("2d_tf32", (2, 12, 5, 4), (10, 12, 3, 2), stride=(2, 1), padding=1)
+#: What TF32's 10 mantissa bits cost these sums at most (errors of 2-5e-4 seen; the
+#: documented bound, docs/cuda.md), and what accumulation order alone gives at most.
+TF32_ERROR, TF32_ORDER_ERROR = 2e-3, 1e-5
+
+
+@pytest.fixture
+def tf32(monkeypatch):
+    """NUMBACONV_CUDA_TF32=1, the tile caches cleared before and after."""
+    from numbaconv.cuda import _implicit_gemm
+    monkeypatch.setenv("NUMBACONV_CUDA_TF32", "1")
+    _implicit_gemm._conv_tile.cache_clear()
+    _implicit_gemm._weight_tile.cache_clear()
+    yield monkeypatch
+    _implicit_gemm._conv_tile.cache_clear()
+    _implicit_gemm._weight_tile.cache_clear()
+
+
+@pytest.mark.parametrize("layout, tile", TF32_TILES)
+def test_tf32_tensor_cores(layout, tile, tf32):
+    """With NUMBACONV_CUDA_TF32=1 the float32 GEMMs multiply on (simulated) tensor cores:
+    every product op matches the reference on operands rounded to TF32 up to accumulation
+    order, differs from the float32 one by what TF32 costs (so the rounding did happen),
+    and float16 keeps its own path."""
+    from numbaconv.cuda import _implicit_gemm
+    from numbaconv.cuda._mma import round_tf32
+    tf32.setenv("NUMBACONV_CUDA_GEMM_TILE", tile)
+    c = TF32_CASE
+    a = case_arrays(c, layout, "float32")
+    d = device(a)
+    rounded = {k: (v if k.startswith("bias") else round_tf32(v)) for k, v in a.items()}
+    for op in ("conv", "conv_backward_data", "conv_backward_weight", "conv_transpose"):
+        problem = choice_problem(op, c, layout, d)
+        got = dispatch.get_backend("cuda").run(op, problem, _operands(op, d), None,
+                                                 "implicit_gemm").copy_to_host()
+        want = expected(op, c, layout, {k: v.astype(np.float64) for k, v in a.items()})
+        want_tf32 = expected(op, c, layout, {k: v.astype(np.float64)
+                                             for k, v in rounded.items()})
+        assert relative_error(got, want_tf32) < TF32_ORDER_ERROR, (op, tile)
+        assert 0.1 * TF32_ORDER_ERROR < relative_error(got, want) < TF32_ERROR, (op, tile)
+    assert _implicit_gemm.tensor_cores("float32", _implicit_gemm.forced_tile())
+    assert not _implicit_gemm.tensor_cores("float16", _implicit_gemm.forced_tile())
+
+
+def test_tf32_needs_a_tensor_core_tile(tf32):
+    """A forced tile the warps' products cannot cover keeps the FFMA kernels: float32
+    results, no TF32 rounding."""
+    from numbaconv.cuda import _implicit_gemm
+    tf32.setenv("NUMBACONV_CUDA_GEMM_TILE", "8,16,8,2,2")
+    assert not _implicit_gemm.tensor_cores("float32", _implicit_gemm.forced_tile())
+    c, layout = TF32_CASE, "channels_last"
+    a = case_arrays(c, layout, "float32")
+    got = run_op("conv", c, layout, device(a)).copy_to_host()
+    want = expected("conv", c, layout, {k: v.astype(np.float64) for k, v in a.items()})
+    assert relative_error(got, want) < TOLERANCE["float32"]
+
+
+def test_mma_follows_the_ptx_fragment_layout():
+    """``mma_tf32`` on one warp: A (16 x 8), B (8 x 8) and C (16 x 8) handed over in the
+    PTX ISA's m16n8k8 fragments (lane's group = lane // 4, member = lane % 4), D read back
+    from C's places; against NumPy on the operands cut to TF32 (what a tensor core reads of
+    an unrounded float32)."""
+    from numbaconv.cuda._mma import mma_tf32
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((16, 8)).astype(np.float32)
+    b = rng.standard_normal((8, 8)).astype(np.float32)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+
+    @cuda.jit
+    def kernel(a, b, c, d):
+        lane = cuda.threadIdx.x
+        g, m = lane // 4, lane % 4
+        d0, d1, d2, d3 = mma_tf32(a[g, m], a[g + 8, m], a[g, m + 4], a[g + 8, m + 4],
+                                  b[m, g], b[m + 4, g],
+                                  c[g, 2 * m], c[g, 2 * m + 1], c[g + 8, 2 * m],
+                                  c[g + 8, 2 * m + 1])
+        d[g, 2 * m], d[g, 2 * m + 1], d[g + 8, 2 * m], d[g + 8, 2 * m + 1] = d0, d1, d2, d3
+
+    d = cuda.device_array((16, 8), np.float32)
+    kernel[1, 32](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), d)
+
+    def cut(v):
+        return (v.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+    want = cut(a) @ cut(b) + c
+    assert np.allclose(d.copy_to_host(), want, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(d.copy_to_host(), a.astype(np.float64) @ b + c, rtol=1e-6,
+                           atol=1e-6)
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 def _explain_args(op, c, layout, d):

@@ -25,6 +25,10 @@ read neighbouring shared words), the reduction advances ``BK`` at a time through
 shared-memory buffers (the next step's global loads are issued before the current step's
 multiply-adds). Gathers use offsets computed once per thread and per tap and advanced by
 constants: the main loop has no division, and the few outside it are unsigned 32-bit.
+With ``NUMBACONV_CUDA_TF32=1`` (float32, compute capability 8.0 or more) each warp multiplies
+its part of the block tile by ``mma.sync`` m16n8k8 TF32 products instead
+(:mod:`._mma`; the operands rounded to TF32 as they enter shared memory), on the same tiles,
+gathers and epilogue; its results are as deterministic.
 Indices are 32-bit when every operand spans fewer than about 2**31 elements (``wide=False``),
 else 64-bit. Operands are passed as device pointers with element strides (:func:`operand`;
 flat 1D arrays under the simulator), so any non-negative strides work and channels-first
@@ -48,9 +52,9 @@ import numpy as np
 from numba import cuda  # the simulator swaps this module global for its fake module
 
 from .._geometry import stride_phases
-from ..config import cuda_gemm_tile
+from ..config import cuda_gemm_tile, cuda_tf32
 from ._implicit_gemm_kernels import (TILES, TILES64, Tile, conv_gemm_function, copy5_function,
-                                     pack_weights_function, sum_chunks_function,
+                                     mma_tile, pack_weights_function, sum_chunks_function,
                                      weight_gemm_function)
 from ._launch import launch
 from ._layout import activation5, as_device, device_array, geom, simulated, view5, weight5
@@ -100,6 +104,21 @@ def choose_tile(rows: int, cols: int, blocks_per_tile: int, dtype: str) -> Tile:
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def tensor_cores(dtype: str, tile: Tile) -> bool:
+    """Whether a float32 GEMM of ``tile`` multiplies on TF32 tensor cores: asked for
+    (``NUMBACONV_CUDA_TF32=1``), a tile the warps' m16n8k8 products cover, and a device of
+    compute capability 8.0 or more (any under the simulator)."""
+    return dtype == "float32" and cuda_tf32() and mma_tile(tile) and _has_mma(_device_id())
+
+
+@functools.lru_cache(maxsize=None)
+def _has_mma(device: int) -> bool:
+    if simulated():
+        return True
+    from ._mma import MIN_COMPUTE_CAPABILITY
+    return tuple(cuda.get_current_device().compute_capability) >= MIN_COMPUTE_CAPABILITY
 
 
 _FUNCTIONS = {"conv_gemm": conv_gemm_function, "weight_gemm": weight_gemm_function,
@@ -264,7 +283,7 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     has_bias = bias is not None
     bias_ref = bias_operand(bias, dtype)
     run = kernel("conv_gemm", dtype, cl, problem.ndim, wide, tile, has_bias,
-                 bool(problem.accumulate))
+                 bool(problem.accumulate), tensor_cores(dtype, tile))
     index = np.int64 if wide else np.int32
     grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm), g.groups * len(plan.phases))
     launch(run, grid, tile.threads,
@@ -299,7 +318,7 @@ def weight_gradient(problem, x, dy, out):
     count = g.k * cols
     partial = workspace("partials", chunks * count, _acc(dtype))
     wide = max(xo.span, yo.span, chunks * count) > INDEX32_LIMIT
-    run = kernel("weight_gemm", dtype, problem.ndim, wide, tile)
+    run = kernel("weight_gemm", dtype, problem.ndim, wide, tile, tensor_cores(dtype, tile))
     launch(run, (_ceil(cols, tile.bn), row_tiles * g.groups, chunks), tile.threads,
            xo.ref, yo.ref, _ref(partial), g.n, g.groups, g.kg, g.cg, cols, row_tiles, chunk_len,
            *xo.strides, *g.s, *yo.strides, *g.p, g.r[1], g.r[2], *g.stride, *g.dilation, *g.before)
@@ -383,7 +402,8 @@ def kernel_keys(problem) -> list:
     algorithm) launches with 32-bit indices: what :func:`precompile` compiles ahead."""
     dtype, op = problem.dtype, problem.op
     if op == "conv_backward_weight":
-        return [("weight_gemm", (dtype, problem.ndim, False, _weight_tile(problem))),
+        tile = _weight_tile(problem)
+        return [("weight_gemm", (dtype, problem.ndim, False, tile, tensor_cores(dtype, tile))),
                 ("sum_chunks", (dtype,))]
     if op == "conv_backward_bias":
         return []
@@ -391,7 +411,8 @@ def kernel_keys(problem) -> list:
     tile, _ = _conv_tile(problem, forward)
     return [("pack_weights", (dtype,)),
             ("conv_gemm", (dtype, problem.channels_last, problem.ndim, False, tile,
-                           bool(problem.has_bias), bool(problem.accumulate)))]
+                           bool(problem.has_bias), bool(problem.accumulate),
+                           tensor_cores(dtype, tile)))]
 
 
 def precompile(problems, processes: int = 0) -> list:
@@ -551,18 +572,20 @@ def _no_bias(dtype: str):
 
 
 def signatures(dtype: str, channels_last: bool, nd: int = 2, tile: Tile = None,
-               wide: bool = False):
+               wide: bool = False, tc: bool = False):
     """The main kernels of one (dtype, layout) as ``(label, python function, signature,
-    tile)`` for ``numba.cuda.compile_ptx``: the types every launch passes."""
+    tile)`` for ``numba.cuda.compile_ptx``: the types every launch passes (``tc``: their
+    TF32 tensor-core variants)."""
     if tile is None:
         tile = (TILES64 if dtype == "float64" else TILES)[0]
     layout = "cl" if channels_last else "cf"
+    suffix = "_tf32" if tc else ""
     found = []
     for mode, bias in (("forward", True), ("data", False)):
-        key = (dtype, channels_last, nd, wide, tile, bias, False)
-        found.append((f"conv_gemm_{mode}_{layout}_{dtype}", conv_gemm_function(*key),
+        key = (dtype, channels_last, nd, wide, tile, bias, False, tc)
+        found.append((f"conv_gemm_{mode}_{layout}_{dtype}{suffix}", conv_gemm_function(*key),
                       _launch_types("conv_gemm", key), tile))
-    key = (dtype, nd, wide, tile)
-    found.append((f"weight_gemm_{dtype}", weight_gemm_function(*key),
+    key = (dtype, nd, wide, tile, tc)
+    found.append((f"weight_gemm_{dtype}{suffix}", weight_gemm_function(*key),
                   _launch_types("weight_gemm", key), tile))
     return found

@@ -83,6 +83,64 @@ _MULTIPLY = """
 """
 
 
+#: The tensor-core step (``tc``): each warp multiplies its WM x WN part of the block tile by
+#: m16n8k8 TF32 products (numbaconv/cuda/_mma.py), MI x NJ of them per 8 reduction steps,
+#: reading its fragments from the shared tiles (``ty``/``tx``: the warp's first row/column
+#: plus the lane's group); ``c_{2i + h}_{2j + b}`` is the result ``ROWOFF[2i + h] = 16 i +
+#: 8 h`` rows and ``COLOFF[2j + b] = 8 j + b`` columns past the lane's first (``er, ec``).
+_MULTIPLY_TC = """
+    k = I(0)
+    while k < BK:
+#unroll i MI
+        fa_{i}_0 = As[buf, k + tig, ty + {16 * i}]
+        fa_{i}_1 = As[buf, k + tig, ty + {16 * i + 8}]
+        fa_{i}_2 = As[buf, k + tig + 4, ty + {16 * i}]
+        fa_{i}_3 = As[buf, k + tig + 4, ty + {16 * i + 8}]
+#end
+#unroll j NJ
+        fb_{j}_0 = Bs[buf, k + tig, tx + {8 * j}]
+        fb_{j}_1 = Bs[buf, k + tig + 4, tx + {8 * j}]
+#end
+#unroll i MI
+#unroll j NJ
+        c_{2*i}_{2*j}, c_{2*i}_{2*j+1}, c_{2*i+1}_{2*j}, c_{2*i+1}_{2*j+1} = mma_tf32(
+            fa_{i}_0, fa_{i}_1, fa_{i}_2, fa_{i}_3, fb_{j}_0, fb_{j}_1,
+            c_{2*i}_{2*j}, c_{2*i}_{2*j+1}, c_{2*i+1}_{2*j}, c_{2*i+1}_{2*j+1})
+#end
+#end
+        k = I(k + 8)
+"""
+
+
+#: The thread's place in the block tile: with tensor cores (``tc``) its warp's tile of WM x
+#: WN and its lane's group (``ty``, ``tx``: where its A and B fragments start) and member;
+#: ``er``/``ec``: the first row/column of its results.
+_PLACE = """
+#if tc
+    lane = I(U(tid) % U(32))
+    wrp = I(U(tid) // U(32))
+    tig = I(U(lane) % U(4))
+    ty = I(I(U(wrp) // U(WARPS_N)) * WM + I(U(lane) // U(4)))
+    wc = I(I(U(wrp) % U(WARPS_N)) * WN)
+    tx = I(wc + I(U(lane) // U(4)))
+#else
+    tx = I(U(tid) % U(NTX))
+    ty = I(U(tid) // U(NTX))
+#end
+"""
+
+
+_RESULT_PLACE = """
+#if tc
+    er = ty
+    ec = I(wc + 2 * tig)
+#else
+    er = I(ty * HM)
+    ec = I(tx * HN)
+#end
+"""
+
+
 _GATHER_TAP = """
 #if use0
     d0 = I(taps[U(t * 3)])
@@ -110,15 +168,54 @@ _GATHER_TAP = """
 """
 
 
+def mma_tile(tile: Tile) -> bool:
+    """Whether the tensor-core step can run ``tile``: warps of 32 threads, each holding the
+    4 x 4 results of (tm / 2) x (tn / 2) m16n8 products, tiling the block exactly."""
+    bm, bn, bk, tm, tn = tile
+    return (tm % 2 == 0 and tn % 2 == 0 and bk % 8 == 0 and bm % (8 * tm) == 0
+            and bn % (4 * tn) == 0)
+
+
+def _tile_names(tile: Tile, tc: bool, ku: int) -> dict:
+    """The template constants of a tile: the register tile's rows and columns past the
+    thread's first (ROWOFF, COLOFF: two halves a side, or the m16n8 products' places), the
+    shared rows' padding (8 with tensor cores: a fragment's 32 reads in 32 banks)."""
+    bm, bn, bk, tm, tn = tile
+    if tc:
+        if not mma_tile(tile):
+            raise ValueError(f"tile {tuple(tile)}: not a tensor-core tile")
+        rows = tuple(16 * (i // 2) + 8 * (i % 2) for i in range(tm))
+        cols = tuple(8 * (j // 2) + j % 2 for j in range(tn))
+        pad, ku = 8, 8
+    else:
+        rows = tuple(i if i < tm // 2 else bm // 2 + i - tm // 2 for i in range(tm))
+        cols = tuple(j if j < tn // 2 else bn // 2 + j - tn // 2 for j in range(tn))
+        pad = 4
+    return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2, NTX=bn // tn,
+                BMP=bm + pad, BNP=bn + pad, KU=ku, ROWOFF=rows, COLOFF=cols, tc=tc,
+                WM=8 * tm, WN=4 * tn, WARPS_N=bn // (4 * tn), MI=tm // 2, NJ=tn // 2)
+
+
+def _placed(template: str, tc: bool) -> str:
+    """``template`` with its thread placement, multiply step and shared stores (TF32-rounded
+    with tensor cores) filled in."""
+    return (template.replace("RESULT_PLACE", indent(_RESULT_PLACE, 4))
+            .replace("PLACE", indent(_PLACE, 4))
+            .replace("MULTIPLY", indent(_MULTIPLY_TC if tc else _MULTIPLY, 8))
+            .replace("CVT(", "tf32(" if tc else "("))
+
+
 CONV_GEMM = """
+#if tc
+from numbaconv.cuda._mma import mma_tf32, tf32
+#end
 def conv_gemm(src, wp, out, bias, taps, phases, nph, n_images, M, R, Rp, T,
               sN, sC, s0, s1, s2, S0, S1, S2, cs0, cs1, cs2, co0, co1, co2,
               oN, oC, o0, o1, o2, os0, os1, os2):
     As = cuda.shared.array((2, BK, BMP), acc)
     Bs = cuda.shared.array((2, BK, BNP), acc)
     tid = I(cuda.threadIdx.x)
-    tx = I(U(tid) % U(NTX))
-    ty = I(U(tid) // U(NTX))
+PLACE
     ph = I(U(cuda.blockIdx.z) % U(nph))
     g = I(U(cuda.blockIdx.z) // U(nph))
     J0 = I(phases[ph * 8])
@@ -183,18 +280,18 @@ GATHER_TAP_8
         va_{e} = acc(0)
         if a_ok:
             va_{e} = acc(wp[U(a_ptr + {e} * a_kstep)])
-        As[0, tid // BM + {e * A_KSTEP}, am] = va_{e}
+        As[0, tid // BM + {e * A_KSTEP}, am] = CVT(va_{e})
 #end
 #unroll e LB
         vb_{e} = acc(0)
 #if cl
         if ok_{e // KREP} & (bk + {e % KREP * KC} < R):
             vb_{e} = acc(src[U(off_{e // KREP} + {e % KREP} * kc_step)])
-        Bs[0, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = vb_{e}
+        Bs[0, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = CVT(vb_{e})
 #else
         if ok_0 & (bk + {e * B_KSTEP} < R):
             vb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
-        Bs[0, bk + {e * B_KSTEP}, tid % BN] = vb_{e}
+        Bs[0, bk + {e * B_KSTEP}, tid % BN] = CVT(vb_{e})
 #end
 #end
         cuda.syncthreads()
@@ -231,13 +328,13 @@ MULTIPLY
         if more:
             nxt = 1 - buf
 #unroll e LA
-            As[nxt, tid // BM + {e * A_KSTEP}, am] = ra_{e}
+            As[nxt, tid // BM + {e * A_KSTEP}, am] = CVT(ra_{e})
 #end
 #unroll e LB
 #if cl
-            Bs[nxt, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = rb_{e}
+            Bs[nxt, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = CVT(rb_{e})
 #else
-            Bs[nxt, bk + {e * B_KSTEP}, tid % BN] = rb_{e}
+            Bs[nxt, bk + {e * B_KSTEP}, tid % BN] = CVT(rb_{e})
 #end
 #end
         cuda.syncthreads()
@@ -245,8 +342,9 @@ MULTIPLY
     f1 = I(phases[ph * 8 + 4])
     f2 = I(phases[ph * 8 + 5])
     gm = I(g * M)
+RESULT_PLACE
 #unroll j TN
-    q_{j} = col0 + I(tx * HN + {j if j < HN else BN // 2 + j - HN})
+    q_{j} = col0 + I(ec + {COLOFF[j]})
     if q_{j} < Q:
         n_{j} = I(U(q_{j}) // U(Jall))
         r_{j} = I(q_{j} - n_{j} * Jall)
@@ -257,7 +355,7 @@ MULTIPLY
         ob_{j} = I(n_{j} * oN + I(f0 + j0_{j} * os0) * o0 + I(f1 + j1_{j} * os1) * o1
                    + I(f2 + j2_{j} * os2) * o2)
 #unroll i TM
-        m = m0 + I(ty * HM + {i if i < HM else BM // 2 + i - HM})
+        m = m0 + I(er + {ROWOFF[i]})
         if m < M:
             at = U(ob_{j} + I(gm + m) * oC)
 #if BIAS and ACCUM
@@ -275,7 +373,7 @@ MULTIPLY
 
 
 def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, tile: Tile,
-                       has_bias: bool, accumulate: bool):
+                       has_bias: bool, accumulate: bool, tc: bool = False):
     """The Python function of the forward / data-gradient kernel (compile with cuda.jit).
 
     Launch: ``tile.threads`` threads; grid ``(column tiles, row tiles, groups * phases)``.
@@ -296,21 +394,22 @@ def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, til
     acc, I, U = scalar_types(dtype, wide)
     bm, bn, bk, tm, tn = tile
     threads = tile.threads
-    names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
-                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=1 if channels_last else KU, LA=bk * bm // threads, LB=bk * bn // threads,
-                 A_KSTEP=threads // bm, B_KSTEP=threads // bn,
+    names = dict(_tile_names(tile, tc, 1 if channels_last else KU), LA=bk * bm // threads,
+                 LB=bk * bn // threads, A_KSTEP=threads // bm, B_KSTEP=threads // bn,
                  KC=bk // CL_KREP, KREP=CL_KREP, B_QSTEP=threads * CL_KREP // bk,
                  NCOL=bk * bn // threads // CL_KREP if channels_last else 1,
                  cl=channels_last, use0=nd >= 3, use1=nd >= 2, BIAS=has_bias, ACCUM=accumulate,
                  KEY=f"{dtype} cl={channels_last} nd={nd} wide={wide} tile={tuple(tile)} "
-                     f"bias={has_bias} accumulate={accumulate}")
-    template = (CONV_GEMM.replace("GATHER_TAP_8", indent(_GATHER_TAP, 8))
-                .replace("GATHER_TAP_16", indent(_GATHER_TAP, 16))
-                .replace("MULTIPLY", indent(_MULTIPLY, 8)))
+                     f"bias={has_bias} accumulate={accumulate} tc={tc}")
+    template = _placed(CONV_GEMM.replace("GATHER_TAP_8", indent(_GATHER_TAP, 8))
+                       .replace("GATHER_TAP_16", indent(_GATHER_TAP, 16)), tc)
     return compile_source("conv_gemm", template, names, dict(acc=acc, I=I, U=U))
 
 
 WEIGHT_GEMM = """
+#if tc
+from numbaconv.cuda._mma import mma_tf32, tf32
+#end
 def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
                 xN, xC, x0, x1, x2, S0, S1, S2, yN, yC, y0, y1, y2, P0, P1, P2,
                 R1, R2, st0, st1, st2, dl0, dl1, dl2, bf0, bf1, bf2):
@@ -318,8 +417,7 @@ def weight_gemm(x, dy, partial, n_images, G, Kg, Cg, NC, row_tiles, chunk_len,
     Bs = cuda.shared.array((2, BK, BNP), acc)
     columns = cuda.shared.array((BN, 4), I)
     tid = I(cuda.threadIdx.x)
-    tx = I(U(tid) % U(NTX))
-    ty = I(U(tid) // U(NTX))
+PLACE
     by = I(cuda.blockIdx.y)
     g = I(U(by) // U(row_tiles))
     m0 = I(I(by - g * row_tiles) * BM)
@@ -423,10 +521,10 @@ ROW_OK_4
     if steps > 0:
 LOAD_8
 #unroll e LA
-        As[0, kk, tid // BK + {e * QSTEP}] = va_{e}
+        As[0, kk, tid // BK + {e * QSTEP}] = CVT(va_{e})
 #end
 #unroll e LB
-        Bs[0, kk, tid // BK + {e * QSTEP}] = vb_{e}
+        Bs[0, kk, tid // BK + {e * QSTEP}] = CVT(vb_{e})
 #end
         cuda.syncthreads()
     step = I(0)
@@ -470,19 +568,20 @@ MULTIPLY
         if more:
             nxt = 1 - buf
 #unroll e LA
-            As[nxt, kk, tid // BK + {e * QSTEP}] = va_{e}
+            As[nxt, kk, tid // BK + {e * QSTEP}] = CVT(va_{e})
 #end
 #unroll e LB
-            Bs[nxt, kk, tid // BK + {e * QSTEP}] = vb_{e}
+            Bs[nxt, kk, tid // BK + {e * QSTEP}] = CVT(vb_{e})
 #end
         cuda.syncthreads()
         step = I(step + 1)
     pbase = I(I(I(chunk * G + g) * Kg) * NC)
+RESULT_PLACE
 #unroll i TM
-    m_{i} = m0 + I(ty * HM + {i if i < HM else BM // 2 + i - HM})
+    m_{i} = m0 + I(er + {ROWOFF[i]})
 #end
 #unroll j TN
-    col_{j} = col0 + I(tx * HN + {j if j < HN else BN // 2 + j - HN})
+    col_{j} = col0 + I(ec + {COLOFF[j]})
     if col_{j} < NC:
 #unroll i TM
         if m_{i} < Kg:
@@ -523,7 +622,7 @@ _LOAD = """
 """
 
 
-def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
+def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile, tc: bool = False):
     """The Python function of the weight-gradient kernel (compile with cuda.jit).
 
     Launch: ``tile.threads`` threads; grid ``(column tiles, row tiles * groups, chunks)``.
@@ -542,17 +641,15 @@ def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile):
     bm, bn, bk, tm, tn = tile
     threads = tile.threads
     qstep = threads // bk
-    names = dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, HM=tm // 2, HN=tn // 2,
-                 NTX=bn // tn, BMP=bm + 4, BNP=bn + 4, KU=WEIGHT_KU, QSTEP=qstep, LA=bm // qstep,
+    names = dict(_tile_names(tile, tc, WEIGHT_KU), QSTEP=qstep, LA=bm // qstep,
                  LB=bn // qstep, use0=nd >= 3, use1=nd >= 2,
-                 KEY=f"{dtype} nd={nd} wide={wide} tile={tuple(tile)}")
+                 KEY=f"{dtype} nd={nd} wide={wide} tile={tuple(tile)} tc={tc}")
     # In the loop the checks read the tap offsets loaded back from the table (f0_, f1_).
     row_ok_in_loop = _ROW_OK.replace("e0_", "f0_").replace("e1_", "f1_")
-    template = (WEIGHT_GEMM.replace("LOAD_8", indent(_LOAD, 8))
-                .replace("LOAD_12", indent(_LOAD, 12))
-                .replace("ROW_OK_4", indent(_ROW_OK, 4))
-                .replace("ROW_OK_16", indent(row_ok_in_loop, 16))
-                .replace("MULTIPLY", indent(_MULTIPLY, 8)))
+    template = _placed(WEIGHT_GEMM.replace("LOAD_8", indent(_LOAD, 8))
+                       .replace("LOAD_12", indent(_LOAD, 12))
+                       .replace("ROW_OK_4", indent(_ROW_OK, 4))
+                       .replace("ROW_OK_16", indent(row_ok_in_loop, 16)), tc)
     return compile_source("weight_gemm", template, names, dict(acc=acc, I=I, U=U))
 
 
