@@ -12,6 +12,7 @@ import time
 
 from ._cli_output import (USAGE_ERROR, _conv_ops, _one_line, _openblas_warnings, _print,
                           _Progress, _table)
+from .config import cuda_tf32
 
 
 def _print_blas_and_environment(bench, env: dict, *, threadpools: bool) -> list:
@@ -418,8 +419,11 @@ def _bench_cuda(args) -> int:
     budget = args.budget or (bench_cuda.QUICK_BUDGET if args.quick
                              else bench_cuda.DEFAULT_BUDGET)
     warmup = bench_cuda.DEFAULT_WARMUP if args.warmup is None else args.warmup
-    tolerance = args.tolerance or bench_cuda.DEFAULT_TOLERANCE
-    rnn_tolerance = args.tolerance or bench_cuda.DEFAULT_RNN_TOLERANCE
+    ours_tf32 = cuda_tf32()
+    tolerance = args.tolerance or (bench_cuda.TF32_TOLERANCE if ours_tf32
+                                   else bench_cuda.DEFAULT_TOLERANCE)
+    rnn_tolerance = args.tolerance or (bench_cuda.TF32_TOLERANCE if ours_tf32
+                                       else bench_cuda.DEFAULT_RNN_TOLERANCE)
     flush = not (args.no_flush or sim)
     if sim:  # one wall-clock call per timing
         warmup, reps, budget = 0, 1, None
@@ -428,7 +432,8 @@ def _bench_cuda(args) -> int:
                     tolerance=tolerance,
                     rnn_tolerance=rnn_tolerance, warmup=warmup, reps=reps, budget_s=budget,
                     flush_bytes=bench_cuda.FLUSH_BYTES if flush else 0,
-                    tf32=not args.no_tf32, time_limit_s=args.time_limit,
+                    tf32=not args.no_tf32, numbaconv_tf32=ours_tf32,
+                    time_limit_s=args.time_limit,
                     argv=sys.argv[1:])
     stream_problem = None
     if not sim:
@@ -462,6 +467,10 @@ def _bench_cuda(args) -> int:
            + ("; TFLOP/s counts 2*N*K*(C/groups)*R*S*P*Q per op" if cases else "")
            + (" (conv_backward_bias: N*K*P*Q, one add a dy element)"
               if cases and "conv_backward_bias" in ops else ""))
+    if ours_tf32:
+        _print("NUMBACONV_CUDA_TF32=1: numbaconv's float32 products run on TF32 tensor cores "
+               "(10-bit mantissas), hence the looser tolerance; compare its times with "
+               "'tf32/ours'")
     if rnn_cases:
         _print(f"{bench_cuda.RNN_OP}: rnn_forward(training=True, reserve=preallocated) + "
                f"rnn_backward_data + rnn_backward_weights(out=) on device arrays, checked on "

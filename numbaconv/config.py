@@ -60,10 +60,13 @@ Read once, at first use, from the environment:
     through numbaconv's Numba ``gemm`` kernel; ``0`` always takes the Numba kernel. Read at
     the first product.
 ``NUMBACONV_CUDA_TF32``
-    ``0`` (default): cuBLAS products in float32 use IEEE float32 arithmetic (cuBLAS's default
-    math mode, which never rounds operands to TF32); ``1`` allows TF32 tensor-core math
-    (``CUBLAS_TF32_TENSOR_OP_MATH``): faster on Ampere and later, with about 10 bits of
-    mantissa in the products (errors near 1e-3 relative). Read on every product.
+    ``0`` (default): float32 products on a GPU use IEEE float32 arithmetic (cuBLAS's default
+    math mode, which never rounds operands to TF32, and FFMA in numbaconv's own kernels);
+    ``1`` allows TF32 tensor-core math on Ampere and later, like PyTorch's ``allow_tf32``:
+    cuBLAS's ``CUBLAS_TF32_TENSOR_OP_MATH`` for the recurrent ops, and ``mma.sync`` TF32
+    products in the ``implicit_gemm`` convolution kernels (forward, data and weight
+    gradients), with operands rounded to 10 mantissa bits (errors of 1e-4 to 1e-3 relative
+    to the largest output; docs/cuda.md). Read on every product and every convolution call.
 ``NUMBACONV_CUDA_SHORT_LAUNCH``
     ``1`` (default): the ``cuda`` backend launches its convolution GEMM and depthwise kernels
     and its recurrent step kernels by handing cuda.core the arguments Numba would build,
@@ -710,7 +713,8 @@ def cuda_short_launch() -> bool:
 
 
 def cuda_tf32() -> bool:
-    """``NUMBACONV_CUDA_TF32`` (default 0): whether cuBLAS may use TF32 math for float32."""
+    """``NUMBACONV_CUDA_TF32`` (default 0): whether float32 products on a GPU (cuBLAS's, the
+    implicit-GEMM convolutions') may use TF32 tensor cores."""
     return _flag("NUMBACONV_CUDA_TF32", False)
 
 

@@ -21,7 +21,8 @@ each kernel's performance model, read from its machine code):
     Any convolution, data gradient (by stride phases) or transposed convolution: a
     register-tiled matrix product of the weights, packed once per call, and of windows
     gathered on the fly (no im2col in memory). The weight gradient is the same product
-    reduced over (image, position) in chunks fixed by the shape.
+    reduced over (image, position) in chunks fixed by the shape. With
+    ``NUMBACONV_CUDA_TF32=1`` the float32 products run on TF32 tensor cores (sm_80+).
 ``depthwise``
     One channel per group and per output channel: per-channel gathers for the forward and
     data gradient, per-channel sums by chunks for the weight gradient.
