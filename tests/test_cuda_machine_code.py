@@ -9,6 +9,7 @@ SM. ``pytest -s`` prints the table that docs/cuda.md quotes.
 
 import functools
 import importlib.util
+import itertools
 import os
 import sys
 
@@ -132,6 +133,60 @@ def test_depthwise_kernels_compile_without_spills(dtype, tmp_path):
         lines.append(f"sm_90 {label:40s} {report['registers']:3d} regs "
                      f"{report['smem']:6d} B smem")
         assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
+    print("\n" + "\n".join(lines))
+
+
+#: The most instructions the depthwise kernels' innermost loops may issue, float32 sm_90:
+#: dw_conv's tap loop per FFMA (12.0-15.0 when written; 26-27 before its indices were cut
+#: to 32 bits), dw_weight's row loop per load (9.2-16.0; 23-45 with the 64-bit indices and
+#: the three divisions a row it had).
+DW_CONV_INSTRUCTIONS_PER_FFMA = 16
+DW_WEIGHT_INSTRUCTIONS_PER_LOAD = {(1, 1, 5): 17, (1, 3, 3): 13.5, (3, 3, 3): 10}
+
+
+def _innermost(sass: str, opcode: str):
+    """(instructions, count of ``opcode``) of the smallest loop holding ``opcode``."""
+    code, spans = machine_code.loops(sass)
+    found = [(b - a + 1, sum(op.startswith(opcode) for op, _ in code[a:b + 1]))
+             for a, b in spans]
+    return min(row for row in found if row[1])
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_depthwise_loops_are_lean(layout, tmp_path):
+    """The depthwise (and grouped ``direct``) forward and data kernels' tap loop, and the
+    depthwise weight gradient's row loop: 32-bit index arithmetic, no division in the
+    weight gradient's loop (its lanes walk their rows), within the bounds above."""
+    from numba import cuda
+
+    from numbaconv.cuda import _depthwise as dw
+    cl = layout == "channels_last"
+    lines = []
+    for mode, stride1, grouped in itertools.product(("forward", "data"), (True, False),
+                                                    (False, True)):
+        if mode == "data" and not stride1:
+            continue            # its tap loop tests the stride's divisibility
+        key = ("float32", cl, mode, stride1, False, mode == "forward", False, grouped)
+        ptx, _ = cuda.compile_ptx(dw.dw_conv_function(*key), dw._launch_types("dw_conv", key),
+                                  cc=CC)
+        report = machine_code.assemble(ptx, CC, tmp_path, "dw_conv")
+        count, ffma = _innermost(machine_code.disassemble(report["cubin"]), "FFMA")
+        lines.append(f"sm_90 dw_conv {layout} {mode} stride1={stride1} grouped={grouped} "
+                     f"{report['registers']:3d} regs  {count} instructions / {ffma} FFMA")
+        assert count / ffma <= DW_CONV_INSTRUCTIONS_PER_FFMA, lines[-1]
+    for taps, most in DW_WEIGHT_INSTRUCTIONS_PER_LOAD.items():
+        key = ("float32", cl, taps, False)
+        ptx, _ = cuda.compile_ptx(dw.dw_weight_function(*key),
+                                  dw._launch_types("dw_weight", key), cc=CC)
+        report = machine_code.assemble(ptx, CC, tmp_path, "dw_weight")
+        sass = machine_code.disassemble(report["cubin"])
+        count, loads = _innermost(sass, "LDG")
+        code, spans = machine_code.loops(sass)
+        loop = next(code[a:b + 1] for a, b in spans if b - a + 1 == count)
+        lines.append(f"sm_90 dw_weight {layout} taps={taps} {report['registers']:3d} regs  "
+                     f"{count} instructions / {loads} loads")
+        assert not any(op.startswith(("MUFU", "I2F")) for op, _ in loop), lines[-1]
+        assert count / loads <= most, lines[-1]
     print("\n" + "\n".join(lines))
 
 

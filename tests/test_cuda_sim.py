@@ -130,6 +130,37 @@ def test_conv_backward_weight_implicit_gemm(c, layout, chunks, monkeypatch):
         assert err < TOLERANCE[dtype], (dtype, err)
 
 
+#: Depthwise layers whose weight gradient's lanes step over rows, images and (3D) planes:
+#: channels-last lanes step 8 rows (here 2 columns, 2 rows and no plane a step, with
+#: carries; 108 rows), channels-first 256 (3 images and 4 columns a step, with carries;
+#: 336 rows).
+DW_WALKS = (
+    ("channels_last", ConvCase("3d_dw_walk", (3, 4, 3, 4, 5), (4, 1, 2, 2, 3),
+                               stride=(1, 1, 2), padding=(1, 0, 1), groups=4)),
+    ("channels_first", ConvCase("2d_dw_walk", (4, 2, 12, 15), (2, 1, 1, 3), stride=(1, 2),
+                                padding=(0, 1), dilation=(1, 2), groups=2)),
+)
+
+
+@pytest.mark.parametrize("layout, c", DW_WALKS, ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_depthwise_weight_walks_its_rows(layout, c, chunks, monkeypatch):
+    """dw_weight's lanes decode their first row once and then step by the lanes' count in
+    the rows' mixed radix: against the reference with every row in one chunk (each lane
+    walks several rows) and in three (chunks that start inside a row)."""
+    from numbaconv.cuda import _implicit_gemm
+    monkeypatch.setattr(_implicit_gemm, "row_chunks", lambda rows, blocks, lanes, aim: (
+        chunks, -(-rows // chunks)))
+    op = "conv_backward_weight"
+    a = case_arrays(c, layout, "float64")
+    d = device(a)
+    problem = choice_problem(op, c, layout, d)
+    assert "depthwise" in dispatch.get_backend("cuda").algorithms(op, problem)
+    got = dispatch.get_backend("cuda").run(op, problem, _operands(op, d), None,
+                                             "depthwise").copy_to_host()
+    assert relative_error(got, expected(op, c, layout, a)) < TOLERANCE["float64"]
+
+
 def test_float16_accumulates_in_float32():
     c, layout = case("1d_basic"), "channels_first"
     a = case_arrays(c, layout, "float16")

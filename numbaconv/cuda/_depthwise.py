@@ -86,6 +86,13 @@ def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
     p0 = I(U(r01) // U(P1))
     p1 = I(r01 - p0 * P1)
     pb = I(q2 * V)
+    # 32-bit copies of the arguments (Numba computes int32 products in 64 bits: each
+    # product in the loops below is cut back to I).
+    s0_, s1_, s2_ = I(s0), I(s1), I(s2)
+    w0_, w1_, w2_ = I(w0), I(w1), I(w2)
+    st0_, st1_, st2_ = I(st0), I(st1), I(st2)
+    dl0_, dl1_, dl2_ = I(dl0), I(dl1), I(dl2)
+    bf0_, bf1_, bf2_ = I(bf0), I(bf1), I(bf2)
 #if GROUPED
     # output channel c of group g sums the group's M source channels
     g = I(U(c) // U(GO))
@@ -108,51 +115,57 @@ def dw_conv(src, w, out, bias, n_images, C, S0, S1, S2, P0, P1, P2,
     acc_{v} = acc(0)
 #end
     for m in range(summed):
-        sbase = I(sgroup + m * sC)
-        wbase = I(wgroup + m * wstep)
+        sbase = I(sgroup + I(m * sC))
+        wbase = I(wgroup + I(m * wstep))
         for t0 in range(R0):
 #if forward
-            i0 = I(p0 * st0 - bf0 + t0 * dl0)
+            i0 = I(I(I(p0 * st0_) - bf0_) + I(t0 * dl0_))
             ok0 = U(i0) < U(S0)
 #elif stride1
-            i0 = I(p0 + bf0 - t0 * dl0)
+            i0 = I(I(p0 + bf0_) - I(t0 * dl0_))
             ok0 = U(i0) < U(S0)
 #else
-            m0 = I(p0 + bf0 - t0 * dl0)
-            i0 = I(U(m0) // U(st0))
-            ok0 = (m0 >= 0) & (m0 - i0 * st0 == 0) & (i0 < S0)
+            m0 = I(I(p0 + bf0_) - I(t0 * dl0_))
+            i0 = I(U(m0) // U(st0_))
+            ok0 = (m0 >= 0) & (I(m0 - I(i0 * st0_)) == 0) & (i0 < S0)
 #end
             if ok0:
                 for t1 in range(R1):
 #if forward
-                    i1 = I(p1 * st1 - bf1 + t1 * dl1)
+                    i1 = I(I(I(p1 * st1_) - bf1_) + I(t1 * dl1_))
                     ok1 = U(i1) < U(S1)
 #elif stride1
-                    i1 = I(p1 + bf1 - t1 * dl1)
+                    i1 = I(I(p1 + bf1_) - I(t1 * dl1_))
                     ok1 = U(i1) < U(S1)
 #else
-                    m1 = I(p1 + bf1 - t1 * dl1)
-                    i1 = I(U(m1) // U(st1))
-                    ok1 = (m1 >= 0) & (m1 - i1 * st1 == 0) & (i1 < S1)
+                    m1 = I(I(p1 + bf1_) - I(t1 * dl1_))
+                    i1 = I(U(m1) // U(st1_))
+                    ok1 = (m1 >= 0) & (I(m1 - I(i1 * st1_)) == 0) & (i1 < S1)
 #end
                     if ok1:
-                        row = I(sbase + i0 * s0 + i1 * s1)
+                        row = I(sbase + I(I(i0 * s0_) + I(i1 * s1_)))
+                        wrow = I(wbase + I(I(t0 * w0_) + I(t1 * w1_)))
                         for t2 in range(R2):
-                            wv = acc(w[U(wbase + t0 * w0 + t1 * w1 + t2 * w2)])
+                            wv = acc(w[U(I(wrow + I(t2 * w2_)))])
+#if forward
+                            b2 = I(I(t2 * dl2_) - bf2_)
+#else
+                            b2 = I(bf2_ - I(t2 * dl2_))
+#end
 #unroll v V
 #if forward
-                            i2 = I((pb + {v}) * st2 - bf2 + t2 * dl2)
+                            i2 = I(I(I(pb + {v}) * st2_) + b2)
                             if U(i2) < U(S2):
-                                acc_{v} += wv * acc(src[U(row + i2 * s2)])
+                                acc_{v} += wv * acc(src[U(I(row + I(i2 * s2_)))])
 #elif stride1
-                            i2 = I(pb + {v} + bf2 - t2 * dl2)
+                            i2 = I(I(pb + {v}) + b2)
                             if U(i2) < U(S2):
-                                acc_{v} += wv * acc(src[U(row + i2 * s2)])
+                                acc_{v} += wv * acc(src[U(I(row + I(i2 * s2_)))])
 #else
-                            m2 = I(pb + {v} + bf2 - t2 * dl2)
-                            i2 = I(U(m2) // U(st2))
-                            if (m2 >= 0) & (m2 - i2 * st2 == 0) & (i2 < S2):
-                                acc_{v} += wv * acc(src[U(row + i2 * s2)])
+                            m2 = I(I(pb + {v}) + b2)
+                            i2 = I(U(m2) // U(st2_))
+                            if (m2 >= 0) & (I(m2 - I(i2 * st2_)) == 0) & (i2 < S2):
+                                acc_{v} += wv * acc(src[U(I(row + I(i2 * s2_)))])
 #end
 #end
     obase = I(n * oN + c * oC + p0 * o0 + p1 * o1)
@@ -199,37 +212,72 @@ def dw_weight(x, dy, partial, n_images, C, S0, S1, S2, P0, P1, P2,
     lane = I(U(tid) // U(CB))
     c = I(cuda.blockIdx.x * CB + tid % CB)
     chunk = I(cuda.blockIdx.y)
-    P12 = I(P1 * P2)
-    PP = I(P0 * P12)
-    total = I(n_images * PP)
-    j_stop = min(I(chunk * chunk_len + chunk_len), total)
-    cc = min(c, C - 1)
-    ybase = I(cc * yC)
-    xbase = I(cc * xC)
 #unroll t T
     s_{t} = acc(0)
 #end
+    p_2 = I(P2)
+    p_1 = I(P1)
+    p_0 = I(P0)
+    P12 = I(p_1 * p_2)
+    PP = I(p_0 * P12)
     j = I(chunk * chunk_len + lane)
-    while (j < j_stop) & (c < C):
+    j_stop = min(I(chunk * chunk_len + chunk_len), I(n_images * PP))
+    if (j < j_stop) & (c < C):
+        # The lane's first row, decoded once; then each step adds PL in the rows' mixed
+        # radix (images, P0, P1, P2): a digit each, one carry each.
         n = I(U(j) // U(PP))
         r = I(j - n * PP)
-        p0 = I(U(r) // U(P12))
-        rr = I(r - p0 * P12)
-        p1 = I(U(rr) // U(P2))
-        p2 = I(rr - p1 * P2)
-        g = acc(dy[U(ybase + n * yN + p0 * y0 + p1 * y1 + p2 * y2)])
-        i0 = I(p0 * st0 - bf0)
-        i1 = I(p1 * st1 - bf1)
-        i2 = I(p2 * st2 - bf2)
-        xb = I(xbase + n * xN)
+        q0 = I(U(r) // U(P12))
+        rr = I(r - q0 * P12)
+        q1 = I(U(rr) // U(p_2))
+        q2 = I(rr - q1 * p_2)
+        d2 = I(U(PL) % U(p_2))
+        d1 = I(U(PL) // U(p_2) % U(p_1))
+        d0 = I(U(PL) // U(P12) % U(p_0))
+        dn = I(U(PL) // U(PP))
+        # 32-bit copies of the arguments (Numba computes int32 products in 64 bits: each
+        # product and sum below is cut back to I).
+        yN_, y0_, y1_, y2_ = I(yN), I(y0), I(y1), I(y2)
+        xN_, x0_, x1_, x2_ = I(xN), I(x0), I(x1), I(x2)
+        st0_, st1_, st2_ = I(st0), I(st1), I(st2)
+        bf0_, bf1_, bf2_ = I(bf0), I(bf1), I(bf2)
+        dl0_, dl1_, dl2_ = I(dl0), I(dl1), I(dl2)
+        yb = I(c * I(yC))
+        xb = I(c * I(xC))
+        e0 = I(dl0_ * x0_)
+        e1 = I(dl1_ * x1_)
+        e2 = I(dl2_ * x2_)
+        while True:
+            ya = I(I(yb + I(n * yN_)) + I(I(q0 * y0_) + I(I(q1 * y1_) + I(q2 * y2_))))
+            g = acc(dy[U(ya)])
+            i0 = I(I(q0 * st0_) - bf0_)
+            i1 = I(I(q1 * st1_) - bf1_)
+            i2 = I(I(q2 * st2_) - bf2_)
+            xr = I(I(xb + I(n * xN_)) + I(I(i0 * x0_) + I(I(i1 * x1_) + I(i2 * x2_))))
 #unroll t T
-        k0 = I(i0 + {t // (R1C * R2C)} * dl0)
-        k1 = I(i1 + {t // R2C % R1C} * dl1)
-        k2 = I(i2 + {t % R2C} * dl2)
-        if (U(k0) < U(S0)) & (U(k1) < U(S1)) & (U(k2) < U(S2)):
-            s_{t} += g * acc(x[U(xb + k0 * x0 + k1 * x1 + k2 * x2)])
+            if ((U(I(i0 + I({t // (R1C * R2C)} * dl0_))) < U(S0))
+                    & (U(I(i1 + I({t // R2C % R1C} * dl1_))) < U(S1))
+                    & (U(I(i2 + I({t % R2C} * dl2_))) < U(S2))):
+                s_{t} += g * acc(x[U(I(xr + I(I({t // (R1C * R2C)} * e0)
+                                               + I(I({t // R2C % R1C} * e1)
+                                                   + I({t % R2C} * e2)))))])
 #end
-        j = I(j + PL)
+            j = I(j + PL)
+            if j >= j_stop:
+                break
+            q2 = I(q2 + d2)
+            q1 = I(q1 + d1)
+            if q2 >= p_2:
+                q2 = I(q2 - p_2)
+                q1 = I(q1 + 1)
+            q0 = I(q0 + d0)
+            if q1 >= p_1:
+                q1 = I(q1 - p_1)
+                q0 = I(q0 + 1)
+            n = I(n + dn)
+            if q0 >= p_0:
+                q0 = I(q0 - p_0)
+                n = I(n + 1)
 #unroll t T
     red[{t}, tid] = s_{t}
 #end
