@@ -214,7 +214,7 @@ def test_64_bit_and_other_ranks_compile(tmp_path):
 
 
 #: The most instructions the TF32 kernels' reduction step may issue per m16n8k8 product
-#: (each stands for 32 FFMA of a thread): 15.5-16.4 when written (docs/cuda.md).
+#: (each stands for 32 FFMA of a thread): 14.5-15.6 when written (docs/cuda.md).
 MAX_INSTRUCTIONS_PER_HMMA = 20
 
 

@@ -276,14 +276,15 @@ def convolution(mode: str, problem, src, w, bias, out, result_shape):
     wo = operand(w, None, g)
     count = g.groups * plan.taps * rp * rows
     wp = workspace("weights", count, _acc(dtype))
-    launch(kernel("pack_weights", dtype), _ceil(count, 256), 256,
+    tc = tensor_cores(dtype, tile)
+    launch(kernel("pack_weights", dtype, tc), _ceil(count, 256), 256,
            wo.ref, _ref(wp), _table(plan.wtaps, np.int64), count, plan.taps, rows, reduce, rp, g.kg,
            forward, *wo.strides)
     wide = max(s.span, o.span, count) > INDEX32_LIMIT
     has_bias = bias is not None
     bias_ref = bias_operand(bias, dtype)
     run = kernel("conv_gemm", dtype, cl, problem.ndim, wide, tile, has_bias,
-                 bool(problem.accumulate), tensor_cores(dtype, tile))
+                 bool(problem.accumulate), tc)
     index = np.int64 if wide else np.int32
     grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm), g.groups * len(plan.phases))
     launch(run, grid, tile.threads,
@@ -409,10 +410,10 @@ def kernel_keys(problem) -> list:
         return []
     forward = op == "conv"
     tile, _ = _conv_tile(problem, forward)
-    return [("pack_weights", (dtype,)),
+    tc = tensor_cores(dtype, tile)
+    return [("pack_weights", (dtype, tc)),
             ("conv_gemm", (dtype, problem.channels_last, problem.ndim, False, tile,
-                           bool(problem.has_bias), bool(problem.accumulate),
-                           tensor_cores(dtype, tile)))]
+                           bool(problem.has_bias), bool(problem.accumulate), tc))]
 
 
 def precompile(problems, processes: int = 0) -> list:

@@ -280,7 +280,7 @@ GATHER_TAP_8
         va_{e} = acc(0)
         if a_ok:
             va_{e} = acc(wp[U(a_ptr + {e} * a_kstep)])
-        As[0, tid // BM + {e * A_KSTEP}, am] = CVT(va_{e})
+        As[0, tid // BM + {e * A_KSTEP}, am] = va_{e}
 #end
 #unroll e LB
         vb_{e} = acc(0)
@@ -328,7 +328,7 @@ MULTIPLY
         if more:
             nxt = 1 - buf
 #unroll e LA
-            As[nxt, tid // BM + {e * A_KSTEP}, am] = CVT(ra_{e})
+            As[nxt, tid // BM + {e * A_KSTEP}, am] = ra_{e}
 #end
 #unroll e LB
 #if cl
@@ -653,14 +653,19 @@ def weight_gemm_function(dtype: str, nd: int, wide: bool, tile: Tile, tc: bool =
     return compile_source("weight_gemm", template, names, dict(acc=acc, I=I, U=U))
 
 
-def pack_weights_function(dtype: str):
+def pack_weights_function(dtype: str, tc: bool = False):
     """``wp[g, t, r, m] = w[g*Kg + m, r, tap t]`` (forward) or ``w[g*Kg + r, m, tap t]``
-    (data), zero for ``r >= R``: the A operand of ``conv_gemm``. One thread per element.
+    (data), zero for ``r >= R``: the A operand of ``conv_gemm``, rounded to TF32 for its
+    tensor-core variant (``tc``: then ``conv_gemm`` stores it to shared memory as it is).
+    One thread per element.
 
     Arguments: ``w, wp, wtaps (T x 3, flat), count, T, M, R, Rp, Kg, forward`` and w's five
     element strides.
     """
     acc = scalar_types(dtype, True)[0]
+    tf32 = None
+    if tc:
+        from ._mma import tf32
 
     def pack_weights(w, wp, wtaps, count, T, M, R, Rp, Kg, forward, ws0, ws1, ws2, ws3, ws4):
         e = cuda.grid(1)
@@ -679,6 +684,8 @@ def pack_weights_function(dtype: str):
                 v = acc(w[(g * Kg + m) * ws0 + r * ws1 + tap])
             else:
                 v = acc(w[(g * Kg + r) * ws0 + m * ws1 + tap])
+        if tc:                          # a constant: Numba compiles one branch
+            v = tf32(v)
         wp[e] = v
 
     return pack_weights
