@@ -1,8 +1,8 @@
 """numbaconv's GPU benchmark: the ``cuda`` backend against PyTorch (cuDNN), float32.
 
 Used by ``numbaconv bench --device cuda``; docs/gpu-benchmark.md says how to run it and read
-it. For each case of :data:`CASES` (ResNet 3x3 layers at stride 1 and 2, a 1x1 and a
-depthwise 3x3, all N=32), each op of :data:`OPS` (or of :data:`ALL_OPS`, which adds the bias
+it. For each case of :data:`CASES` (ResNet 3x3 layers at stride 1 and 2, a 1x1, a
+depthwise 3x3 and a grouped 3x3, all N=32), each op of :data:`OPS` (or of :data:`ALL_OPS`, which adds the bias
 gradient, as asked) and each layout:
 
 1. numbaconv's result (public API under ``use_backend("cuda")``, Numba device arrays in and
@@ -189,6 +189,9 @@ CASES = (
     GpuCase("resnet3x3s2_256c_14", 32, 256, 256, 14, 3, stride=2, padding=1),
     GpuCase("pointwise_64to256_56", 32, 64, 256, 56, 1, quick=True),
     GpuCase("depthwise3x3_128c_56", 32, 128, 128, 56, 3, padding=1, groups=128, quick=True),
+    # ResNeXt's grouped 3x3 (32 groups of 4 channels): ``direct`` for the forward and data
+    # gradient, ``implicit_gemm`` for the weight gradient.
+    GpuCase("grouped3x3_128c_28", 32, 128, 128, 28, 3, padding=1, groups=32),
 )
 
 #: Their twins for the simulator: the same kernel sizes, strides, padding and groups, with
@@ -201,6 +204,7 @@ SIM_CASES = (
     GpuCase("resnet3x3s2_8c_5", 2, 8, 8, 5, 3, stride=2, padding=1),
     GpuCase("pointwise_2to4_5", 2, 2, 4, 5, 1, quick=True),
     GpuCase("depthwise3x3_4c_5", 2, 4, 4, 5, 3, padding=1, groups=4, quick=True),
+    GpuCase("grouped3x3_8c_5", 2, 8, 8, 5, 3, padding=1, groups=2),
 )
 
 

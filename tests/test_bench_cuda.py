@@ -300,7 +300,8 @@ def test_cases_are_the_issues_layers_and_their_tiny_twins():
     assert {(c.in_channels, c.out_channels, c.size, c.stride, c.groups)
             for c in bench_cuda.CASES} == {(64, 64, 56, 1, 1), (256, 256, 14, 1, 1),
                                            (64, 64, 56, 2, 1), (256, 256, 14, 2, 1),
-                                           (64, 256, 56, 1, 1), (128, 128, 56, 1, 128)}
+                                           (64, 256, 56, 1, 1), (128, 128, 56, 1, 128),
+                                           (128, 128, 28, 1, 32)}
     assert len(set(names)) == len(names)
 
 
