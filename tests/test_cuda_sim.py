@@ -303,8 +303,12 @@ def test_tf32_tensor_cores(layout, tile, tf32):
                                              for k, v in rounded.items()})
         assert relative_error(got, want_tf32) < TF32_ORDER_ERROR, (op, tile)
         assert 0.1 * TF32_ORDER_ERROR < relative_error(got, want) < TF32_ERROR, (op, tile)
+        why = nc.explain(op, *_explain_args(op, c, layout, d), **_explain_kwargs(op, c, layout))
+        assert "TF32 tensor cores where NUMBACONV_CUDA_TF32=1" in why.reason, why
     assert _implicit_gemm.tensor_cores("float32", _implicit_gemm.forced_tile())
     assert not _implicit_gemm.tensor_cores("float16", _implicit_gemm.forced_tile())
+    tf32.setenv("NUMBACONV_CUDA_TF32", "0")
+    assert not _implicit_gemm.tensor_cores("float32", _implicit_gemm.forced_tile())
 
 
 def test_tf32_needs_a_tensor_core_tile(tf32):

@@ -79,6 +79,15 @@ def _numpy_problem(numpy_module=None, numba_cuda_version=None) -> Optional[str]:
             f"install numpy<2.5 or a newer numba-cuda")
 
 
+def _tf32(problem) -> str:
+    """What ``explain`` says of a float32 GEMM's arithmetic (not of the setting now: the
+    dispatcher caches its choices, and the setting is read at each call)."""
+    if problem.dtype != "float32":
+        return ""
+    return ("; FFMA, or TF32 tensor cores where NUMBACONV_CUDA_TF32=1 (compute capability "
+            "8.0 and later)")
+
+
 def _channels_summed(op, problem) -> int:
     """Channels each output element sums over (per group)."""
     if op == "conv":
@@ -144,12 +153,12 @@ class CudaBackend(Backend):
                                  "per-channel kernels, no GEMM tile to fill")
         if op == "conv_backward_weight":
             return "implicit_gemm", ("register-tiled product over fixed chunks of images and "
-                                     "positions, partials added in order")
+                                     "positions, partials added in order" + _tf32(problem))
         if first == "direct":
             return "direct", (f"grouped with {_channels_summed(op, problem)} channels per "
                               f"group: GEMM tiles would be mostly empty")
         return "implicit_gemm", ("general case: register-tiled GEMM of the packed weights "
-                                 "and of windows gathered on the fly")
+                                 "and of windows gathered on the fly" + _tf32(problem))
 
     def precompile(self, problems, processes: int = 0) -> list:
         """Compile ahead, into Numba's disk cache and in ``processes`` processes at once (0:
