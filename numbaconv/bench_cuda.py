@@ -2,8 +2,8 @@
 
 Used by ``numbaconv bench --device cuda``; docs/gpu-benchmark.md says how to run it and read
 it. For each case of :data:`CASES` (ResNet 3x3 layers at stride 1 and 2, a 1x1, a
-depthwise 3x3 and a grouped 3x3, all N=32), each op of :data:`OPS` (or of :data:`ALL_OPS`, which adds the bias
-gradient, as asked) and each layout:
+depthwise 3x3 and a grouped 3x3, all N=32), each op of :data:`OPS` (or of :data:`ALL_OPS`,
+which adds the bias gradient, as asked) and each layout:
 
 1. numbaconv's result (public API under ``use_backend("cuda")``, Numba device arrays in and
    out, ``out=`` preallocated) is compared with PyTorch's in strict IEEE float32 (TF32 off):

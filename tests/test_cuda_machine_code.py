@@ -38,7 +38,8 @@ REGISTERS_PER_SM = 65536
 
 @functools.lru_cache(maxsize=None)
 def _compiled(dtype, layout, tmp):
-    """label -> (ptxas report, SASS, tile, multiply-loop trips a step) for the main kernels of one dtype/layout."""
+    """label -> (ptxas report, SASS, tile, multiply-loop trips a step) for the main kernels
+    of one dtype/layout."""
     import pathlib
 
     from numba import cuda

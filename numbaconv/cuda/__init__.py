@@ -34,8 +34,9 @@ each kernel's performance model, read from its machine code):
 ``fused`` (rnn_forward, rnn_backward_data, rnn_backward_weights)
     Matrix products (cuBLAS where it loads, else a tiled Numba GEMM) for the input
     projections of all steps, each step's recurrent product, the input gradient and the
-    weight gradients (over all T*N rows), and one fused kernel per step for the gates and the state update (or their derivatives), writing
-    the reserve layout every backend shares. RNN tanh/relu, LSTM (with projection) and GRU,
+    weight gradients (over all T*N rows), and one fused kernel per step for the gates and
+    the state update (or their derivatives), writing the reserve layout every backend
+    shares. RNN tanh/relu, LSTM (with projection) and GRU,
     any number of layers, both directions, sequence lengths, dropout between layers in
     training (masks drawn on the host by the frontend, as for cpu), batch_first (device
     arrays transposed on the device by the frontend).
