@@ -88,6 +88,15 @@ def loops(sass: str):
     return code, spans
 
 
+def innermost(sass: str, opcode: str) -> list:
+    """The ``[(opcode, text)]`` of the smallest loop holding an instruction whose opcode
+    starts with ``opcode``."""
+    code, spans = loops(sass)
+    body = [code[a:b + 1] for a, b in spans]
+    return min((loop for loop in body if any(op.startswith(opcode) for op, _ in loop)),
+               key=len)
+
+
 def main_loop(sass: str, trips: int, multiply: tuple = FMA) -> dict:
     """The reduction step of a tiled GEMM: the loop with the barrier around the
     multiply-add loop, which runs ``trips`` times a step. Counts are per step, as issued:

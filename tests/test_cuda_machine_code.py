@@ -145,12 +145,8 @@ DW_CONV_INSTRUCTIONS_PER_FFMA = 16
 DW_WEIGHT_INSTRUCTIONS_PER_LOAD = {(1, 1, 5): 17, (1, 3, 3): 13.5, (3, 3, 3): 10}
 
 
-def _innermost(sass: str, opcode: str):
-    """(instructions, count of ``opcode``) of the smallest loop holding ``opcode``."""
-    code, spans = machine_code.loops(sass)
-    found = [(b - a + 1, sum(op.startswith(opcode) for op, _ in code[a:b + 1]))
-             for a, b in spans]
-    return min(row for row in found if row[1])
+def _count(loop: list, opcode: str) -> int:
+    return sum(op.startswith(opcode) for op, _ in loop)
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
@@ -171,7 +167,8 @@ def test_depthwise_loops_are_lean(layout, tmp_path):
         ptx, _ = cuda.compile_ptx(dw.dw_conv_function(*key), dw._launch_types("dw_conv", key),
                                   cc=CC)
         report = machine_code.assemble(ptx, CC, tmp_path, "dw_conv")
-        count, ffma = _innermost(machine_code.disassemble(report["cubin"]), "FFMA")
+        loop = machine_code.innermost(machine_code.disassemble(report["cubin"]), "FFMA")
+        count, ffma = len(loop), _count(loop, "FFMA")
         lines.append(f"sm_90 dw_conv {layout} {mode} stride1={stride1} grouped={grouped} "
                      f"{report['registers']:3d} regs  {count} instructions / {ffma} FFMA")
         assert count / ffma <= DW_CONV_INSTRUCTIONS_PER_FFMA, lines[-1]
@@ -181,9 +178,8 @@ def test_depthwise_loops_are_lean(layout, tmp_path):
                                   dw._launch_types("dw_weight", key), cc=CC)
         report = machine_code.assemble(ptx, CC, tmp_path, "dw_weight")
         sass = machine_code.disassemble(report["cubin"])
-        count, loads = _innermost(sass, "LDG")
-        code, spans = machine_code.loops(sass)
-        loop = next(code[a:b + 1] for a, b in spans if b - a + 1 == count)
+        loop = machine_code.innermost(sass, "LDG")
+        count, loads = len(loop), _count(loop, "LDG")
         lines.append(f"sm_90 dw_weight {layout} taps={taps} {report['registers']:3d} regs  "
                      f"{count} instructions / {loads} loads")
         assert not any(op.startswith(("MUFU", "I2F")) for op, _ in loop), lines[-1]
