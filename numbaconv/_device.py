@@ -16,10 +16,18 @@ def _cuda():
 
 
 def simulated() -> bool:
-    """Whether Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1 before import)."""
-    cuda = _cuda()
-    return bool(getattr(cuda, "simulator_enabled", False)
-                or getattr(getattr(cuda, "config", None), "ENABLE_CUDASIM", 0))
+    """Whether Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1 before import). Fixed
+    once numba.cuda is imported (it chooses the simulator or the driver then), so it is
+    worked out once: the drivers ask several times a call."""
+    global _SIMULATED
+    if _SIMULATED is None:
+        cuda = _cuda()
+        _SIMULATED = bool(getattr(cuda, "simulator_enabled", False)
+                          or getattr(getattr(cuda, "config", None), "ENABLE_CUDASIM", 0))
+    return _SIMULATED
+
+
+_SIMULATED = None
 
 
 def as_device(a):

@@ -129,7 +129,7 @@ def documented_variables() -> tuple:
 
 
 def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip()
+    raw = environ_value(name).strip()  # read per call by some (NUMBACONV_CUDA_TF32)
     if raw == "":
         return default
     if raw in ("0", "1"):
