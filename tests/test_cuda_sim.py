@@ -101,6 +101,17 @@ WEIGHT_CASES = SIM_CASES + (
 )
 
 
+@pytest.fixture
+def fresh_setups():
+    """The drivers' remembered setups and tile choices dropped before and after the test:
+    for tests that change what they are worked out from (the split functions, forced tiles,
+    the TF32 setting)."""
+    from numbaconv.cuda import _implicit_gemm
+    _implicit_gemm.forget_setups()
+    yield
+    _implicit_gemm.forget_setups()
+
+
 #: (case, chunks) pairs: the shape's split of 2d_depthwise (a chunk per step of many groups,
 #: this test's slowest case under the simulator) already runs in test_every_op_and_algorithm.
 WEIGHT_SPLITS = [pytest.param(c, chunks, id=f"{c.name}-{chunks}")
@@ -110,7 +121,7 @@ WEIGHT_SPLITS = [pytest.param(c, chunks, id=f"{c.name}-{chunks}")
 
 @pytest.mark.parametrize("c, chunks", WEIGHT_SPLITS)
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
-def test_conv_backward_weight_implicit_gemm(c, layout, chunks, monkeypatch):
+def test_conv_backward_weight_implicit_gemm(c, layout, chunks, monkeypatch, fresh_setups):
     """weight_gemm on its own, with the split the shape gives (tiny cases: one step a chunk),
     as one chunk (every step of the reduction in one block: the wraps run) and as two (a
     chunk starting inside a row)."""
@@ -144,7 +155,7 @@ DW_WALKS = (
 
 @pytest.mark.parametrize("layout, c", DW_WALKS, ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("chunks", [1, 3])
-def test_depthwise_weight_walks_its_rows(layout, c, chunks, monkeypatch):
+def test_depthwise_weight_walks_its_rows(layout, c, chunks, monkeypatch, fresh_setups):
     """dw_weight's lanes decode their first row once and then step by the lanes' count in
     the rows' mixed radix: against the reference with every row in one chunk (each lane
     walks several rows) and in three (chunks that start inside a row)."""
@@ -214,7 +225,7 @@ BIAS_VIEWS = (
 @pytest.mark.parametrize("threads, chunks", [(None, "by_shape"), (None, 1), (None, 3),
                                              (64, 2)], ids=["split", "1", "3", "64threads"])
 def test_conv_backward_bias_walks_every_view(label, layout, shape, physical, cut, threads,
-                                             chunks, monkeypatch):
+                                             chunks, monkeypatch, fresh_setups):
     """The bias gradient against NumPy on contiguous and strided dy (rows walked with no
     carrying digit, one, several; a negative stride, which is copied first), with the
     shape's split, one chunk, three (chunks that start inside a row) and 64 threads a block
@@ -270,15 +281,11 @@ TF32_ERROR, TF32_ORDER_ERROR = 2e-3, 1e-5
 
 
 @pytest.fixture
-def tf32(monkeypatch):
-    """NUMBACONV_CUDA_TF32=1, the tile caches cleared before and after."""
-    from numbaconv.cuda import _implicit_gemm
+def tf32(monkeypatch, fresh_setups):
+    """NUMBACONV_CUDA_TF32=1, the drivers' remembered setups and tiles dropped before and
+    after."""
     monkeypatch.setenv("NUMBACONV_CUDA_TF32", "1")
-    _implicit_gemm._conv_tile.cache_clear()
-    _implicit_gemm._weight_tile.cache_clear()
-    yield monkeypatch
-    _implicit_gemm._conv_tile.cache_clear()
-    _implicit_gemm._weight_tile.cache_clear()
+    return monkeypatch
 
 
 @pytest.mark.parametrize("layout, tile", TF32_TILES)

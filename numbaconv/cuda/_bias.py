@@ -142,6 +142,7 @@ class Walk(NamedTuple):
     carries: tuple
 
 
+@functools.lru_cache(maxsize=1024)
 def walk(sizes: tuple, strides: tuple, image_stride: int, lanes: int) -> Walk:
     """The :class:`Walk` of rows of positions ``sizes`` (P0, P1, P2) with element ``strides``
     under images of ``image_stride``: unit dimensions dropped, a dimension merged into the
@@ -173,31 +174,50 @@ def walk(sizes: tuple, strides: tuple, image_stride: int, lanes: int) -> Walk:
                 (0,) * pad + tuple(reversed(carries)))
 
 
+class _Setup:
+    """The bias gradient's launches of one problem at ``threads`` threads a block (see
+    :func:`bias_gradient`): grids, split and the arguments that do not come from dy."""
+
+    def __init__(self, problem, threads: int):
+        cl = problem.channels_last
+        k = self.k = problem.channels
+        self.sizes = (1,) * (3 - len(problem.output_size)) + tuple(problem.output_size)
+        self.rows = rows = problem.batch * math.prod(self.sizes)  # >= 1: no empty arrays
+        cb = min(32, threads) if cl else 1
+        self.lanes = threads // cb
+        channel_blocks = -(-k // cb)
+        chunks, self.chunk_len = ig.row_chunks(rows, channel_blocks, self.lanes,
+                                               TARGET_BLOCKS)
+        self.partials = chunks * k
+        self.acc = ig._acc(problem.dtype)
+        self.grid = (channel_blocks, chunks)
+        self.sum = ig.kernel("sum_chunks", problem.dtype)
+        self.sum_grid = -(-k // 256)
+        self.sum_args = (k, chunks, 1, 1, 1, 1, bool(problem.accumulate))
+
+
+_setup = ig.remembered_setup(_Setup)
+
+
 def bias_gradient(problem, dy, out, threads: int):
     """``db = [db +] sum of dy over images and positions`` (see the module's docstring)."""
     cl = problem.channels_last
     dtype = problem.dtype
-    k = problem.channels
+    device = ig._device_id()
+    at = _setup(problem, threads)
+    k = at.k
     result = out if out is not None else device_array((k,), dtype)
-    sizes = (1,) * (3 - len(problem.output_size)) + tuple(problem.output_size)
-    rows = problem.batch * math.prod(sizes)  # at least 1: empty arrays are refused
     yo = ig.operand(dy, cl, problem)  # the problem's layout, should dy need a copy
     target, wo = ig._writable(result, (k,), None, None, problem.accumulate)
-    cb = min(32, threads) if cl else 1
-    lanes = threads // cb
-    channel_blocks = -(-k // cb)
-    chunks, chunk_len = ig.row_chunks(rows, channel_blocks, lanes, TARGET_BLOCKS)
-    partial = ig.workspace("bias partials", chunks * k, ig._acc(dtype))
+    partial = ig._ref(ig.workspace("bias partials", at.partials, at.acc, device))
     ys = yo.strides
-    w = walk(sizes, ys[2:], ys[0], lanes)
+    w = walk(at.sizes, ys[2:], ys[0], at.lanes)
     # 32-bit where every offset a lane forms, before its carries too, stays below the limit
     reach = yo.span + abs(w.step) + sum(abs(c) for c in w.carries)
-    wide = max(reach, rows + lanes, chunks * k) > ig.INDEX32_LIMIT
-    launch(kernel(dtype, cl, w.dims, wide, threads), (channel_blocks, chunks), threads,
-           yo.ref, ig._ref(partial), k, rows, *w.sizes, w.outer_stride, ys[1], *w.strides,
-           chunk_len, *w.digits, w.step, *w.carries)
-    launch(ig.kernel("sum_chunks", dtype), -(-k // 256), 256,
-           ig._ref(partial), wo.ref, k, chunks, 1, 1, 1, 1, bool(problem.accumulate),
-           *wo.strides)
+    wide = max(reach, at.rows + at.lanes, at.partials) > ig.INDEX32_LIMIT
+    launch(kernel(dtype, cl, w.dims, wide, threads), at.grid, threads,
+           yo.ref, partial, k, at.rows, *w.sizes, w.outer_stride, ys[1], *w.strides,
+           at.chunk_len, *w.digits, w.step, *w.carries)
+    launch(at.sum, at.sum_grid, 256, partial, wo.ref, *at.sum_args, *wo.strides)
     ig._written(target, result, None, None)
     return result

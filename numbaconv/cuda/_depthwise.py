@@ -330,63 +330,94 @@ def _launch_types(name: str, key: tuple) -> tuple:
     return (data, data, accs) + (types.int64,) * 28
 
 
+class _ConvSetup:
+    """A ``dw_conv`` launch of one problem (see :func:`convolution`): its grid, the kernel's
+    key but for the index width, and the arguments after the operands' strides."""
+
+    def __init__(self, problem, forward: bool):
+        g = self.g = geom(problem)
+        src_size, out_size = (g.s, g.p) if forward else (g.p, g.s)
+        channels, per_group, summed = (g.k, g.kg, g.cg) if forward else (g.c, g.cg, g.kg)
+        threads = g.n * channels * out_size[0] * out_size[1] * -(-out_size[2] // V)
+        self.grid = -(-threads // THREADS)
+        self.key = (problem.dtype, problem.channels_last, "forward" if forward else "data",
+                    g.stride == (1, 1, 1))
+        self.flags = (bool(problem.accumulate), not applies(problem))
+        self.sizes = (g.n, channels, *src_size, *out_size)
+        self.taps = g.r
+        self.after = (*g.stride, *g.dilation, *g.before, per_group, summed)
+
+    def kernel(self, wide: bool, has_bias: bool):
+        return kernel("dw_conv", *self.key, wide, has_bias, *self.flags)
+
+
+_conv_setup = ig.remembered_setup(_ConvSetup)
+
+
 def convolution(mode: str, problem, src, w, bias, out, result_shape):
     """``out = [out +] conv(src, w) [+ bias]`` ("forward") or its data gradient / transposed
     convolution ("data") by ``dw_conv``: depthwise, or any grouping (each output sums its
     group's source channels one after another; the ``direct`` algorithm, chosen for groups
     of a few channels)."""
-    g = geom(problem)
-    dtype = problem.dtype
-    cl = problem.channels_last
-    result = out if out is not None else device_array(result_shape, dtype)
+    result = out if out is not None else device_array(result_shape, problem.dtype)
     if math.prod(result_shape) == 0:
         return result
-    forward = mode == "forward"
+    at = _conv_setup(problem, mode == "forward")
+    g, cl = at.g, problem.channels_last
     s = ig.operand(src, cl, g)
     target, o = ig._writable(result, result_shape, g, cl, problem.accumulate)
     wo = ig.operand(w, None, g)
-    src_size, out_size = (g.s, g.p) if forward else (g.p, g.s)
-    stride1 = g.stride == (1, 1, 1)
     wide = max(s.span, o.span, wo.span) > ig.INDEX32_LIMIT
-    has_bias = bias is not None
-    bias_ref = ig.bias_operand(bias, dtype)
-    run = kernel("dw_conv", dtype, cl, mode, stride1, wide, has_bias,
-                 bool(problem.accumulate), not applies(problem))
-    channels, per_group, summed = (g.k, g.kg, g.cg) if forward else (g.c, g.cg, g.kg)
-    threads = g.n * channels * out_size[0] * out_size[1] * -(-out_size[2] // V)
-    launch(run, -(-threads // THREADS), THREADS,
-           s.ref, wo.ref, o.ref, bias_ref, g.n, channels, *src_size, *out_size, *s.strides,
-           *o.strides, *g.r, wo.strides[0], *wo.strides[2:], *g.stride, *g.dilation,
-           *g.before, per_group, summed, wo.strides[1])
+    launch(at.kernel(wide, bias is not None), at.grid, THREADS,
+           s.ref, wo.ref, o.ref, ig.bias_operand(bias, problem.dtype), *at.sizes, *s.strides,
+           *o.strides, *at.taps, wo.strides[0], *wo.strides[2:], *at.after, wo.strides[1])
     ig._written(target, result, g, cl)
     return result
 
 
+class _WeightSetup:
+    """The depthwise weight gradient's launches of one problem (see
+    :func:`weight_gradient`): grids, split and the arguments that do not come from the
+    operands."""
+
+    def __init__(self, problem):
+        g = self.g = geom(problem)
+        dtype = problem.dtype
+        cb = 32 if problem.channels_last else 1
+        channel_blocks = -(-g.c // cb)
+        lanes = THREADS // cb
+        chunks, chunk_len = ig.row_chunks(g.n * g.positions, channel_blocks, lanes,
+                                          WEIGHT_TARGET_BLOCKS)
+        self.chunks, self.count = chunks, g.c * g.taps
+        self.acc = ig._acc(dtype)
+        self.key = (dtype, problem.channels_last, tuple(g.r))
+        self.grid = (channel_blocks, chunks)
+        self.sizes = (g.n, g.c, *g.s, *g.p)
+        self.after = (*g.stride, *g.dilation, *g.before, chunk_len)
+        self.sum = ig.kernel("sum_chunks", dtype)
+        self.sum_grid = -(-self.count // 256)
+        self.sum_args = (self.count, chunks, 1, g.taps, g.r[1], g.r[2],
+                         bool(problem.accumulate))
+
+
+_weight_setup = ig.remembered_setup(_WeightSetup)
+
+
 def weight_gradient(problem, x, dy, out):
     """Depthwise ``dw = [dw +] sum over images and positions of dy x`` by chunks."""
-    g = geom(problem)
-    dtype = problem.dtype
-    cl = problem.channels_last
-    result = out if out is not None else device_array(problem.w_shape, dtype)
+    result = out if out is not None else device_array(problem.w_shape, problem.dtype)
     if math.prod(problem.w_shape) == 0:
         return result
+    device = ig._device_id()
+    at = _weight_setup(problem)
+    g, cl = at.g, problem.channels_last
     xo = ig.operand(x, cl, g)
     yo = ig.operand(dy, cl, g)
     target, wo = ig._writable(result, problem.w_shape, g, None, problem.accumulate)
-    cb = 32 if cl else 1
-    channel_blocks = -(-g.c // cb)
-    lanes = THREADS // cb
-    total = g.n * g.positions
-    chunks, chunk_len = ig.row_chunks(total, channel_blocks, lanes, WEIGHT_TARGET_BLOCKS)
-    count = g.c * g.taps
-    partial = ig.workspace("partials", chunks * count, ig._acc(dtype))
-    wide = max(xo.span, yo.span, chunks * count) > ig.INDEX32_LIMIT
-    run = kernel("dw_weight", dtype, cl, tuple(g.r), wide)
-    launch(run, (channel_blocks, chunks), THREADS,
-           xo.ref, yo.ref, ig._ref(partial), g.n, g.c, *g.s, *g.p, *xo.strides, *yo.strides,
-           *g.stride, *g.dilation, *g.before, chunk_len)
-    launch(ig.kernel("sum_chunks", dtype), -(-count // 256), 256,
-           ig._ref(partial), wo.ref, count, chunks, 1, g.taps, g.r[1], g.r[2],
-           bool(problem.accumulate), *wo.strides)
+    partial = ig._ref(ig.workspace("partials", at.chunks * at.count, at.acc, device))
+    wide = max(xo.span, yo.span, at.chunks * at.count) > ig.INDEX32_LIMIT
+    launch(kernel("dw_weight", *at.key, wide), at.grid, THREADS,
+           xo.ref, yo.ref, partial, *at.sizes, *xo.strides, *yo.strides, *at.after)
+    launch(at.sum, at.sum_grid, 256, partial, wo.ref, *at.sum_args, *wo.strides)
     ig._written(target, result, g, None)
     return result

@@ -168,10 +168,56 @@ def operand(a, channels_last=None, g=None) -> Operand:
     """``a`` (any ``__cuda_array_interface__`` object) for the kernels; ``channels_last``
     None for weights and biases (kept in their own order). An operand with a negative stride
     is first copied (contiguous), which needs the problem's geometry ``g``."""
-    shape, strides, itemsize = _shape_strides(a)
-    if any(st < 0 for st in strides):
+    shape, strides, itemsize = _raw(a)
+    arranged = _arranged(shape, strides, itemsize, channels_last)
+    if arranged is None:  # a negative stride
         a = _copy5(_five(a, g, channels_last))
-        shape, strides, itemsize = _shape_strides(a)
+        shape, strides, itemsize = _raw(a)
+        arranged = _arranged(shape, strides, itemsize, channels_last)
+    return _operand(a, arranged, itemsize)
+
+
+def _operand(a, arranged, itemsize) -> Operand:
+    kernel_strides, span = arranged
+    if simulated():
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        view = np.lib.stride_tricks.as_strided(as_device(a)._ary, (span,), (itemsize,))
+        return Operand(FakeCUDAArray(view), kernel_strides, span)
+    return Operand(_pointer(a), kernel_strides, span)
+
+
+def _raw(a):
+    """Shape, byte strides (None: C-contiguous) and item size of a device array (numba's,
+    or any ``__cuda_array_interface__`` object), read without wrapping it."""
+    if getattr(a, "__cuda_ndarray__", False) or simulated():
+        a = as_device(a)
+        return tuple(a.shape), tuple(a.strides), a.dtype.itemsize
+    face = a.__cuda_array_interface__
+    strides = face.get("strides")
+    return (tuple(face["shape"]), None if strides is None else tuple(strides),
+            np.dtype(face["typestr"]).itemsize)
+
+
+@functools.lru_cache(maxsize=4096)
+def _element_strides(shape: tuple, strides, itemsize: int) -> tuple:
+    """Byte strides (None: C-contiguous) as element strides."""
+    if strides is None:
+        found, step = [], 1
+        for n in reversed(shape):
+            found.append(step)
+            step *= n
+        return tuple(reversed(found))
+    return tuple(int(st) // itemsize for st in strides)
+
+
+@functools.lru_cache(maxsize=4096)
+def _arranged(shape: tuple, strides, itemsize: int, channels_last):
+    """An operand's element strides in the kernels' order (five of them) and the elements
+    it spans, or None where a stride is negative (remembered: the same few arrangements
+    recur call after call)."""
+    strides = _element_strides(shape, strides, itemsize)
+    if any(st < 0 for st in strides):
+        return None
     if channels_last:
         shape = (shape[0], shape[-1]) + tuple(shape[1:-1])
         strides = (strides[0], strides[-1]) + tuple(strides[1:-1])
@@ -179,32 +225,13 @@ def operand(a, channels_last=None, g=None) -> Operand:
     shape = shape[:2] + (1,) * pad + tuple(shape[2:])
     strides = strides[:2] + (0,) * pad + tuple(strides[2:])
     span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-    if simulated():
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-        base = as_device(a)
-        view = np.lib.stride_tricks.as_strided(base._ary, (span,), (itemsize,))
-        return Operand(FakeCUDAArray(view), strides, span)
-    return Operand(_pointer(a), strides, span)
+    return strides, span
 
 
 def _shape_strides(a):
-    """Shape, element strides and item size of a device array (numba's, or any
-    ``__cuda_array_interface__`` object), read without wrapping it."""
-    if getattr(a, "__cuda_ndarray__", False) or simulated():
-        a = as_device(a)
-        itemsize = a.dtype.itemsize
-        return tuple(a.shape), tuple(int(s) // itemsize for s in a.strides), itemsize
-    face = a.__cuda_array_interface__
-    shape = tuple(face["shape"])
-    itemsize = np.dtype(face["typestr"]).itemsize
-    strides = face.get("strides")
-    if strides is None:
-        strides, step = [], 1
-        for n in reversed(shape):
-            strides.append(step)
-            step *= n
-        return shape, tuple(reversed(strides)), itemsize
-    return shape, tuple(int(s) // itemsize for s in strides), itemsize
+    """Shape, element strides and item size of a device array."""
+    shape, strides, itemsize = _raw(a)
+    return shape, _element_strides(shape, strides, itemsize), itemsize
 
 
 def _pointer(a) -> int:
@@ -228,8 +255,10 @@ def _ref(devary):
 def _writable(result, shape, g, channels_last, accumulate):
     """Where a kernel writes ``result``: itself, or (negative strides) a contiguous stand-in
     holding its values when accumulating; and that target as an operand."""
-    if all(st >= 0 for st in _shape_strides(result)[1]):
-        return result, operand(result, channels_last)
+    raw_shape, strides, itemsize = _raw(result)
+    arranged = _arranged(raw_shape, strides, itemsize, channels_last)
+    if arranged is not None:
+        return result, _operand(result, arranged, itemsize)
     target = device_array(shape, result.dtype)
     if accumulate:
         _copy5(_five(result, g, channels_last), into=_five(target, g, channels_last))
@@ -257,75 +286,163 @@ def _copy5(src, into=None):
 
 # --- drivers ---------------------------------------------------------------------------------
 
+#: Launch setups: {(builder, key...): setup}. What a call's launches take that depends only
+#: on the problem, the device and the settings read (kernels, grids, tables, sizes), worked
+#: out by the first call of a problem; later calls add their operands' pointers and strides
+#: (a call spent most of its host time recomputing these). Cleared when full.
+_SETUPS: dict = {}
+MAX_SETUPS = 1024
+
+
+def remembered_setup(build):
+    """``build(*key)``, kept in :data:`_SETUPS` per key (the key holds what the setup
+    depends on: the problem, the device, the settings it reads)."""
+    def setup(*key):
+        found = _SETUPS.get((build, key))
+        if found is None:
+            if len(_SETUPS) >= MAX_SETUPS:
+                _SETUPS.clear()
+            found = _SETUPS[(build, key)] = build(*key)
+        return found
+    return setup
+
+
+def forget_setups() -> None:
+    """Drop every remembered setup and tile choice: for tests that change a choice's inputs
+    (forced tiles, the TF32 setting, the split functions) within one process."""
+    _SETUPS.clear()
+    _conv_tile.cache_clear()
+    _weight_tile.cache_clear()
+
+
+class _ConvSetup:
+    """A forward or data-gradient launch pair of one problem on one device (see
+    :func:`convolution`): ``pack_weights`` with its grid and arguments after the two
+    pointers and before the weights' strides, and ``conv_gemm``'s grid, threads and the
+    arguments between and after the operands' strides; its 32- and 64-bit kernels with
+    their tables built when first needed. ``tf32``: NUMBACONV_CUDA_TF32 as read by the call;
+    ``device``: the current device's id (its tables and compute capability are used)."""
+
+    def __init__(self, problem, forward: bool, tf32: bool, device: int):
+        g = self.g = geom(problem)
+        dtype = problem.dtype
+        rows, reduce = (g.kg, g.cg) if forward else (g.cg, g.kg)
+        plan = self.plan = _conv_plan(g, forward)
+        tile, most_cols = _conv_tile(problem, forward)
+        rp = _ceil(reduce, tile.bk) * tile.bk
+        tc = tf32 and tensor_cores(dtype, tile)
+        self.packed = count = g.groups * plan.taps * rp * rows
+        self.acc = _acc(dtype)
+        self.pack = kernel("pack_weights", dtype, tc)
+        self.pack_grid = _ceil(count, 256)
+        wtaps = _device_table(plan.wtaps, np.int64)
+        self.pack_args = (wtaps[1], count, plan.taps, rows, reduce, rp, g.kg, forward)
+        self.gemm_key = (dtype, problem.channels_last, problem.ndim, tile,
+                         bool(problem.accumulate), tc)
+        self.grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm),
+                     g.groups * len(plan.phases))
+        self.threads = tile.threads
+        self.sizes = (len(plan.phases), g.n, rows, reduce, rp, plan.taps)
+        self.columns = plan.src_size + plan.col_stride + plan.col_offset
+        self.keep = [wtaps]          # the tables' device arrays, alive while we are
+        self.by_width = {}  # {(wide, has_bias): (kernel, tables)}
+
+    def gemm(self, wide: bool, has_bias: bool) -> tuple:
+        """``conv_gemm`` with ``wide`` (64-bit) indices and a bias or not, and its two table
+        arguments."""
+        found = self.by_width.get((wide, has_bias))
+        if found is None:
+            dtype, cl, nd, tile, accumulate, tc = self.gemm_key
+            index = np.int64 if wide else np.int32
+            deltas = _device_table(self.plan.deltas, index)
+            phases = _device_table(self.plan.phases, index)
+            self.keep += [deltas, phases]
+            found = self.by_width[(wide, has_bias)] = (
+                kernel("conv_gemm", dtype, cl, nd, wide, tile, has_bias, accumulate, tc),
+                (deltas[1], phases[1]))
+        return found
+
+
+_conv_setup = remembered_setup(_ConvSetup)
+
+
 def convolution(mode: str, problem, src, w, bias, out, result_shape):
     """``out = [out +] conv(src, w) [+ bias]``: ``mode`` "forward" (conv) or "data" (data
     gradient, transposed convolution)."""
-    g = geom(problem)
     dtype = problem.dtype
-    cl = problem.channels_last
     result = out if out is not None else device_array(result_shape, dtype)
     if math.prod(result_shape) == 0:
         return result
-    forward = mode == "forward"
-    rows, reduce = (g.kg, g.cg) if forward else (g.cg, g.kg)
-    plan = _conv_plan(g, forward)
-    tile, most_cols = _conv_tile(problem, forward)
-    rp = _ceil(reduce, tile.bk) * tile.bk
+    device = _device_id()
+    at = _conv_setup(problem, mode == "forward", cuda_tf32(), device)
+    g, cl = at.g, problem.channels_last
     s = operand(src, cl, g)
     target, o = _writable(result, result_shape, g, cl, problem.accumulate)
     wo = operand(w, None, g)
-    count = g.groups * plan.taps * rp * rows
-    wp = workspace("weights", count, _acc(dtype))
-    tc = tensor_cores(dtype, tile)
-    launch(kernel("pack_weights", dtype, tc), _ceil(count, 256), 256,
-           wo.ref, _ref(wp), _table(plan.wtaps, np.int64), count, plan.taps, rows, reduce, rp, g.kg,
-           forward, *wo.strides)
-    wide = max(s.span, o.span, count) > INDEX32_LIMIT
-    has_bias = bias is not None
-    bias_ref = bias_operand(bias, dtype)
-    run = kernel("conv_gemm", dtype, cl, problem.ndim, wide, tile, has_bias,
-                 bool(problem.accumulate), tc)
-    index = np.int64 if wide else np.int32
-    grid = (_ceil(most_cols, tile.bn), _ceil(rows, tile.bm), g.groups * len(plan.phases))
-    launch(run, grid, tile.threads,
-           s.ref, _ref(wp), o.ref, bias_ref, _table(plan.deltas, index), _table(plan.phases, index),
-           len(plan.phases), g.n, rows, reduce, rp, plan.taps, *s.strides, *plan.src_size,
-           *plan.col_stride, *plan.col_offset, *o.strides, *plan.out_step)
+    wp = _ref(workspace("weights", at.packed, at.acc, device))
+    launch(at.pack, at.pack_grid, 256, wo.ref, wp, *at.pack_args, *wo.strides)
+    run, tables = at.gemm(max(s.span, o.span, at.packed) > INDEX32_LIMIT, bias is not None)
+    launch(run, at.grid, at.threads, s.ref, wp, o.ref, bias_operand(bias, dtype), *tables,
+           *at.sizes, *s.strides, *at.columns, *o.strides, *at.plan.out_step)
     _written(target, result, g, cl)
     return result
+
+
+class _WeightSetup:
+    """The weight gradient's launches of one problem on one device (see
+    :func:`weight_gradient`): ``weight_gemm``'s grid, split and arguments after the
+    pointers and between the operands' strides, ``sum_chunks``' likewise (``tf32`` and
+    ``device`` as for :class:`_ConvSetup`)."""
+
+    def __init__(self, problem, tf32: bool, device: int):
+        g = self.g = geom(problem)
+        dtype = problem.dtype
+        cols = g.taps * g.cg
+        reduce_total = g.n * g.positions
+        tile = _weight_tile(problem)
+        row_tiles = _ceil(g.kg, tile.bm)
+        base = _ceil(cols, tile.bn) * row_tiles * g.groups
+        steps = _ceil(reduce_total, tile.bk)
+        chunks = weight_chunks(base, steps, g.k * cols, tile.threads)
+        chunk_len = _ceil(steps, chunks) * tile.bk
+        chunks = self.chunks = max(1, _ceil(reduce_total, chunk_len))
+        self.count = count = g.k * cols
+        self.acc = _acc(dtype)
+        self.gemm_key = (dtype, problem.ndim, tile, tf32 and tensor_cores(dtype, tile))
+        self.grid = (_ceil(cols, tile.bn), row_tiles * g.groups, chunks)
+        self.threads = tile.threads
+        self.sizes = (g.n, g.groups, g.kg, g.cg, cols, row_tiles, chunk_len)
+        self.middle = g.s
+        self.after = (*g.p, g.r[1], g.r[2], *g.stride, *g.dilation, *g.before)
+        self.sum = kernel("sum_chunks", dtype)
+        self.sum_grid = _ceil(count, 256)
+        self.sum_args = (count, chunks, g.cg, g.taps, g.r[1], g.r[2], bool(problem.accumulate))
+
+    def gemm(self, wide: bool):
+        dtype, nd, tile, tc = self.gemm_key
+        return kernel("weight_gemm", dtype, nd, wide, tile, tc)
+
+
+_weight_setup = remembered_setup(_WeightSetup)
 
 
 def weight_gradient(problem, x, dy, out):
     """``dw = [dw +] sum over images and positions of dy x``, split in chunks fixed by the
     shape, the partials added in chunk order."""
-    g = geom(problem)
-    dtype = problem.dtype
-    cl = problem.channels_last
-    result = out if out is not None else device_array(problem.w_shape, dtype)
+    result = out if out is not None else device_array(problem.w_shape, problem.dtype)
     if math.prod(problem.w_shape) == 0:
         return result
+    device = _device_id()
+    at = _weight_setup(problem, cuda_tf32(), device)
+    g, cl = at.g, problem.channels_last
     xo = operand(x, cl, g)
     yo = operand(dy, cl, g)
     target, wo = _writable(result, problem.w_shape, g, None, problem.accumulate)
-    cols = g.taps * g.cg
-    reduce_total = g.n * g.positions
-    tile = _weight_tile(problem)
-    row_tiles = _ceil(g.kg, tile.bm)
-    base = _ceil(cols, tile.bn) * row_tiles * g.groups
-    steps = _ceil(reduce_total, tile.bk)
-    chunks = weight_chunks(base, steps, g.k * cols, tile.threads)
-    chunk_len = _ceil(steps, chunks) * tile.bk
-    chunks = max(1, _ceil(reduce_total, chunk_len))
-    count = g.k * cols
-    partial = workspace("partials", chunks * count, _acc(dtype))
-    wide = max(xo.span, yo.span, chunks * count) > INDEX32_LIMIT
-    run = kernel("weight_gemm", dtype, problem.ndim, wide, tile, tensor_cores(dtype, tile))
-    launch(run, (_ceil(cols, tile.bn), row_tiles * g.groups, chunks), tile.threads,
-           xo.ref, yo.ref, _ref(partial), g.n, g.groups, g.kg, g.cg, cols, row_tiles, chunk_len,
-           *xo.strides, *g.s, *yo.strides, *g.p, g.r[1], g.r[2], *g.stride, *g.dilation, *g.before)
-    launch(kernel("sum_chunks", dtype), _ceil(count, 256), 256,
-           _ref(partial), wo.ref, count, chunks, g.cg, g.taps, g.r[1], g.r[2],
-           bool(problem.accumulate), *wo.strides)
+    partial = _ref(workspace("partials", at.chunks * at.count, at.acc, device))
+    wide = max(xo.span, yo.span, at.chunks * at.count) > INDEX32_LIMIT
+    launch(at.gemm(wide), at.grid, at.threads, xo.ref, yo.ref, partial, *at.sizes,
+           *xo.strides, *at.middle, *yo.strides, *at.after)
+    launch(at.sum, at.sum_grid, 256, partial, wo.ref, *at.sum_args, *wo.strides)
     _written(target, result, g, None)
     return result
 
@@ -512,9 +629,10 @@ def _acc(dtype: str) -> np.dtype:
 _TABLES: dict = {}
 
 
-def _table(rows: tuple, dtype):
+def _device_table(rows: tuple, dtype) -> tuple:
     """``rows`` flattened into a device array of ``dtype`` (copied to the current device
-    once per ``rows``), as a kernel argument."""
+    once per ``rows``), and that array as a kernel argument: ``(array, argument)``. Whoever
+    keeps the argument keeps the array."""
     key = (rows, np.dtype(dtype).str, _device_id())
     found = _TABLES.get(key)
     if found is None:
@@ -522,7 +640,7 @@ def _table(rows: tuple, dtype):
             _TABLES.clear()
         array = cuda.to_device(np.array(rows, dtype=dtype).reshape(-1))
         found = _TABLES[key] = (array, _ref(array))
-    return found[1]
+    return found
 
 
 def _device_id() -> int:
@@ -533,15 +651,16 @@ def _device_id() -> int:
 _WORKSPACES = threading.local()
 
 
-def workspace(kind: str, elements: int, dtype):
-    """A buffer on the current device of at least ``elements`` of ``dtype`` for ``kind``
-    (packed weights, weight-gradient partials), reused by later calls of this host thread on
-    that device: the kernels run in order on one stream, so a later call's writes wait for an
-    earlier call's reads. Grows by powers of two."""
+def workspace(kind: str, elements: int, dtype, device: int = None):
+    """A buffer on the current device (``device``: its id, when the caller has it) of at
+    least ``elements`` of ``dtype`` for ``kind`` (packed weights, weight-gradient partials),
+    reused by later calls of this host thread on that device: the kernels run in order on
+    one stream, so a later call's writes wait for an earlier call's reads. Grows by powers
+    of two."""
     cache = getattr(_WORKSPACES, "buffers", None)
     if cache is None:
         cache = _WORKSPACES.buffers = {}
-    key = (kind, np.dtype(dtype).str, _device_id())
+    key = (kind, np.dtype(dtype).str, _device_id() if device is None else device)
     buffer = cache.get(key)
     if buffer is None or buffer.shape[0] < elements:
         buffer = device_array((1 << max(10, (elements - 1).bit_length()),), dtype)
