@@ -92,14 +92,14 @@ _MULTIPLY_TC = """
     k = I(0)
     while k < BK:
 #unroll i MI
-        fa_{i}_0 = As[buf, k + tig, ty + {16 * i}]
-        fa_{i}_1 = As[buf, k + tig, ty + {16 * i + 8}]
-        fa_{i}_2 = As[buf, k + tig + 4, ty + {16 * i}]
-        fa_{i}_3 = As[buf, k + tig + 4, ty + {16 * i + 8}]
+        fa_{i}_0 = As[buf, k + tig64, ty64 + {16 * i}]
+        fa_{i}_1 = As[buf, k + tig64, ty64 + {16 * i + 8}]
+        fa_{i}_2 = As[buf, k + tig64 + 4, ty64 + {16 * i}]
+        fa_{i}_3 = As[buf, k + tig64 + 4, ty64 + {16 * i + 8}]
 #end
 #unroll j NJ
-        fb_{j}_0 = Bs[buf, k + tig, tx + {8 * j}]
-        fb_{j}_1 = Bs[buf, k + tig + 4, tx + {8 * j}]
+        fb_{j}_0 = Bs[buf, k + tig64, tx64 + {8 * j}]
+        fb_{j}_1 = Bs[buf, k + tig64 + 4, tx64 + {8 * j}]
 #end
 #unroll i MI
 #unroll j NJ
@@ -123,6 +123,9 @@ _PLACE = """
     ty = I(I(U(wrp) // U(WARPS_N)) * WM + I(U(lane) // U(4)))
     wc = I(I(U(wrp) % U(WARPS_N)) * WN)
     tx = I(wc + I(U(lane) // U(4)))
+    tig64 = numba.int64(tig)
+    ty64 = numba.int64(ty)
+    tx64 = numba.int64(tx)
 #else
     tx = I(U(tid) % U(NTX))
     ty = I(U(tid) // U(NTX))
@@ -229,7 +232,8 @@ PLACE
         return
     m0 = I(cuda.blockIdx.y * BM)
     tap0 = I(phases[ph * 8 + 6])
-    steps = I(I(phases[ph * 8 + 7]) * I((R + BK - 1) // BK))
+    Ri = I(R)
+    steps = I(I(phases[ph * 8 + 7]) * I((Ri + BK - 1) // BK))
     am = I(U(tid) % U(BM))
     a_ok = m0 + am < M
     a_ptr = I(I(I(g * T + tap0) * Rp + tid // BM) * M + m0 + am)
@@ -285,23 +289,25 @@ GATHER_TAP_8
 #unroll e LB
         vb_{e} = acc(0)
 #if cl
-        if ok_{e // KREP} & (bk + {e % KREP * KC} < R):
+        if ok_{e // KREP} & (I(bk + {e % KREP * KC}) < Ri):
             vb_{e} = acc(src[U(off_{e // KREP} + {e % KREP} * kc_step)])
         Bs[0, bk + {e % KREP * KC}, tid // KC + {e // KREP * B_QSTEP}] = CVT(vb_{e})
 #else
-        if ok_0 & (bk + {e * B_KSTEP} < R):
+        if ok_0 & (I(bk + {e * B_KSTEP}) < Ri):
             vb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
         Bs[0, bk + {e * B_KSTEP}, tid % BN] = CVT(vb_{e})
 #end
 #end
         cuda.syncthreads()
-    for step in range(steps):
-        buf = step & 1
-        more = step + 1 < steps
+    step = I(0)
+    while step < steps:
+        buf = I(step & 1)
+        step = I(step + 1)
+        more = step < steps
         if more:
             a_ptr = I(a_ptr + a_step)
             r0 = I(r0 + BK)
-            if r0 >= R:
+            if r0 >= Ri:
                 r0 = I(0)
                 t += 1
 GATHER_TAP_16
@@ -317,16 +323,16 @@ GATHER_TAP_16
 #unroll e LB
             rb_{e} = acc(0)
 #if cl
-            if ok_{e // KREP} & (r0 + bk + {e % KREP * KC} < R):
+            if ok_{e // KREP} & (I(r0 + bk + {e % KREP * KC}) < Ri):
                 rb_{e} = acc(src[U(off_{e // KREP} + {e % KREP} * kc_step)])
 #else
-            if ok_0 & (r0 + bk + {e * B_KSTEP} < R):
+            if ok_0 & (I(r0 + bk + {e * B_KSTEP}) < Ri):
                 rb_{e} = acc(src[U(off_0 + {e} * b_kstep)])
 #end
 #end
 MULTIPLY
         if more:
-            nxt = 1 - buf
+            nxt = I(1 - buf)
 #unroll e LA
             As[nxt, tid // BM + {e * A_KSTEP}, am] = ra_{e}
 #end
