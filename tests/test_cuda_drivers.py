@@ -218,3 +218,28 @@ def test_the_host_path_script_times_every_op():
         ("conv", "1"), ("conv_backward_data", "1"), ("conv_backward_weight", "2"),
         ("conv_backward_bias", "2")], proc.stdout
     assert len(rows) == 8 and all(float(r[3]) > 0 for r in rows), proc.stdout
+
+
+def test_tf32_steps_16_deep_on_the_largest_channels_first_tile(gpu, monkeypatch):
+    """With NUMBACONV_CUDA_TF32=1 on a tensor-core device, a channels-first forward that
+    chooses the 128x128 tile runs it 16 deep (weights packed to 16-row steps); channels-last
+    and the weight gradient keep 8, and so does every GEMM without TF32."""
+    name, x_shape, w_shape, kwargs, dtype = LAYERS[4]
+    assert name.startswith("pointwise_64to256")          # 256 rows: the 128x128 tile
+    for tf32 in ("0", "1"):
+        monkeypatch.setenv("NUMBACONV_CUDA_TF32", tf32)
+        for layout in ("channels_first", "channels_last"):
+            layer = Layer(x_shape, w_shape, kwargs, dtype, layout)
+            for op in ("conv", "conv_backward_weight"):
+                del gpu[:]
+                problem, operands, out = layer.call(op)
+                run(op, problem, operands, out, "implicit_gemm")
+                [gemm] = [launch for launch in gpu if launch.kernel.name.endswith("_gemm")]
+                tile = gemm.kernel.key[4 if op == "conv" else 3]
+                deep = tf32 == "1" and layout == "channels_first" and op == "conv"
+                assert tile.bk == (16 if deep else 8), (tf32, layout, op, tile)
+                if op == "conv":
+                    assert (tile.bm, tile.bn) == (128, 128), tile
+                assert gemm.kernel.key[-1] == (tf32 == "1"), (tf32, layout, op)  # tc
+                if op == "conv":   # the packed weights' reduction padded to the step
+                    assert gemm.args[10] % tile.bk == 0 and gemm.args[10] >= 64

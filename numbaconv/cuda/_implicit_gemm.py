@@ -328,7 +328,7 @@ class _ConvSetup:
         dtype = problem.dtype
         rows, reduce = (g.kg, g.cg) if forward else (g.cg, g.kg)
         plan = self.plan = _conv_plan(g, forward)
-        tile, most_cols = _conv_tile(problem, forward)
+        tile, most_cols = _conv_tile(problem, forward, tf32)
         rp = _ceil(reduce, tile.bk) * tile.bk
         tc = tf32 and tensor_cores(dtype, tile)
         self.packed = count = g.groups * plan.taps * rp * rows
@@ -498,13 +498,31 @@ def weight_chunks(tiles: int, steps: int, partial_elements: int, threads: int) -
 
 
 @functools.lru_cache(maxsize=1024)
-def _conv_tile(problem, forward: bool):
-    """The tile of a forward or data-gradient launch, and its most columns of a phase."""
+def _conv_tile(problem, forward: bool, tf32: bool = False):
+    """The tile of a forward or data-gradient launch, and its most columns of a phase;
+    ``tf32``: NUMBACONV_CUDA_TF32 as read by the call (a tensor-core tile may step
+    deeper: :func:`tensor_core_tile`)."""
     g = geom(problem)
     plan = _conv_plan(g, forward)
     rows = g.kg if forward else g.cg
     most_cols = max(g.n * math.prod(ph[:3]) for ph in plan.phases)
-    return choose_tile(rows, most_cols, g.groups * len(plan.phases), problem.dtype), most_cols
+    tile = choose_tile(rows, most_cols, g.groups * len(plan.phases), problem.dtype)
+    if tf32 and forced_tile() is None and tensor_cores(problem.dtype, tile):
+        tile = tensor_core_tile(tile, problem.channels_last)
+    return tile, most_cols
+
+
+#: Tensor-core tiles whose forward and data-gradient step is 16 deep, channels-first: the
+#: same 128 registers, no spills, half the barriers and step overhead a HMMA (sm_90: 10.3
+#: instructions a HMMA against 12.1). Channels-last and the weight gradient would spill at
+#: 128 registers; the smaller tiles would hold more registers, so fewer blocks an SM
+#: (docs/cuda.md, "TF32 tensor cores").
+DEEP_TENSOR_CORE_TILES = {TILES[0]: TILES[0]._replace(bk=16)}
+
+
+def tensor_core_tile(tile: Tile, channels_last: bool) -> Tile:
+    """The tile a tensor-core ``conv_gemm`` runs in place of the FFMA kernels' ``tile``."""
+    return tile if channels_last else DEEP_TENSOR_CORE_TILES.get(tile, tile)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -526,7 +544,7 @@ def kernel_keys(problem) -> list:
     if op == "conv_backward_bias":
         return []
     forward = op == "conv"
-    tile, _ = _conv_tile(problem, forward)
+    tile, _ = _conv_tile(problem, forward, cuda_tf32())
     tc = tensor_cores(dtype, tile)
     return [("pack_weights", (dtype, tc)),
             ("conv_gemm", (dtype, problem.channels_last, problem.ndim, False, tile,
@@ -695,16 +713,19 @@ def signatures(dtype: str, channels_last: bool, nd: int = 2, tile: Tile = None,
                wide: bool = False, tc: bool = False):
     """The main kernels of one (dtype, layout) as ``(label, python function, signature,
     tile)`` for ``numba.cuda.compile_ptx``: the types every launch passes (``tc``: their
-    TF32 tensor-core variants)."""
-    if tile is None:
+    TF32 tensor-core variants, on the tile they run in place of ``tile``'s when it is not
+    given)."""
+    chosen = tile is None
+    if chosen:
         tile = (TILES64 if dtype == "float64" else TILES)[0]
+    conv_tile = tensor_core_tile(tile, channels_last) if tc and chosen else tile
     layout = "cl" if channels_last else "cf"
     suffix = "_tf32" if tc else ""
     found = []
     for mode, bias in (("forward", True), ("data", False)):
-        key = (dtype, channels_last, nd, wide, tile, bias, False, tc)
+        key = (dtype, channels_last, nd, wide, conv_tile, bias, False, tc)
         found.append((f"conv_gemm_{mode}_{layout}_{dtype}{suffix}", conv_gemm_function(*key),
-                      _launch_types("conv_gemm", key), tile))
+                      _launch_types("conv_gemm", key), conv_tile))
     key = (dtype, nd, wide, tile, tc)
     found.append((f"weight_gemm_{dtype}{suffix}", weight_gemm_function(*key),
                   _launch_types("weight_gemm", key), tile))
