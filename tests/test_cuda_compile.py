@@ -53,11 +53,11 @@ def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
                     _implicit_gemm.signatures(dtype, cl, tile=_implicit_gemm.TILES[3],
                                               tc=True)
                     if not (cl and label.startswith("weight_gemm"))]
-        if not cl:  # and the 16-deep step of the largest tile
-            kernels += [(label + "_deep", function, signature)
-                        for label, function, signature, _ in
-                        _implicit_gemm.signatures(dtype, cl, tc=True)
-                        if label.startswith("conv_gemm_forward")]
+        # and the 16-deep step of the largest tile
+        kernels += [(label + "_deep", function, signature)
+                    for label, function, signature, _ in
+                    _implicit_gemm.signatures(dtype, cl, tc=True)
+                    if label.startswith("conv_gemm_forward")]
     assert len(kernels) >= 4
     lines = []
     for label, function, signature in kernels:

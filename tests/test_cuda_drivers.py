@@ -220,10 +220,10 @@ def test_the_host_path_script_times_every_op():
     assert len(rows) == 8 and all(float(r[3]) > 0 for r in rows), proc.stdout
 
 
-def test_tf32_steps_16_deep_on_the_largest_channels_first_tile(gpu, monkeypatch):
-    """With NUMBACONV_CUDA_TF32=1 on a tensor-core device, a channels-first forward that
-    chooses the 128x128 tile runs it 16 deep (weights packed to 16-row steps); channels-last
-    and the weight gradient keep 8, and so does every GEMM without TF32."""
+def test_tf32_steps_16_deep_on_the_largest_tile(gpu, monkeypatch):
+    """With NUMBACONV_CUDA_TF32=1 on a tensor-core device, a forward that chooses the
+    128x128 tile runs it 16 deep in both layouts (weights packed to 16-row steps); the
+    weight gradient keeps 8, and so does every GEMM without TF32."""
     name, x_shape, w_shape, kwargs, dtype = LAYERS[4]
     assert name.startswith("pointwise_64to256")          # 256 rows: the 128x128 tile
     for tf32 in ("0", "1"):
@@ -236,7 +236,7 @@ def test_tf32_steps_16_deep_on_the_largest_channels_first_tile(gpu, monkeypatch)
                 run(op, problem, operands, out, "implicit_gemm")
                 [gemm] = [launch for launch in gpu if launch.kernel.name.endswith("_gemm")]
                 tile = gemm.kernel.key[4 if op == "conv" else 3]
-                deep = tf32 == "1" and layout == "channels_first" and op == "conv"
+                deep = tf32 == "1" and op == "conv"
                 assert tile.bk == (16 if deep else 8), (tf32, layout, op, tile)
                 if op == "conv":
                     assert (tile.bm, tile.bn) == (128, 128), tile

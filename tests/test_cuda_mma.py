@@ -41,6 +41,9 @@ def test_tensor_core_tiles():
     """Every float32 tile the driver chooses from runs on tensor cores; the simulator
     suite's 8-row tile (narrower than an m16 product) and odd register tiles do not."""
     assert all(mma_tile(t) for t in TILES)
+    from numbaconv.cuda._implicit_gemm import DEEP_TENSOR_CORE_TILES
+    for tile, deep in DEEP_TENSOR_CORE_TILES.items():    # 16 deep: a usable tile, same warps
+        assert mma_tile(deep.check()) and deep._replace(bk=tile.bk) == tile
     assert not mma_tile(Tile(8, 16, 8, 2, 2))
     assert not mma_tile(Tile(16, 16, 4, 2, 2))
     with pytest.raises(ValueError, match="tensor-core tile"):
@@ -48,8 +51,10 @@ def test_tensor_core_tiles():
 
 
 @pytest.mark.parametrize("tc", [False, True], ids=["ffma", "tensor_cores"])
-@pytest.mark.parametrize("tile", TILES + (Tile(16, 16, 8, 2, 2), Tile(32, 16, 8, 2, 4),
-                                          Tile(32, 16, 8, 4, 2)), ids=str)
+@pytest.mark.parametrize("tile", TILES + (Tile(128, 128, 16, 8, 8), Tile(16, 16, 8, 2, 2),
+                                          Tile(16, 16, 16, 2, 2), Tile(32, 16, 8, 2, 4),
+                                          Tile(32, 16, 16, 2, 4), Tile(32, 16, 8, 4, 2)),
+                         ids=str)
 def test_results_cover_the_block_tile_once(tile, tc):
     """The result places the epilogue writes (each thread's first row and column, as the
     templates place it, plus ROWOFF x COLOFF) cover the block tile exactly once."""

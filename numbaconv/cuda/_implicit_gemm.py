@@ -508,21 +508,21 @@ def _conv_tile(problem, forward: bool, tf32: bool = False):
     most_cols = max(g.n * math.prod(ph[:3]) for ph in plan.phases)
     tile = choose_tile(rows, most_cols, g.groups * len(plan.phases), problem.dtype)
     if tf32 and forced_tile() is None and tensor_cores(problem.dtype, tile):
-        tile = tensor_core_tile(tile, problem.channels_last)
+        tile = tensor_core_tile(tile)
     return tile, most_cols
 
 
-#: Tensor-core tiles whose forward and data-gradient step is 16 deep, channels-first: the
-#: same 128 registers, no spills, half the barriers and step overhead a HMMA (sm_90: 10.3
-#: instructions a HMMA against 12.1). Channels-last and the weight gradient would spill at
-#: 128 registers; the smaller tiles would hold more registers, so fewer blocks an SM
-#: (docs/cuda.md, "TF32 tensor cores").
+#: Tensor-core tiles whose forward and data-gradient step is 16 deep: the same 128
+#: registers, no spills, half the barriers and step overhead a HMMA (sm_90: 10.3 and 11.0
+#: instructions a HMMA against 12.1 and 12.6, channels-first and -last). The weight
+#: gradient would spill at 128 registers; the smaller tiles would hold more registers, so
+#: fewer blocks an SM (docs/cuda.md, "TF32 tensor cores").
 DEEP_TENSOR_CORE_TILES = {TILES[0]: TILES[0]._replace(bk=16)}
 
 
-def tensor_core_tile(tile: Tile, channels_last: bool) -> Tile:
+def tensor_core_tile(tile: Tile) -> Tile:
     """The tile a tensor-core ``conv_gemm`` runs in place of the FFMA kernels' ``tile``."""
-    return tile if channels_last else DEEP_TENSOR_CORE_TILES.get(tile, tile)
+    return DEEP_TENSOR_CORE_TILES.get(tile, tile)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -718,7 +718,7 @@ def signatures(dtype: str, channels_last: bool, nd: int = 2, tile: Tile = None,
     chosen = tile is None
     if chosen:
         tile = (TILES64 if dtype == "float64" else TILES)[0]
-    conv_tile = tensor_core_tile(tile, channels_last) if tc and chosen else tile
+    conv_tile = tensor_core_tile(tile) if tc and chosen else tile
     layout = "cl" if channels_last else "cf"
     suffix = "_tf32" if tc else ""
     found = []

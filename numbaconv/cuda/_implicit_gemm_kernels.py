@@ -24,8 +24,17 @@ WEIGHT_KU = 2
 
 #: Channels-last gathers: each thread reads its columns' channels at this many places a
 #: step, half a step apart (more: fewer columns a thread, so fewer registers; fewer
-#: consecutive channels per warp access).
+#: consecutive channels per warp access). Deeper steps read at more places
+#: (:func:`cl_places`), at most CL_CHANNELS consecutive channels each.
 CL_KREP = 2
+CL_CHANNELS = 4
+
+
+def cl_places(bk: int) -> int:
+    """Places a channels-last gather reads a step of ``bk``: :data:`CL_KREP`, or more for
+    deep steps, so that each place reads at most :data:`CL_CHANNELS` channels (a 16-deep
+    TF32 step at 2 places holds 8 channels' columns a thread and spills; at 4, none)."""
+    return max(CL_KREP, bk // CL_CHANNELS)
 
 
 class Tile(NamedTuple):
@@ -43,9 +52,10 @@ class Tile(NamedTuple):
     def check(self) -> "Tile":
         bm, bn, bk, tm, tn = self
         t = self.threads
+        places = cl_places(bk)
         ok = (tm % 2 == 0 and tn % 2 == 0 and bm % tm == 0 and bn % tn == 0
-              and t % bm == 0 and t % bn == 0 and bk % (2 * CL_KREP) == 0
-              and (bk * bm) % t == 0 and (bk * bn) % (t * CL_KREP) == 0 and t <= 1024)
+              and t % bm == 0 and t % bn == 0 and bk % (2 * places) == 0
+              and (bk * bm) % t == 0 and (bk * bn) % (t * places) == 0 and t <= 1024)
         if not ok:
             raise ValueError(f"NUMBACONV_CUDA_GEMM_TILE: {tuple(self)} is not a usable "
                              f"(bm, bn, bk, tm, tn) tile")
@@ -400,10 +410,11 @@ def conv_gemm_function(dtype: str, channels_last: bool, nd: int, wide: bool, til
     acc, I, U = scalar_types(dtype, wide)
     bm, bn, bk, tm, tn = tile
     threads = tile.threads
+    places = cl_places(bk)
     names = dict(_tile_names(tile, tc, 1 if channels_last else KU), LA=bk * bm // threads,
                  LB=bk * bn // threads, A_KSTEP=threads // bm, B_KSTEP=threads // bn,
-                 KC=bk // CL_KREP, KREP=CL_KREP, B_QSTEP=threads * CL_KREP // bk,
-                 NCOL=bk * bn // threads // CL_KREP if channels_last else 1,
+                 KC=bk // places, KREP=places, B_QSTEP=threads * places // bk,
+                 NCOL=bk * bn // threads // places if channels_last else 1,
                  cl=channels_last, use0=nd >= 3, use1=nd >= 2, BIAS=has_bias, ACCUM=accumulate,
                  KEY=f"{dtype} cl={channels_last} nd={nd} wide={wide} tile={tuple(tile)} "
                      f"bias={has_bias} accumulate={accumulate} tc={tc}")
