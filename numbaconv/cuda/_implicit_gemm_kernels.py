@@ -133,6 +133,8 @@ _PLACE = """
     ty = I(I(U(wrp) // U(WARPS_N)) * WM + I(U(lane) // U(4)))
     wc = I(I(U(wrp) % U(WARPS_N)) * WN)
     tx = I(wc + I(U(lane) // U(4)))
+    # The fragments' shared indices in 64 bits: ptxas folds their constant offsets into
+    # the loads (32-bit ones, sign-extended one by one, cost an address each a step).
     tig64 = numba.int64(tig)
     ty64 = numba.int64(ty)
     tx64 = numba.int64(tx)
@@ -242,7 +244,7 @@ PLACE
         return
     m0 = I(cuda.blockIdx.y * BM)
     tap0 = I(phases[ph * 8 + 6])
-    Ri = I(R)
+    Ri = I(R)  # the bound checks in 32 bits (R is an int64 argument)
     steps = I(I(phases[ph * 8 + 7]) * I((Ri + BK - 1) // BK))
     am = I(U(tid) % U(BM))
     a_ok = m0 + am < M
