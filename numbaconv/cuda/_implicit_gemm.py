@@ -286,31 +286,27 @@ def _copy5(src, into=None):
 
 # --- drivers ---------------------------------------------------------------------------------
 
-#: Launch setups: {(builder, key...): setup}. What a call's launches take that depends only
-#: on the problem, the device and the settings read (kernels, grids, tables, sizes), worked
-#: out by the first call of a problem; later calls add their operands' pointers and strides
-#: (a call spent most of its host time recomputing these). Cleared when full.
-_SETUPS: dict = {}
+#: Launch setups kept per builder: what a call's launches take that depends only on the
+#: problem, the device and the settings read (kernels, grids, tables, sizes), worked out
+#: by the first call of a problem; later calls add their operands' pointers and strides
+#: (a call spent most of its host time recomputing these).
 MAX_SETUPS = 1024
+_SETUP_CACHES: list = []
 
 
 def remembered_setup(build):
-    """``build(*key)``, kept in :data:`_SETUPS` per key (the key holds what the setup
-    depends on: the problem, the device, the settings it reads)."""
-    def setup(*key):
-        found = _SETUPS.get((build, key))
-        if found is None:
-            if len(_SETUPS) >= MAX_SETUPS:
-                _SETUPS.clear()
-            found = _SETUPS[(build, key)] = build(*key)
-        return found
+    """``build(*key)`` remembered per key (the key holds what the setup depends on: the
+    problem, the device, the settings it reads), up to :data:`MAX_SETUPS` of them."""
+    setup = functools.lru_cache(maxsize=MAX_SETUPS)(build)
+    _SETUP_CACHES.append(setup)
     return setup
 
 
 def forget_setups() -> None:
     """Drop every remembered setup and tile choice: for tests that change a choice's inputs
     (forced tiles, the TF32 setting, the split functions) within one process."""
-    _SETUPS.clear()
+    for setup in _SETUP_CACHES:
+        setup.cache_clear()
     _conv_tile.cache_clear()
     _weight_tile.cache_clear()
 
