@@ -508,11 +508,10 @@ def _conv_tile(problem, forward: bool, tf32: bool = False):
     return tile, most_cols
 
 
-#: Tensor-core tiles whose forward and data-gradient step is 16 deep: the same 128
-#: registers, no spills, half the barriers and step overhead a HMMA (sm_90: 10.3 and 11.0
-#: instructions a HMMA against 12.1 and 12.6, channels-first and -last). The weight
-#: gradient would spill at 128 registers; the smaller tiles would hold more registers, so
-#: fewer blocks an SM (docs/cuda.md, "TF32 tensor cores").
+#: Tensor-core tiles whose forward and data-gradient step is 16 deep: half the barriers and
+#: step overhead a HMMA in the same 128 registers. The weight gradient would spill there;
+#: the smaller tiles would hold more registers, so fewer blocks an SM (docs/cuda.md, "TF32
+#: tensor cores", has the machine code).
 DEEP_TENSOR_CORE_TILES = {TILES[0]: TILES[0]._replace(bk=16)}
 
 
