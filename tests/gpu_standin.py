@@ -1,4 +1,5 @@
-"""Stand-ins for the GPU under the cuda backend's convolution drivers, so that their GPU path
+"""Stand-ins for the GPU under the cuda backend's convolution drivers (and the recurrent
+ops' element-wise kernels), so that their GPU path
 (not the simulator's: device pointers and integers, the short launch path's arguments) runs
 without a GPU: device arrays that are only a shape, strides and an address; allocation,
 table copies and the device query; the compiled kernels (a name and a key) and their
@@ -100,7 +101,7 @@ def standing_in(patch):
     from numba import cuda
 
     from numbaconv import _device
-    from numbaconv.cuda import _bias, _depthwise, _implicit_gemm
+    from numbaconv.cuda import _bias, _depthwise, _implicit_gemm, _rnn_elementwise
 
     launches = []
 
@@ -121,6 +122,9 @@ def standing_in(patch):
     patch(_bias, "kernel", functools.lru_cache(maxsize=None)(
         lambda *key: Kernel("bias_sums", key)))
     patch(_bias, "launch", launch)
+    patch(_rnn_elementwise, "kernel", functools.lru_cache(maxsize=None)(
+        lambda name, *key: Kernel(f"rnn {name}", key)))
+    patch(_rnn_elementwise, "launch", launch)
     patch(_implicit_gemm, "_TABLES", {})
     patch(_implicit_gemm, "_WORKSPACES", threading.local())
     _implicit_gemm.forget_setups()

@@ -80,10 +80,10 @@ def test_every_kernel_compiles(dtype, layout, cc, tmp_path, record_property):
 def test_every_rnn_kernel_compiles(dtype, cc, tmp_path, record_property):
     from numba import cuda
 
-    from numbaconv.cuda import _rnn_kernels
+    from numbaconv.cuda import _rnn_elementwise, _rnn_kernels
     ptxas = machine_code.ptxas()
-    kernels = _rnn_kernels.signatures(dtype, CUDA_TILE)
-    assert len(kernels) >= 14
+    kernels = _rnn_kernels.signatures(dtype, CUDA_TILE) + _rnn_elementwise.signatures(dtype)
+    assert len(kernels) >= 27
     lines = []
     for label, function, signature in kernels:
         ptx, _ = cuda.compile_ptx(function, signature, cc=cc)

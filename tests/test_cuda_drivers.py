@@ -21,12 +21,13 @@ import pytest
 
 pytest.importorskip("numba_cuda")
 
+import numpy as np  # noqa: E402
 from numba import types  # noqa: E402
 
 import gpu_standin  # noqa: E402
 from numbaconv import bench_cuda, dispatch  # noqa: E402
 from numbaconv import problem as pb  # noqa: E402
-from numbaconv.cuda import _bias, _depthwise, _implicit_gemm  # noqa: E402
+from numbaconv.cuda import _bias, _depthwise, _implicit_gemm, _rnn_elementwise  # noqa: E402
 
 OPS = ("conv", "conv_backward_data", "conv_backward_weight", "conv_backward_bias",
        "conv_transpose")
@@ -110,6 +111,8 @@ class Layer:
 def signature(kernel) -> tuple:
     """The argument types the kernel stood in for is compiled for."""
     name, key = kernel.name, kernel.key
+    if name.startswith("rnn "):
+        return _rnn_elementwise.launch_types(name[4:], key[0])
     if name == "bias_sums":
         return _bias.launch_types(key[0])
     if name.startswith("dw_"):
@@ -243,3 +246,104 @@ def test_tf32_steps_16_deep_on_the_largest_tile(gpu, monkeypatch):
                 assert gemm.kernel.key[-1] == (tf32 == "1"), (tf32, layout, op)  # tc
                 if op == "conv":   # the packed weights' reduction padded to the step
                     assert gemm.args[10] % tile.bk == 0 and gemm.args[10] >= 64
+
+
+# --- the recurrent ops' element-wise kernels --------------------------------------------------
+
+def _standin(shape, dtype, strides=None):
+    """A stand-in array with element ``strides`` (negative ones allowed), its first element
+    placed so that the lowest one it reaches is at its allocation's start."""
+    item = np.dtype(dtype).itemsize
+    plain = gpu_standin.DeviceArray(shape, dtype)
+    if strides is None:
+        return plain
+    low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    return gpu_standin.DeviceArray(shape, dtype, tuple(s * item for s in strides),
+                                   plain.address - low * item)
+
+
+def _element_address(array, index) -> int:
+    return array.address + sum(i * s for i, s in zip(index, array.strides))
+
+
+def test_rnn_elementwise_launches_address_every_element(gpu):
+    """On the GPU path each element-wise launch matches its kernel's signature, and the
+    offsets its arguments give (pointer + (base + i * stride ...) * item size) reach exactly
+    each operand's elements, for negative strides, gaps, 1-D to 3-D arrays and the
+    time/batch swap; an operand of another shape or dtype is refused before any launch."""
+    dtype = "float32"
+    item = 4
+    out = _standin((2, 3, 4), dtype, (1, -8, 2))
+    a = _standin((3, 2, 4), dtype, (-5, 40, 1))       # out's first two axes swapped
+    b = _standin((2, 3, 4), dtype, (-12, 4, -1))
+    for op, swap in (("add", True), ("copy", False), ("zero", False)):
+        del gpu[:]
+        _rnn_elementwise.apply(op, out, a if swap else b, b, swap=swap)
+        [launch] = gpu
+        check_launch(launch)
+        assert launch.kernel.name == "rnn map3" and launch.kernel.key[2] == op
+        args = launch.args
+        count, s1, s2 = args[3:6]
+        assert (count, s1, s2) == (24, 3, 4)
+        operands = ((a if swap else b, args[0], args[6:10]), (b, args[1], args[10:14]),
+                    (out, args[2], args[14:18]))
+        for i in range(2):
+            for k in range(3):
+                for f in range(4):
+                    for array, ref, (base, *strides) in operands:
+                        at = (k, i, f) if array is a and swap else (i, k, f)
+                        got = ref + (base + i * strides[0] + k * strides[1] +
+                                     f * strides[2]) * item
+                        assert got == _element_address(array, at), (op, array.shape)
+    del gpu[:]
+    g2 = _standin((5, 8), "float64", (-9, 1))
+    db_ih, db_hh = _standin((8,), "float64", (-1,)), _standin((8,), "float64", (2,))
+    _rnn_elementwise.bias_sums(g2, db_ih, db_hh, True, False)
+    [launch] = gpu
+    check_launch(launch)
+    args = launch.args
+    assert args[3:6] == (5, 8, 8) and args[-1] is True
+    g_base, g0, g1, i_base, i0, h_base, h0s = args[6:13]
+    for r in range(5):
+        for j in range(8):
+            assert args[0] + (g_base + r * g0 + j * g1) * 8 == _element_address(g2, (r, j))
+    for j in range(8):
+        assert args[1] + (i_base + j * i0) * 8 == _element_address(db_ih, (j,))
+        assert args[2] + (h_base + j * h0s) * 8 == _element_address(db_hh, (j,))
+    del gpu[:]
+    lengths = gpu_standin.DeviceArray((5,), "int64")
+    states = _standin((4, 5, 3), "float64", (-15, 3, 1))
+    h0 = _standin((5, 3), "float64", (1, 5))
+    prev = gpu_standin.DeviceArray((4, 5, 3), "float64")
+    _rnn_elementwise.previous_states(states, h0, prev, lengths, True)
+    [launch] = gpu
+    check_launch(launch)
+    args = launch.args
+    y_base, y0, y1, y2, h_base, h0s, h1s = args[7:14]
+    for t in range(4):
+        for n in range(5):
+            for j in range(3):
+                assert args[0] + (y_base + t * y0 + n * y1 + j * y2) * 8 == \
+                    _element_address(states, (t, n, j))
+                assert args[1] + (h_base + n * h0s + j * h1s) * 8 == \
+                    _element_address(h0, (n, j))
+    assert args[2] == prev.address and args[3] == lengths.address
+    for bad in (_standin((2, 3, 5), dtype), _standin((2, 3, 4), "float64")):
+        del gpu[:]
+        with pytest.raises(ValueError, match="b: shape"):
+            _rnn_elementwise.apply("add", out, out, bad)
+        assert not gpu
+
+
+def test_the_elementwise_launch_script_runs():
+    """docs/benchmarks/rnn_elementwise_launch.py (an element-wise launch's host time, old
+    Numba arguments against the short path's) runs and prints a row a launch."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, os.path.join("docs", "benchmarks",
+                                                        "rnn_elementwise_launch.py"),
+                           "--reps", "3"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.endswith(" us")]
+    assert len(rows) == 5 and rows[0].startswith("copy"), proc.stdout

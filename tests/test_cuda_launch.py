@@ -20,7 +20,8 @@ from numba import types  # noqa: E402
 from numba.cuda.dispatcher import _Kernel  # noqa: E402
 from numba.cuda.errors import normalize_kernel_dimensions  # noqa: E402
 
-from numbaconv.cuda import _bias, _depthwise, _implicit_gemm, _launch  # noqa: E402
+from numbaconv.cuda import (_bias, _depthwise, _implicit_gemm, _launch,  # noqa: E402
+                            _rnn_elementwise)
 from numbaconv.cuda._implicit_gemm_kernels import TILES, TILES64  # noqa: E402
 
 
@@ -46,7 +47,7 @@ def numba_arguments(argument_types, values):
 
 def conv_signatures():
     """Every (name, argument types) the GEMM, depthwise and bias paths compile their kernels
-    for."""
+    for, and the recurrent ops' element-wise kernels (which launch the same way)."""
     for dtype in ("float16", "float32", "float64"):
         tile = (TILES64 if dtype == "float64" else TILES)[0]
         for wide in (False, True):
@@ -59,6 +60,8 @@ def conv_signatures():
         for name in ("dw_conv", "dw_weight"):
             yield name, _depthwise._launch_types(name, (dtype,))
         yield "bias_sums", _bias.launch_types(dtype)
+        for name in ("map3", "previous_states", "bias_sums"):
+            yield f"rnn {name}", _rnn_elementwise.launch_types(name, dtype)
 
 
 SAMPLES = (0, 1, -1, 7, -(2 ** 40) - 3, 2 ** 47 + 4096, 2 ** 63 - 1, -(2 ** 63), True, False,

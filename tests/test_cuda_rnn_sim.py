@@ -36,6 +36,11 @@ SEED = 7  # dropout_seed of every training forward here
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
+#: Tests (by a word of their names) that make no product through the stand-in: float16
+#: products take the Numba kernel, and some tests call no product at all.
+WITHOUT_PRODUCTS = ("float16", "supports", "elementwise")
+
+
 @pytest.fixture(autouse=True, params=["numba", "cublas"])
 def product_path(request, monkeypatch):
     """Every test runs its products on two paths (float16 products take the Numba kernel on
@@ -73,7 +78,7 @@ def product_path(request, monkeypatch):
         cublas_standin.DEFAULT_MATH, cublas_standin.TF32_TENSOR_OP_MATH))
     yield standin
     _blas.restore(previous)
-    if "float16" not in request.node.name and "supports" not in request.node.name:
+    if not any(word in request.node.name for word in WITHOUT_PRODUCTS):
         assert standin.calls, "no product reached the stand-in"
 
 
@@ -436,10 +441,18 @@ def test_persistent_forward_and_data_gradient(product_path, persistent, cfg, len
 
 def launch_counts(cfg, t_len, monkeypatch):
     """{op: (kernel launches, products)} of one training step on (t_len, N): kernels counted
-    at the launch, products on either path (Numba gemm launches, cuBLAS calls)."""
-    from numbaconv.cuda import _blas, _rnn_kernels
+    at the launch (the step kernels' and the element-wise ones'), products on either path
+    (Numba gemm launches, cuBLAS calls)."""
+    from numbaconv.cuda import _blas, _rnn_elementwise, _rnn_kernels
     real = _rnn_kernels.kernel
     seen = {"kernels": 0, "gemm": 0}
+
+    real_launch = _rnn_elementwise.launch
+
+    def elementwise(kernel, grid, block, *args):
+        seen["kernels"] += 1
+        real_launch(kernel, grid, block, *args)
+    monkeypatch.setattr(_rnn_elementwise, "launch", elementwise)
 
     def counting(name, *key):
         kernel = real(name, *key)
@@ -474,6 +487,7 @@ def launch_counts(cfg, t_len, monkeypatch):
         measure("backward_data", lambda: backward_data(cfg, a, y, reserve))
         measure("backward_weights", lambda: backward_weights(cfg, a, reserve))
     monkeypatch.setattr(_rnn_kernels, "kernel", real)
+    monkeypatch.setattr(_rnn_elementwise, "launch", real_launch)
     return counts
 
 
@@ -557,3 +571,113 @@ def test_a_steady_training_step_allocates_only_its_results(monkeypatch):
     thread.start()
     thread.join()
     assert other[0] is not scratch
+
+
+# --- the element-wise kernels outside the step loops ------------------------------------------
+
+def _views(dtype):
+    """3-D device views of one shape (2, 3, 4) over fresh memory: C-contiguous, transposed,
+    reversed along two axes (negative strides), and strided with a gap."""
+    rng = np.random.default_rng(3)
+
+    def fresh(shape):
+        return cuda.to_device(rng.uniform(-1, 1, shape).astype(dtype))
+    return {"contiguous": fresh((2, 3, 4)),
+            "transposed": fresh((4, 3, 2)).transpose((2, 1, 0)),
+            "reversed": fresh((2, 3, 4))[::-1, :, ::-1],
+            "gapped": fresh((2, 6, 5))[:, ::2, 1:]}
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_elementwise_map_on_any_strides(dtype, wide, monkeypatch):
+    """copy, add, mul and zero of ``_rnn_elementwise.apply`` on every pair of views (negative
+    strides too), 1-D and 2-D arrays and the time/batch swap, in both index widths, against
+    NumPy; ``out`` may be ``a``."""
+    from numbaconv.cuda import _implicit_gemm, _rnn_elementwise as ew
+    if wide:  # every operand then counts as too large for 32-bit offsets
+        monkeypatch.setattr(_implicit_gemm, "INDEX32_LIMIT", 0)
+    built, real = [], ew.kernel
+    monkeypatch.setattr(ew, "kernel", lambda *key: built.append(key) or real(*key))
+    views = list(_views(dtype).items())
+    for i, (no, out) in enumerate(views):  # each kind of view as out, a and b
+        (na, a), (nb, b) = views[(i + 1) % 4], views[(i + 2) % 4]
+        ha, hb = a.copy_to_host(), b.copy_to_host()
+        for op, want in (("copy", ha), ("add", ha + hb), ("mul", ha * hb),
+                         ("zero", 0 * ha)):
+            ew.apply(op, out, a, b)
+            np.testing.assert_array_equal(out.copy_to_host(), want, err_msg=(op, na, nb, no))
+    a = _views(dtype)["reversed"]
+    before = a.copy_to_host()
+    ew.apply("mul", a, a, a)                   # in place
+    np.testing.assert_array_equal(a.copy_to_host(), before * before)
+    src = _views(dtype)["gapped"]
+    swapped = cuda.device_array((3, 2, 4), dtype)
+    ew.apply("copy", swapped, src, swap=True)
+    np.testing.assert_array_equal(swapped.copy_to_host(),
+                                  src.copy_to_host().transpose(1, 0, 2))
+    one = cuda.to_device(np.arange(7, dtype=dtype))[::-2]
+    dst = cuda.device_array(4, dtype)
+    ew.apply("copy", dst, one)
+    np.testing.assert_array_equal(dst.copy_to_host(), np.arange(7, dtype=dtype)[::-2])
+    two = cuda.to_device(np.arange(12, dtype=dtype).reshape(3, 4)).T
+    dst = cuda.device_array((4, 3), dtype)
+    ew.apply("add", dst, two, two)
+    np.testing.assert_array_equal(dst.copy_to_host(), 2 * np.arange(12).reshape(3, 4).T)
+    assert {key[2] for key in built} == {wide}
+
+
+def test_elementwise_checks_shapes_and_dtypes_before_launching():
+    from numbaconv.cuda import _rnn_elementwise as ew
+    out = cuda.to_device(np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match="a: shape"):
+        ew.apply("copy", out, cuda.to_device(np.ones((3, 2), np.float32)))
+    with pytest.raises(ValueError, match="b: shape .* float64"):
+        ew.apply("add", out, out, cuda.to_device(np.ones((2, 3), np.float64)))
+    with pytest.raises(ValueError, match="lengths"):
+        ew.previous_states(cuda.to_device(np.ones((2, 3, 4), np.float32)),
+                           cuda.to_device(np.ones((3, 4), np.float32)),
+                           cuda.device_array((2, 3, 4), np.float32),
+                           cuda.to_device(np.ones(3, np.int32)), False)
+    np.testing.assert_array_equal(out.copy_to_host(), 0)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_elementwise_previous_states_and_bias_sums_on_strided_views(reverse):
+    """The weight gradient's helpers on views with gaps and negative strides, against the
+    loops they stand for."""
+    from numbaconv.cuda import _rnn_elementwise as ew
+    rng = np.random.default_rng(5)
+    t_len, n, p = 4, 3, 2
+    outputs = cuda.to_device(rng.uniform(-1, 1, (t_len, n, 2 * p)))[:, :, p:]
+    h0 = cuda.to_device(rng.uniform(-1, 1, (n, p)))[::-1]
+    lengths = np.array([4, 1, 3], np.int64)
+    out = cuda.device_array((t_len, n, p))
+    ew.previous_states(outputs, h0, out, cuda.to_device(lengths), reverse)
+    ho, hh = outputs.copy_to_host(), h0.copy_to_host()
+    want = np.empty((t_len, n, p))
+    for t in range(t_len):
+        for b in range(n):
+            first = t + 1 >= lengths[b] if reverse else t == 0
+            want[t, b] = hh[b] if first else ho[t + 1 if reverse else t - 1, b]
+    np.testing.assert_array_equal(out.copy_to_host(), want)
+    hs, rows = 2, 5
+    for gru in (False, True):
+        gh = 3 * hs if gru else 4 * hs
+        gw = 4 * hs if gru else gh
+        g = cuda.to_device(rng.uniform(-1, 1, (rows, gw + 1)))[::-1, 1:]
+        start = rng.uniform(-1, 1, (2, gh))
+        params = cuda.to_device(start.reshape(-1)[::-1].copy())[::-1]
+        db_ih, db_hh = params[:gh], params[gh:]
+        ew.bias_sums(g, db_ih, db_hh, True, gru)
+        hg = g.copy_to_host()
+        sums = np.zeros(gh)
+        for r in range(rows):   # rows added in order, as the kernel does
+            sums += hg[r, :gh]
+        want_ih = sums.copy()
+        if gru:
+            want_ih[2 * hs:] = 0
+            for r in range(rows):
+                want_ih[2 * hs:] += hg[r, 3 * hs:]
+        np.testing.assert_array_equal(db_ih.copy_to_host(), start[0] + want_ih)
+        np.testing.assert_array_equal(db_hh.copy_to_host(), start[1] + sums)

@@ -25,12 +25,10 @@ use by factories keyed on their compile-time constants (mode, dtype, tile, trans
     LSTM with projection (one thread per (n, j < P)): the projected state ``m @ W_hr.T``
     (a GEMM) becomes h and y inside the sequence; backwards, the gradient of h goes to the
     reserve's dproj (the GEMM ``dproj @ W_hr`` then gives the cell kernel its input).
-``add2``, ``mul2``, ``zero2``, ``copy1``, ``copy3``, ``previous_states``, ``bias_sums``
-    ``out = a [+ b]`` (copies, dhx), ``out = a * b`` (dropout masks), zero fill, a 1-D copy
-    (strided params), a 3-D copy optionally swapping the first two axes (batch_first, strided
-    sequences), the hidden state each step read (for the weight gradient), and the bias
-    gradients as column sums of the gate gradients (one thread per column, rows added in
-    order).
+
+The element-wise kernels outside the step loops (state copies, dropout masks, the
+time/batch swap, the previous states and the bias gradients) are
+:mod:`numbaconv.cuda._rnn_elementwise`'s.
 """
 
 from __future__ import annotations
@@ -506,166 +504,6 @@ def gradient_of_output_function(dtype: str):
     return gradient_of_output
 
 
-# --- small helpers -------------------------------------------------------------------------
-
-def add2_function(dtype: str):
-    """``out = a + b`` (with ``has_b``) or ``out = a``, 2-D, any strides.
-
-    Launch: 1D, enough threads for out's elements. Arguments: ``a, b, out, has_b``.
-    """
-    acc = _acc_type(dtype)
-
-    def add2(a, b, out, has_b):
-        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        cols = out.shape[1]
-        if e >= out.shape[0] * cols:
-            return
-        i = e // cols
-        j = e % cols
-        v = acc(a[i, j])
-        if has_b:
-            v += acc(b[i, j])
-        out[i, j] = v
-
-    return add2
-
-
-def mul2_function(dtype: str):
-    """``out = a * b``, 2-D, any strides (``out`` may be ``a``: each thread reads its own
-    element before writing it). Dropout: a layer's input times its masks.
-
-    Launch: 1D, enough threads for out's elements. Arguments: ``a, b, out``.
-    """
-    acc = _acc_type(dtype)
-
-    def mul2(a, b, out):
-        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        cols = out.shape[1]
-        if e >= out.shape[0] * cols:
-            return
-        i = e // cols
-        j = e % cols
-        out[i, j] = acc(a[i, j]) * acc(b[i, j])
-
-    return mul2
-
-
-def copy3_function(dtype: str):
-    """``out[i, k, f] = a[k, i, f]`` with ``swap`` (time-major <-> batch-first), else
-    ``a[i, k, f]``; 3-D, any strides. One thread per out element, f fastest: writes are
-    coalesced, and reads too wherever a's last axis is dense (features are contiguous in
-    both layouts).
-
-    Launch: 1D, enough threads for out's elements. Arguments: ``a, out, swap``.
-    """
-
-    def copy3(a, out, swap):
-        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        rows = out.shape[1]
-        f_len = out.shape[2]
-        if e >= out.shape[0] * rows * f_len:
-            return
-        f = e % f_len
-        rest = e // f_len
-        k = rest % rows
-        i = rest // rows
-        if swap:
-            out[i, k, f] = a[k, i, f]
-        else:
-            out[i, k, f] = a[i, k, f]
-
-    return copy3
-
-
-def copy1_function(dtype: str):
-    """``out = a``, 1-D, any strides. Launch: 1D, enough threads for out's elements."""
-
-    def copy1(a, out):
-        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        if e < out.shape[0]:
-            out[e] = a[e]
-
-    return copy1
-
-
-def zero2_function(dtype: str):
-    """``out = 0``, 2-D, any strides. Launch: 1D, enough threads for out's elements."""
-
-    def zero2(out):
-        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        cols = out.shape[1]
-        if e < out.shape[0] * cols:
-            out[e // cols, e % cols] = 0
-
-    return zero2
-
-
-def previous_states_function(dtype: str):
-    """``out[t, n] = outputs[t -+ 1, n]`` (the step processed before t), or ``h0[n]`` at a
-    sequence's first step (t = 0 forwards; t + 1 >= length backwards).
-
-    Launch: 1D, enough threads for T*N*P. Arguments: ``outputs, h0, out, lengths, reverse``.
-    """
-
-    def previous_states(outputs, h0, out, lengths, reverse):
-        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        t_len = out.shape[0]
-        n_rows = out.shape[1]
-        p = out.shape[2]
-        if e >= t_len * n_rows * p:
-            return
-        j = e % p
-        rest = e // p
-        n = rest % n_rows
-        t = rest // n_rows
-        if reverse:
-            first = t + 1 >= lengths[n]
-            tp = t + 1
-        else:
-            first = t == 0
-            tp = t - 1
-        if first:
-            out[t, n, j] = h0[n, j]
-        else:
-            out[t, n, j] = outputs[tp, n, j]
-
-    return previous_states
-
-
-def bias_sums_function(dtype: str, gru: bool):
-    """Bias gradients from the gate gradients ``g2`` (rows, Gw), rows added in order:
-    ``db_ih[j]`` and ``db_hh[j]`` (+)= column sums (GRU: db_ih from columns 0:2H and 3H:4H,
-    db_hh from 0:3H).
-
-    Launch: 1D, enough threads for G*H. Arguments: ``g2, db_ih, db_hh, accumulate``.
-    """
-    acc = _acc_type(dtype)
-
-    def bias_sums(g2, db_ih, db_hh, accumulate):
-        j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        gh = db_ih.shape[0]
-        if j >= gh:
-            return
-        rows = g2.shape[0]
-        s_hh = acc(0)
-        for r in range(rows):
-            s_hh += acc(g2[r, j])
-        s_ih = s_hh
-        if gru:
-            hs = gh // 3
-            if j >= 2 * hs:
-                s_ih = acc(0)
-                for r in range(rows):
-                    s_ih += acc(g2[r, j + hs])
-        if accumulate:
-            s_ih += acc(db_ih[j])
-            s_hh += acc(db_hh[j])
-        db_ih[j] = s_ih
-        db_hh[j] = s_hh
-
-    return bias_sums
-
-
 # --- compiled kernels ----------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
@@ -682,13 +520,6 @@ FUNCTIONS = {
     "backward_step": backward_step_function,
     "commit_projection": commit_projection_function,
     "gradient_of_output": gradient_of_output_function,
-    "add2": add2_function,
-    "mul2": mul2_function,
-    "copy3": copy3_function,
-    "zero2": zero2_function,
-    "copy1": copy1_function,
-    "previous_states": previous_states_function,
-    "bias_sums": bias_sums_function,
 }
 
 
@@ -724,15 +555,4 @@ def signatures(dtype: str, tile: tuple):
                   (a2, a2, a3, lens, types.int64)))
     found.append((f"rnn_gradient_of_output_{dtype}", gradient_of_output_function(dtype),
                   (a2, a2, a3, a3, lens, types.int64)))
-    found.append((f"rnn_add2_{dtype}", add2_function(dtype), (a2, a2, a2, types.boolean)))
-    found.append((f"rnn_mul2_{dtype}", mul2_function(dtype), (a2, a2, a2)))
-    found.append((f"rnn_copy3_{dtype}", copy3_function(dtype), (a3, a3, types.boolean)))
-    found.append((f"rnn_zero2_{dtype}", zero2_function(dtype), (a2,)))
-    found.append((f"rnn_copy1_{dtype}", copy1_function(dtype),
-                  (types.Array(elem, 1, "A"), a1)))
-    found.append((f"rnn_previous_states_{dtype}", previous_states_function(dtype),
-                  (a3, a2, a3, lens, types.boolean)))
-    for gru in (False, True):
-        found.append((f"rnn_bias_sums_{'gru_' if gru else ''}{dtype}",
-                      bias_sums_function(dtype, gru), (a2, a1, a1, types.boolean)))
     return found

@@ -12,7 +12,8 @@ from __future__ import annotations
 from ..problem import layer_params
 from ._layout import as_device, device_array
 from ._blas import Prepared, product
-from .rnn_forward import (bound, contiguous_params, copy2, device_lengths, launch,
+from ._rnn_elementwise import apply
+from .rnn_forward import (bound, contiguous_params, copy, device_lengths,
                           persistent_launch, scratch, steps)
 
 
@@ -57,10 +58,10 @@ def run(problem, operands, out, algorithm):
                 cells, states, init = gates, outputs[:, :, d * p:(d + 1) * p], hx[ld]
             else:
                 cells, states, init = gates, gates, dh
-            copy2(dhy[ld], dh, dt)
+            copy(dhy[ld], dh)
             if lstm:
-                copy2(dcy[ld], dc, dt)
-            launch("zero2", (dt,), n * p, rec)
+                copy(dcy[ld], dc)
+            apply("zero", rec)
             if algorithm == "persistent":  # every step in one launch
                 persistent_launch("backward_sequence", mode, dt,
                                   (gates, cells, states, init, w_hh, dh, rec, dy_d, dc, lens,
@@ -85,9 +86,9 @@ def run(problem, operands, out, algorithm):
                         projection(t)
                     step(t)
                     recurrent(t)
-            copy2(dh, dhx[ld], dt, add=rec)
+            copy(dh, dhx[ld], add=rec)
             if lstm:
-                copy2(dc, dcx[ld], dt)
+                copy(dc, dcx[ld])
             # The input gradient of every step at once: dgates (T*N, G*H) @ W_ih.
             g2 = gates.reshape(rows, gw)
             if gru:  # input-path gradients are dr, dz and dn (columns 0:2H, 3H:4H)
@@ -98,6 +99,6 @@ def run(problem, operands, out, algorithm):
         masks = layout.masks(reserve, layer)
         if masks is not None:  # the gradient of the previous layer's output
             f = masks.shape[2]
-            launch("mul2", (dt,), rows * f, d2, masks.reshape(rows, f), d2)
+            apply("mul", d2, d2, masks.reshape(rows, f))
         dout = din
     return dout, dhx, dcx

@@ -11,8 +11,9 @@ from __future__ import annotations
 from ..problem import layer_params
 from ._layout import as_device, device_array
 from ._blas import product
-from .rnn_forward import (contiguous_params, device_lengths, launch, layer_input,
-                          masked_scratch, rows, scratch)
+from ._rnn_elementwise import apply, bias_sums, previous_states
+from .rnn_forward import (contiguous_params, device_lengths, layer_input, masked_scratch,
+                          rows, scratch)
 
 
 def run(problem, operands, out, algorithm):
@@ -43,8 +44,7 @@ def run(problem, operands, out, algorithm):
             dw_ih, dw_hh, db_ih, db_hh, dw_hr = layer_params(cfg, target, layer, d)
             ld = layer * d_num + d
             g2 = layout.gates(reserve, layer, d).reshape(n_rows, gw)
-            launch("previous_states", (dt,), n_rows * p, outputs[:, :, d * p:(d + 1) * p],
-                   hx[ld], prev, lens, d == 1)
+            previous_states(outputs[:, :, d * p:(d + 1) * p], hx[ld], prev, lens, d == 1)
             if gru:  # columns: dr, dz, r * dn (hidden path), dn (input path)
                 product(g2[:, :2 * hs], inp, dw_ih[:2 * hs], dt, ta=True, accumulate=acc)
                 product(g2[:, 3 * hs:], inp, dw_ih[2 * hs:], dt, ta=True, accumulate=acc)
@@ -53,11 +53,11 @@ def run(problem, operands, out, algorithm):
                 product(g2, inp, dw_ih, dt, ta=True, accumulate=acc)
                 product(g2, prev2, dw_hh, dt, ta=True, accumulate=acc)
             if cfg.bias:
-                launch("bias_sums", (dt, gru), gh, g2, db_ih, db_hh, acc)
+                bias_sums(g2, db_ih, db_hh, acc, gru)
             if dw_hr is not None:  # dproj (rows, P) against m = o * tanh(c) (rows, H)
                 product(layout.dproj(reserve, layer, d).reshape(n_rows, p),
                      layout.cells(reserve, layer, d).reshape(n_rows, hs), dw_hr, dt,
                      ta=True, accumulate=acc)
     if target is not dparams:
-        launch("copy1", (dt,), dparams.shape[0], target, dparams)
+        apply("copy", dparams, target)
     return dparams

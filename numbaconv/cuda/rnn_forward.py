@@ -9,8 +9,10 @@ wrote into the reserve. Twin of :mod:`numbaconv.cpu.rnn_forward`; the reserve is
 layout, on the device.
 
 Every GEMM is :func:`numbaconv.cuda._blas.product` (cuBLAS where it loads, else the Numba
-``gemm`` kernel). Also the drivers' shared helpers (element-wise launches, device lengths,
-layer inputs, the time/batch axis swap the frontend uses for batch_first device arrays)."""
+``gemm`` kernel); the element-wise work outside the step loops is
+:mod:`numbaconv.cuda._rnn_elementwise`'s. Also the drivers' shared helpers (state copies,
+scratch, device lengths, layer inputs, the time/batch axis swap the frontend uses for
+batch_first device arrays)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from . import _rnn_kernels
 from ._blas import Prepared, blocks, elementwise_launch, product
 from ._launch import Bound
 from ._layout import as_device, device_array
+from ._rnn_elementwise import apply
 
 
 def bound(name, key, count, args, at: int) -> Bound:
@@ -33,16 +36,9 @@ def bound(name, key, count, args, at: int) -> Bound:
     return Bound(_rnn_kernels.kernel(name, *key), grid, block, args, at)
 
 
-def launch(name, key, count, *args):
-    """An element-wise kernel over ``count`` threads."""
-    grid, block = elementwise_launch(count, cuda_threads_per_block())
-    _rnn_kernels.kernel(name, *key)[grid, block](*args)
-
-
-def copy2(src, dst, dtype, add=None):
-    """``dst = src [+ add]`` (2-D device arrays, any strides)."""
-    launch("add2", (dtype,), dst.shape[0] * dst.shape[1], src,
-           src if add is None else add, dst, add is not None)
+def copy(src, dst, add=None):
+    """``dst = src [+ add]`` (device arrays of one shape, any strides)."""
+    apply("copy" if add is None else "add", dst, src, add)
 
 
 #: Blocks a cooperative launch may have, per (kernel, argument types, threads, device).
@@ -116,8 +112,7 @@ def scratch(name, shape, dtype, zero=False):
         else:
             arrays.pop(key, None)
         if zero:
-            flat = found.reshape(1, int(np.prod(shape)))
-            launch("zero2", (dtype,), flat.shape[1], flat)
+            apply("zero", found)
     return found
 
 
@@ -145,7 +140,7 @@ def copy3(src, dtype, swap):
     src = as_device(src)
     a, b, f = src.shape
     dst = device_array((b, a, f) if swap else (a, b, f), dtype)
-    launch("copy3", (dtype,), a * b * f, src, dst, bool(swap))
+    apply("copy", dst, src, swap=swap)
     return dst
 
 
@@ -186,8 +181,7 @@ def layer_input(layout, reserve, layer, x_rows, scratch, dtype):
     masks = layout.masks(reserve, layer)
     if masks is None:
         return inp
-    launch("mul2", (dtype,), scratch.shape[0] * scratch.shape[1], inp,
-           masks.reshape(scratch.shape[0], scratch.shape[1]), scratch)
+    apply("mul", scratch, inp, masks.reshape(scratch.shape[0], scratch.shape[1]))
     return scratch
 
 
@@ -196,7 +190,7 @@ def contiguous_params(params, dtype):
     if params.is_c_contiguous():
         return params
     dense = device_array(params.shape, dtype)
-    launch("copy1", (dtype,), params.shape[0], params, dense)
+    apply("copy", dense, params)
     return dense
 
 
@@ -246,9 +240,9 @@ def run(problem, operands, out, algorithm):
             gates = layout.gates(reserve, layer, d) if training else scratch_gates
             product(inp, w_ih, gates.reshape(t_len * n, gw)[:, :gh], dt, tb=True)
             y_d = out_l[:, :, d * p:(d + 1) * p]
-            copy2(hx[ld], h, dt)
+            copy(hx[ld], h)
             if lstm:
-                copy2(cx[ld], c, dt)
+                copy(cx[ld], c)
             # Whole (T, N, F) arrays and the step to every launch, no per-step slices; a
             # kernel that does not use an array gets gates in its place.
             cells = layout.cells(reserve, layer, d) if training and lstm else gates
@@ -274,13 +268,13 @@ def run(problem, operands, out, algorithm):
                     if proj:
                         projection()
                         commit(t)
-            copy2(h, hy[ld], dt)
+            copy(h, hy[ld])
             if lstm:
-                copy2(c, cy[ld], dt)
+                copy(c, cy[ld])
         inp = out_l.reshape(t_len * n, d_num * p)
     if training:  # the last layer's output lives in the reserve; the caller gets a copy
         y = device_array(out_l.shape, dt)
-        copy2(out_l.reshape(t_len * n, d_num * p), y.reshape(t_len * n, d_num * p), dt)
+        copy(out_l, y)
     else:
         y = out_l
     return y, hy, cy
