@@ -296,21 +296,6 @@ def test_rnn_elementwise_launches_address_every_element(gpu):
                                      f * strides[2]) * item
                         assert got == _element_address(array, at), (op, array.shape)
     del gpu[:]
-    g2 = _standin((5, 8), "float64", (-9, 1))
-    db_ih, db_hh = _standin((8,), "float64", (-1,)), _standin((8,), "float64", (2,))
-    _rnn_elementwise.bias_sums(g2, db_ih, db_hh, True, False)
-    [launch] = gpu
-    check_launch(launch)
-    args = launch.args
-    assert args[3:6] == (5, 8, 8) and args[-1] is True
-    g_base, g0, g1, i_base, i0, h_base, h0s = args[6:13]
-    for r in range(5):
-        for j in range(8):
-            assert args[0] + (g_base + r * g0 + j * g1) * 8 == _element_address(g2, (r, j))
-    for j in range(8):
-        assert args[1] + (i_base + j * i0) * 8 == _element_address(db_ih, (j,))
-        assert args[2] + (h_base + j * h0s) * 8 == _element_address(db_hh, (j,))
-    del gpu[:]
     lengths = gpu_standin.DeviceArray((5,), "int64")
     states = _standin((4, 5, 3), "float64", (-15, 3, 1))
     h0 = _standin((5, 3), "float64", (1, 5))
@@ -346,4 +331,25 @@ def test_the_elementwise_launch_script_runs():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.endswith(" us")]
-    assert len(rows) == 5 and rows[0].startswith("copy"), proc.stdout
+    assert len(rows) == 4 and rows[0].startswith("copy"), proc.stdout
+
+
+def test_rnn_bias_gradients_take_the_bias_gradients_two_passes(gpu):
+    """``_bias.column_sums`` on a column slice of gate gradients (GRU's input-path columns
+    3H:4H of a (T*N, 4H) matrix) launches the bias gradient's two kernels on it: the
+    slice's first element, its columns as channels (stride 1), its rows as images (stride
+    4H), and the sum of the chunks accumulating into ``out``."""
+    rows, hs = 6, 3
+    g = gpu_standin.DeviceArray((rows, 4 * hs), "float32")
+    view = gpu_standin.DeviceArray((rows, hs), "float32", (4 * hs * 4, 4),
+                                   g.address + 3 * hs * 4)
+    out = gpu_standin.DeviceArray((hs,), "float32")
+    _bias.column_sums(view, out, "float32", True, 256)
+    sums, total = gpu
+    for launch in gpu:
+        check_launch(launch)
+    assert sums.kernel.name == "bias_sums" and sums.args[0] == view.address
+    assert sums.args[2:4] == (hs, rows)            # channels, rows
+    assert sums.args[7:9] == (4 * hs, 1)            # the rows' stride, the columns'
+    assert total.args[1] == out.address and total.args[2] == hs
+    assert total.args[8] is True                     # accumulate

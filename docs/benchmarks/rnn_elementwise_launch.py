@@ -8,8 +8,8 @@ For each launch of a one-layer LSTM training step (T=50, N=64, H=512, float32), 
   ``_Kernel._prepare_args`` (device arrays that are an address and a layout, made without
   a GPU), then cuda.core's ``ParamHolder`` and ``_to_core_stream(0)``; the dispatch on the
   arrays' types and the configuration object, which need a GPU, are not in it;
-- the new launch's: numbaconv's Python (``apply``, ``previous_states``, ``bias_sums``, with
-  the GPU stood in by tests/gpu_standin.py, launches recorded) and its integers through
+- the new launch's: numbaconv's Python (``apply``, ``previous_states``, with the GPU
+  stood in by tests/gpu_standin.py, launches recorded) and its integers through
   ``ParamHolder``.
 
 From the repository root::
@@ -57,14 +57,12 @@ def cases():
     """``[(launch, old argument types, old arguments, new call)]``: new calls take the
     stand-in arrays and module."""
     from numba import types
-    a1, a1i = types.Array(types.float32, 1, "C"), types.Array(types.int64, 1, "C")
+    a1i = types.Array(types.int64, 1, "C")
     a2, a3 = types.Array(types.float32, 2, "A"), types.Array(types.float32, 3, "A")
     flag = types.boolean
     state = numba_array((N, H))
-    rows = numba_array((T * N, 4 * H))
     seq = numba_array((T, N, H))
     lens = numba_array((N,), "int64")
-    bias = numba_array((4 * H,))
     return [
         ("copy (a state in or out)", (a2, a2, a2, flag), (state, state, state, False),
          lambda ew, s: ew.apply("copy", s["state"], s["state2"])),
@@ -74,8 +72,6 @@ def cases():
         ("previous_states", (a3, a2, a3, a1i, flag), (seq, state, seq, lens, False),
          lambda ew, s: ew.previous_states(s["seq"], s["state"], s["seq2"], s["lens"],
                                           False)),
-        ("bias_sums", (a2, a1, a1, flag), (rows, bias, bias, False),
-         lambda ew, s: ew.bias_sums(s["rows"], s["bias"], s["bias2"], False, False)),
     ]
 
 
@@ -100,9 +96,7 @@ def measure(reps: int):
         array = gpu_standin.DeviceArray
         stand = dict(state=array((N, H), "float32"), state2=array((N, H), "float32"),
                      state3=array((N, H), "float32"), seq=array((T, N, H), "float32"),
-                     seq2=array((T, N, H), "float32"), lens=array((N,), "int64"),
-                     rows=array((T * N, 4 * H), "float32"), bias=array((4 * H,), "float32"),
-                     bias2=array((4 * H,), "float32"))
+                     seq2=array((T, N, H), "float32"), lens=array((N,), "int64"))
         for name, types_, values, call in cases():
             def convert(types_=types_, values=values):
                 out, kept = [], []

@@ -11,6 +11,9 @@
 ``sum_chunks`` (:func:`._implicit_gemm.sum_chunks_function`)
     Adds the partials in chunk order and writes (or accumulates) db.
 
+The recurrent ops' bias gradients, column sums of the gate gradients over T*N rows, take
+the same two passes (:func:`column_sums`).
+
 The chunks depend on the shape and the threads per block only: deterministic, no atomics.
 Indices are 32-bit where dy spans fewer than about 2**31 elements, as in the GEMMs; operands
 are device pointers (flat arrays under the simulator) with element strides.
@@ -197,6 +200,26 @@ class _Setup:
 
 
 _setup = ig.remembered_setup(_Setup)
+
+
+class Columns(NamedTuple):
+    """The column sums of a (rows, K) matrix posed as a bias gradient: rows as images of
+    one position, K channels, channels-last (what :class:`_Setup` and :func:`bias_gradient`
+    read of a convolution problem)."""
+    batch: int
+    channels: int
+    dtype: str
+    accumulate: bool
+    channels_last: bool = True
+    output_size: tuple = ()
+
+
+def column_sums(a, out, dtype: str, accumulate: bool, threads: int):
+    """``out (+)= a.sum(axis=0)`` for a 2-D device array ``a`` of ``dtype`` (rows, K), by
+    the two passes of :func:`bias_gradient`: the recurrent ops' bias gradients (the gate
+    gradients summed over T*N rows)."""
+    rows, k = (int(v) for v in a.shape)
+    return bias_gradient(Columns(rows, k, dtype, bool(accumulate)), a, out, threads)
 
 
 def bias_gradient(problem, dy, out, threads: int):

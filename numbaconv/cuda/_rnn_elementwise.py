@@ -1,7 +1,8 @@
 """The recurrent ops' element-wise kernels outside the step loops, on device pointers: the
 states copied in and out, ``dh + rec`` into dhx, zero fills, dropout masks, the time/batch
-swap, the states each step read (for the weight gradient) and the bias gradients. The step
-kernels and the products are :mod:`._rnn_kernels` and :mod:`._blas`.
+swap and the states each step read (for the weight gradient). The step kernels and the
+products are :mod:`._rnn_kernels` and :mod:`._blas`; the bias gradients are
+:func:`._bias.column_sums`.
 
 ``map3`` (:func:`apply`)
     ``out[i, k, f] = a[i, k, f]`` (copy), ``a + b`` (add), ``a * b`` (mul) or ``0`` (zero),
@@ -13,10 +14,6 @@ kernels and the products are :mod:`._rnn_kernels` and :mod:`._blas`.
 ``previous_states`` (:func:`previous_states`)
     ``out[t, n] = outputs[t -+ 1, n]``, the state the step at t read, or ``h0[n]`` at a
     sequence's first step (t = 0 forwards; t + 1 >= length backwards); ``out`` contiguous.
-``bias_sums`` (:func:`bias_sums`)
-    ``db_ih[j]``, ``db_hh[j]`` (+)= the column sums of the gate gradients (rows, Gw), rows
-    added in order, one thread a column (GRU: db_ih from columns 0:2H and 3H:4H, db_hh from
-    0:3H). Deterministic, no atomics.
 
 They take device pointers and int64 sizes, strides and flags, are compiled once for those
 types (:func:`._implicit_gemm.jit_kernel`) and launch by the short path
@@ -91,51 +88,14 @@ def previous_states(outputs, h0, out, lengths, count_, rows_, p_, yb_, y0_, y1_,
         out[U(e)] = outputs[U(I(I(yb_) + I(tp * I(y0_)) + I(n * I(y1_)) + I(j * I(y2_))))]
 """
 
-BIAS_SUMS = """
-def bias_sums(g, db_ih, db_hh, rows_, gh_, hs_, gb_, g0_, g1_, ib_, i0_, hb_, h0_,
-              accumulate):
-    rows, gh, hs, g0 = I(rows_), I(gh_), I(hs_), I(g0_)
-    j = I(I(cuda.blockIdx.x) * I(cuda.blockDim.x) + I(cuda.threadIdx.x))
-    if j >= gh:
-        return
-    s_hh = acc(0)
-    off = I(I(gb_) + I(j * I(g1_)))
-    r = I(0)
-    while r < rows:
-        s_hh += acc(g[U(off)])
-        off = I(off + g0)
-        r = I(r + 1)
-    s_ih = s_hh
-#if GRU
-    if j >= 2 * hs:
-        s_ih = acc(0)
-        off = I(I(gb_) + I(I(j + hs) * I(g1_)))
-        r = I(0)
-        while r < rows:
-            s_ih += acc(g[U(off)])
-            off = I(off + g0)
-            r = I(r + 1)
-#end
-    i_at = U(I(I(ib_) + I(j * I(i0_))))
-    h_at = U(I(I(hb_) + I(j * I(h0_))))
-    if accumulate:
-        s_ih += acc(db_ih[i_at])
-        s_hh += acc(db_hh[h_at])
-    db_ih[i_at] = s_ih
-    db_hh[h_at] = s_hh
-"""
-
-TEMPLATES = {"map3": MAP3, "previous_states": PREVIOUS_STATES, "bias_sums": BIAS_SUMS}
+TEMPLATES = {"map3": MAP3, "previous_states": PREVIOUS_STATES}
 
 
 def function(name: str, dtype: str, wide: bool, variant=None):
-    """The Python function of kernel ``name`` (``variant``: map3's op, bias_sums' GRU
-    flag), to compile with cuda.jit. Launch: 1-D, a thread an element (a column for
-    bias_sums)."""
+    """The Python function of kernel ``name`` (``variant``: map3's op), to compile with
+    cuda.jit. Launch: 1-D, a thread an element."""
     acc, I, U = scalar_types(dtype, wide)
-    names = dict(OP=variant if name == "map3" else None,
-                 GRU=name == "bias_sums" and bool(variant),
-                 KEY=f"{name} {variant} {dtype} wide={wide}")
+    names = dict(OP=variant, KEY=f"{name} {variant} {dtype} wide={wide}")
     return compile_source(name, TEMPLATES[name], names, dict(acc=acc, I=I, U=U))
 
 
@@ -149,8 +109,6 @@ def launch_types(name: str, dtype: str) -> tuple:
         return (data,) * 3 + (i,) * 15
     if name == "previous_states":
         return (data,) * 3 + (types.CPointer(types.int64),) + (i,) * 10 + (flag,)
-    if name == "bias_sums":
-        return (data,) * 3 + (i,) * 10 + (flag,)
     raise KeyError(name)
 
 
@@ -172,10 +130,6 @@ def signatures(dtype: str):
         found.append((f"rnn_previous_states_{dtype}_{width}",
                       function("previous_states", dtype, wide),
                       launch_types("previous_states", dtype)))
-        for gru in (False, True):
-            found.append((f"rnn_bias_sums_{'gru_' if gru else ''}{dtype}_{width}",
-                          function("bias_sums", dtype, wide, gru),
-                          launch_types("bias_sums", dtype)))
     return found
 
 
@@ -283,21 +237,3 @@ def previous_states(outputs, h0, out, lengths, reverse: bool) -> None:
     launch(kernel("previous_states", _NAMES[o.dtype], _wide(count, o, y, h)), grid, block,
            y.ref, h.ref, o.ref, lens.ref, count, n, p, y.base, *y.strides, h.base,
            *h.strides, bool(reverse))
-
-
-def bias_sums(g2, db_ih, db_hh, accumulate: bool, gru: bool) -> None:
-    """``db_ih``, ``db_hh`` (G*H,) (+)= the column sums of the gate gradients ``g2``
-    (rows, Gw; Gw = 4H for GRU, else G*H)."""
-    g = flat(g2, 2)
-    fi, fh = flat(db_ih, 1), flat(db_hh, 1)
-    rows, gw = g.shape
-    gh = fi.shape[0]
-    hs = gh // 3 if gru else gh
-    _checked("gate gradients", g, (rows, 4 * hs if gru else gh), fi.dtype)
-    _checked("db_hh", fh, (gh,), fi.dtype)
-    if gh == 0:
-        return
-    grid, block = elementwise_launch(gh, cuda_threads_per_block())
-    launch(kernel("bias_sums", _NAMES[fi.dtype], _wide(gh, g, fi, fh), gru), grid, block,
-           g.ref, fi.ref, fh.ref, rows, gh, hs, g.base, *g.strides, fi.base, *fi.strides,
-           fh.base, *fh.strides, bool(accumulate))

@@ -1,17 +1,21 @@
 """cuda ``rnn_backward_weights``: after the recurrent loop of rnn_backward_data, every weight
 gradient is one GEMM over all T*N rows (gate gradients from the reserve, transposed,
 against the layer's inputs and the previous states, rebuilt on the device), each output
-summing its rows in a fixed order; the bias gradients are column sums in row order; with
-proj_size, ``dW_hr = dproj.T @ m`` (both from the reserve). Layers 1.. read the previous
+summing its rows in a fixed order; the bias gradients are column sums of the gate gradients
+by the convolution bias gradient's two passes (:func:`._bias.column_sums`: chunks of rows
+fixed by the shape, their partials added in order); with proj_size,
+``dW_hr = dproj.T @ m`` (both from the reserve). Layers 1.. read the previous
 layer's output times the dropout masks, as the forward did. No atomics: the same inputs
 give bitwise the same dparams. Twin of :mod:`numbaconv.cpu.rnn_backward_weights`."""
 
 from __future__ import annotations
 
+from ..config import cuda_threads_per_block
 from ..problem import layer_params
 from ._layout import as_device, device_array
 from ._blas import product
-from ._rnn_elementwise import apply, bias_sums, previous_states
+from ._bias import column_sums
+from ._rnn_elementwise import apply, previous_states
 from .rnn_forward import (contiguous_params, device_lengths, layer_input, masked_scratch,
                           rows, scratch)
 
@@ -30,6 +34,7 @@ def run(problem, operands, out, algorithm):
     lens = device_lengths(lengths, t_len, n)
     layout = problem.reserve_layout
     acc = bool(problem.accumulate)
+    threads = cuda_threads_per_block()
     dparams = as_device(out) if out is not None else device_array((cfg.num_params,), dt)
     target = contiguous_params(dparams, dt) if acc else (
         dparams if dparams.is_c_contiguous() else device_array(dparams.shape, dt))
@@ -52,8 +57,13 @@ def run(problem, operands, out, algorithm):
             else:
                 product(g2, inp, dw_ih, dt, ta=True, accumulate=acc)
                 product(g2, prev2, dw_hh, dt, ta=True, accumulate=acc)
-            if cfg.bias:
-                bias_sums(g2, db_ih, db_hh, acc, gru)
+            if cfg.bias:  # column sums: hidden path 0:G*H; input path 0:2H, 3H:4H for GRU
+                column_sums(g2 if not gru else g2[:, :gh], db_hh, dt, acc, threads)
+                if gru:
+                    column_sums(g2[:, :2 * hs], db_ih[:2 * hs], dt, acc, threads)
+                    column_sums(g2[:, 3 * hs:], db_ih[2 * hs:], dt, acc, threads)
+                else:
+                    column_sums(g2, db_ih, dt, acc, threads)
             if dw_hr is not None:  # dproj (rows, P) against m = o * tanh(c) (rows, H)
                 product(layout.dproj(reserve, layer, d).reshape(n_rows, p),
                      layout.cells(reserve, layer, d).reshape(n_rows, hs), dw_hr, dt,
