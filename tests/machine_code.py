@@ -5,9 +5,11 @@ instruction mix of a kernel's main loop."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import pathlib
 import re
 import subprocess
+import types
 
 #: Multiply-adds of the accumulators (HFMA2 is left out: ptxas also uses it to move constants).
 FMA = ("FFMA", "DFMA")
@@ -35,13 +37,16 @@ def nvdisasm():
     return _tool("nvidia.cu13", "nvdisasm") or _tool("nvidia.cuda_nvdisasm", "nvdisasm")
 
 
-def assemble(ptx: str, cc, folder: pathlib.Path, name: str) -> dict:
-    """``ptxas -v`` on ``ptx``: registers, shared memory, spills, and the cubin's path."""
+def assemble(ptx: str, cc, folder: pathlib.Path, name: str, relocatable: bool = False) -> dict:
+    """``ptxas -v`` on ``ptx``: registers, shared memory, spills, and the cubin's path.
+    ``relocatable``: compile only (``-c``), leaving calls to functions defined elsewhere
+    (a grid barrier's, in CUDA's device runtime) to the linker."""
     source = folder / f"{name}.ptx"
     cubin = folder / f"{name}.cubin"
     source.write_text(ptx)
     done = subprocess.run([str(ptxas()), "-v", f"-arch=sm_{cc[0]}{cc[1]}", str(source),
-                           "-o", str(cubin)], capture_output=True, text=True, timeout=300)
+                           "-o", str(cubin)] + (["-c"] if relocatable else []),
+                          capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
 
@@ -52,6 +57,20 @@ def assemble(ptx: str, cc, folder: pathlib.Path, name: str) -> dict:
                 spill_stores=number(r"(\d+) bytes spill stores"),
                 spill_loads=number(r"(\d+) bytes spill loads"),
                 stack=number(r"(\d+) bytes stack frame"), cubin=cubin)
+
+
+@contextlib.contextmanager
+def device_query(cc):
+    """numba-cuda's device query stood in by a device of compute capability ``cc`` while
+    the block runs: it compiles the device functions a grid barrier calls (``cg.this_grid``)
+    for the current device's, which needs a GPU otherwise."""
+    from numba.cuda import dispatcher
+    real = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=cc)
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = real
 
 
 def disassemble(cubin: pathlib.Path) -> str:

@@ -283,3 +283,83 @@ def test_bias_loop_divides_nothing(layout, tmp_path):
                      f"{count} instructions / {loads} loads = {count / loads:.1f} a row")
         assert count / loads <= most, lines[-1]
     print("\n" + "\n".join(lines))
+
+
+#: The recurrent ops' Numba product (numbaconv/cuda/_rnn_kernels.py ``gemm``, whose device
+#: function the persistent loops' recurrent product also runs): its step, 2x2 outputs a
+#: thread, issues 31-36 % FFMA (one shared load a multiply-add) where the one-output kernel
+#: before it issued 1.7 %; below 28 % is a regression.
+MIN_RNN_PRODUCT_FFMA_SHARE = 0.28
+
+
+def test_rnn_product_step_is_register_tiled(tmp_path):
+    """The recurrent ops' ``gemm`` (float32, the default tile, every transposition the ops
+    use): its reduction step at least :data:`MIN_RNN_PRODUCT_FFMA_SHARE` FFMA, as many FFMA
+    a thread as its micro tile times the step, no division routine, no spill, and registers
+    for at least four blocks an SM."""
+    from numba import cuda, types
+
+    from numbaconv.config import CUDA_TILE
+    from numbaconv.cuda import _rnn_kernels
+    a2 = types.Array(types.float32, 2, "A")
+    threads = CUDA_TILE[0] * CUDA_TILE[1]
+    per_step = _rnn_kernels.MICRO[0] * _rnn_kernels.MICRO[1] * CUDA_TILE[2]
+    lines = []
+    for ta, tb in ((False, True), (False, False), (True, False)):
+        label = f"rnn_gemm_{'T' if ta else 'N'}{'T' if tb else 'N'}"
+        ptx, _ = cuda.compile_ptx(_rnn_kernels.gemm_function(ta, tb, "float32", CUDA_TILE),
+                                  (a2, a2, a2, types.boolean), cc=CC)
+        report = machine_code.assemble(ptx, CC, tmp_path, label)
+        sass = machine_code.disassemble(report["cubin"])
+        step = machine_code.main_loop(sass, 1)
+        lines.append(f"sm_90 {label} {report['registers']:3d} regs  {step['instructions']} "
+                     f"instructions a step, {step['fma']} FFMA ({step['fma_share']:.1%}), "
+                     f"{step['shared_loads']} shared loads")
+        assert "CALL" not in sass, label
+        assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
+        assert step["fma"] == per_step, lines[-1]
+        assert step["fma_share"] >= MIN_RNN_PRODUCT_FFMA_SHARE, lines[-1]
+        assert report["registers"] * threads * 4 <= REGISTERS_PER_SM, lines[-1]
+    print("\n" + "\n".join(lines))
+
+
+def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
+    """The ``persistent`` forward and data gradient (a grid barrier each step; numba-cuda's
+    device query stood in, ptxas compiling the barrier's runtime calls for the linker), for
+    every mode, float32: no spill, registers for two blocks an SM (their cooperative grid),
+    and a product step like ``gemm``'s (no division routine inside it)."""
+    from numba import cuda, types
+
+    from numbaconv.config import CUDA_TILE
+    from numbaconv.cuda import _rnn_kernels
+    f32 = types.float32
+    a1, a2 = types.Array(f32, 1, "C"), types.Array(f32, 2, "A")
+    a3, lens = types.Array(f32, 3, "A"), types.Array(types.int64, 1, "C")
+    flag = types.boolean
+    signatures = {"forward_sequence": (a3, a2, a1, a1, a2, a2, a2, a3, a3, lens, flag, flag),
+                  "backward_sequence": (a3, a3, a3, a2, a2, a2, a2, a3, a2, lens, flag)}
+    threads = CUDA_TILE[0] * CUDA_TILE[1]
+    per_step = _rnn_kernels.MICRO[0] * _rnn_kernels.MICRO[1] * CUDA_TILE[2]
+    lines = []
+    for mode in _rnn_kernels.MODES:
+        for name, signature in signatures.items():
+            function = _rnn_kernels.FUNCTIONS[name](mode, "float32", CUDA_TILE)
+            with machine_code.device_query(CC):
+                ptx, _ = cuda.compile_ptx(function, signature, cc=CC)
+            label = f"{name}_{mode}"
+            report = machine_code.assemble(ptx, CC, tmp_path, label, relocatable=True)
+            sass = machine_code.disassemble(report["cubin"])
+            code, spans = machine_code.loops(sass)
+            # the product's step: the smallest loop with multiply-adds and a block barrier
+            step = min((code[a:b + 1] for a, b in spans
+                        if {"FFMA", "BAR"} <= {op.split(".")[0] for op, _ in code[a:b + 1]}),
+                       key=len)
+            fma = sum(op.startswith("FFMA") for op, _ in step)
+            lines.append(f"sm_90 {label:32s} {report['registers']:3d} regs  product step "
+                         f"{len(step)} instructions, {fma} FFMA ({fma / len(step):.1%})")
+            assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
+            assert report["registers"] * threads * 2 <= REGISTERS_PER_SM, lines[-1]
+            assert not any(op.startswith("CALL") for op, _ in step), lines[-1]
+            assert fma == per_step, lines[-1]
+            assert fma / len(step) >= MIN_RNN_PRODUCT_FFMA_SHARE, lines[-1]
+    print("\n" + "\n".join(lines))

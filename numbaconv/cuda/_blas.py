@@ -48,10 +48,13 @@ def blocks(count: int, per_block: int) -> int:
 
 def gemm_launch(rows: int, cols: int, tile: tuple) -> tuple:
     """``(grid, block)`` of the Numba product kernel for a ``rows x cols`` output: row tiles
-    on x, column tiles on y, each capped at the hardware limit (the kernel loops over the
-    tiles beyond it); the block is ``(columns, rows)`` of the tile."""
+    (:func:`._rnn_kernels.block_tile`) on x, column tiles on y, each capped at the hardware
+    limit (the kernel loops over the tiles beyond it); the block is ``(columns, rows)`` of
+    the threads' tile."""
+    from ._rnn_kernels import block_tile
     tm, tq, _ = tile
-    grid = (min(blocks(rows, tm), MAX_GRID_X), min(blocks(cols, tq), MAX_GRID_YZ))
+    bm, bq = block_tile(tile)
+    grid = (min(blocks(rows, bm), MAX_GRID_X), min(blocks(cols, bq), MAX_GRID_YZ))
     return grid, (tq, tm)
 
 

@@ -3,7 +3,8 @@ use by factories keyed on their compile-time constants (mode, dtype, tile, trans
 
 ``gemm(ta, tb, dtype, tile)``
     ``c (+)= op(a) @ op(b)`` on 2-D arrays of any strides (``op`` transposes with ``ta``/``tb``),
-    shared-memory tiles, accumulation in float32 for float16 storage (float64 for float64).
+    shared-memory steps, :data:`MICRO` outputs a thread in registers, accumulation in float32
+    for float16 storage (float64 for float64).
     Every output element is one thread's sum over the whole reduction in a fixed order: the
     input projections of all steps, each step's recurrent product, the input gradient and
     the weight gradients over all T*N rows are all deterministic, without atomics.
@@ -39,6 +40,8 @@ import math
 # Kernels name `cuda` as a module global: the simulator swaps it for its fake module there.
 from numba import cuda
 
+from ._templates import compile_source
+
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
 
 
@@ -49,80 +52,176 @@ def _acc_type(dtype: str):
 
 # --- GEMM ----------------------------------------------------------------------------------
 
+#: Outputs a thread of the product computes, rows x columns: a block of ``tile[1] x
+#: tile[0]`` threads covers ``tile[0] * 2`` rows by ``tile[1] * 2`` columns. Larger micro
+#: tiles issue fewer shared loads a multiply-add but make fewer blocks; the persistent
+#: loops' recurrent product (N rows) needs blocks on every SM.
+MICRO = (2, 2)
+
+OUTPUT_TILE = """
+def output_tile(a, b, c, accumulate, sa, sb, m0_, q0_):
+    tx = U(cuda.threadIdx.x)
+    ty = U(cuda.threadIdx.y)
+    tid = ty * U(TQ) + tx
+    m0 = U(m0_)
+    q0 = U(q0_)
+    rows = U(c.shape[0])
+    cols = U(c.shape[1])
+#if TA
+    reduce_len = U(a.shape[0])
+#else
+    reduce_len = U(a.shape[1])
+#end
+    # each thread's places in the shared tiles' fills, worked out once
+#unroll e LOADS_A
+    xa{e} = tid + U({e} * THREADS)
+#if TA
+    ma{e} = xa{e} % U(BM)
+    la{e} = xa{e} // U(BM)
+#else
+    ma{e} = xa{e} // U(TL)
+    la{e} = xa{e} % U(TL)
+#end
+#end
+#unroll e LOADS_B
+    xb{e} = tid + U({e} * THREADS)
+#if TB
+    qb{e} = xb{e} // U(TL)
+    lb{e} = xb{e} % U(TL)
+#else
+    qb{e} = xb{e} % U(BQ)
+    lb{e} = xb{e} // U(BQ)
+#end
+#end
+#unroll i RM
+#unroll j RQ
+    t{i}_{j} = acc(0)
+#end
+#end
+    l0 = U(0)
+    while l0 < reduce_len:
+#unroll e LOADS_A
+#if (e + 1) * THREADS <= BM * TL
+        if True:
+#else
+        if xa{e} < U(BM * TL):
+#end
+            v = acc(0)
+            if (m0 + ma{e} < rows) & (l0 + la{e} < reduce_len):
+#if TA
+                v = acc(a[l0 + la{e}, m0 + ma{e}])
+#else
+                v = acc(a[m0 + ma{e}, l0 + la{e}])
+#end
+            sa[ma{e}, la{e}] = v
+#end
+#unroll e LOADS_B
+#if (e + 1) * THREADS <= TL * BQ
+        if True:
+#else
+        if xb{e} < U(TL * BQ):
+#end
+            v = acc(0)
+            if (l0 + lb{e} < reduce_len) & (q0 + qb{e} < cols):
+#if TB
+                v = acc(b[q0 + qb{e}, l0 + lb{e}])
+#else
+                v = acc(b[l0 + lb{e}, q0 + qb{e}])
+#end
+            sb[lb{e}, qb{e}] = v
+#end
+        cuda.syncthreads()
+#unroll li TL
+#unroll i RM
+        a{i} = sa[ty + U({i} * TM), U({li})]
+#end
+#unroll j RQ
+        b{j} = sb[U({li}), tx + U({j} * TQ)]
+#end
+#unroll i RM
+#unroll j RQ
+        t{i}_{j} += a{i} * b{j}
+#end
+#end
+#end
+        cuda.syncthreads()
+        l0 += U(TL)
+#unroll i RM
+#unroll j RQ
+    m = m0 + ty + U({i} * TM)
+    q = q0 + tx + U({j} * TQ)
+    if (m < rows) & (q < cols):
+        v = t{i}_{j}
+        if accumulate:
+            v += acc(c[m, q])
+        c[m, q] = v
+#end
+#end
+"""
+
+
+def block_tile(tile: tuple) -> tuple:
+    """``(rows, columns)`` of the product's output a block of ``tile`` computes."""
+    return tile[0] * MICRO[0], tile[1] * MICRO[1]
+
+
+def shared_shapes(tile: tuple) -> tuple:
+    """The shapes of the product's two shared tiles for ``tile``: ``op(a)``'s ``(rows,
+    step + 1)`` and ``op(b)``'s ``(step, columns + 1)`` (one element of padding a row, so
+    that fills along either axis do not conflict on banks)."""
+    bm, bq = block_tile(tile)
+    return (bm, tile[2] + 1), (tile[2], bq + 1)
+
+
 @functools.lru_cache(maxsize=None)
 def _output_tile(dtype: str, tile: tuple, ta: bool, tb: bool):
-    """The device function every thread of a block calls for one ``tile`` of ``c (+)= op(a)
-    @ op(b)`` (``op`` transposes with ``ta``/``tb``): ``output_tile(a, b, c, accumulate,
-    sa, sb, m0, q0)`` for the tile at row m0, column q0, ``sa``/``sb`` the block's shared
-    tiles. Each output is one thread's sum over shared-memory steps of ``tile[2]``, in order.
-    It synchronises the block."""
-    acc = _acc_type(dtype)
+    """The device function every thread of a block calls for one block tile
+    (:func:`block_tile`) of ``c (+)= op(a) @ op(b)`` (``op`` transposes with ``ta``/``tb``):
+    ``output_tile(a, b, c, accumulate, sa, sb, m0, q0)`` for the tile at row m0, column q0,
+    ``sa``/``sb`` the block's shared tiles (:func:`shared_shapes`). Each thread computes
+    :data:`MICRO` outputs (rows ``ty + i * tile[0]``, columns ``tx + j * tile[1]``) in
+    registers, each output one sum over the reduction in order, steps of ``tile[2]``
+    through shared memory (a fill reads along ``op``'s contiguous axis of a row-major
+    operand). It synchronises the block."""
+    import numba
     tm, tq, tl = tile
+    bm, bq = block_tile(tile)
     threads = tm * tq
-
-    @cuda.jit(device=True, inline=True)
-    def output_tile(a, b, c, accumulate, sa, sb, m0, q0):
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tq + tx
-        rows = c.shape[0]
-        cols = c.shape[1]
-        reduce_len = a.shape[0] if ta else a.shape[1]
-        total = acc(0)
-        for l0 in range(0, reduce_len, tl):
-            for e in range(tid, tm * tl, threads):
-                mi = e // tl
-                li = e % tl
-                m = m0 + mi
-                l = l0 + li
-                v = acc(0)
-                if m < rows and l < reduce_len:
-                    v = acc(a[l, m]) if ta else acc(a[m, l])
-                sa[mi, li] = v
-            for e in range(tid, tl * tq, threads):
-                li = e // tq
-                qi = e % tq
-                l = l0 + li
-                q = q0 + qi
-                v = acc(0)
-                if l < reduce_len and q < cols:
-                    v = acc(b[q, l]) if tb else acc(b[l, q])
-                sb[li, qi] = v
-            cuda.syncthreads()
-            for li in range(tl):
-                total += sa[ty, li] * sb[li, tx]
-            cuda.syncthreads()
-        m = m0 + ty
-        q = q0 + tx
-        if m < rows and q < cols:
-            if accumulate:
-                total += acc(c[m, q])
-            c[m, q] = total
-
-    return output_tile
+    names = dict(TM=tm, TQ=tq, TL=tl, RM=MICRO[0], RQ=MICRO[1], BM=bm, BQ=bq,
+                 THREADS=threads, TA=bool(ta), TB=bool(tb),
+                 LOADS_A=-(-bm * tl // threads), LOADS_B=-(-tl * bq // threads),
+                 KEY=f"{dtype} {tile} ta={ta} tb={tb}")
+    function = compile_source("output_tile", OUTPUT_TILE, names,
+                              dict(acc=_acc_type(dtype), U=numba.uint64))
+    return cuda.jit(device=True, inline=True)(function)
 
 
 def gemm_function(ta: bool, tb: bool, dtype: str, tile: tuple):
     """``c[m, q] (+)= sum_l A[m, l] * B[l, q]`` with ``A = a.T if ta else a`` and
     ``B = b.T if tb else b``.
 
-    Launch: block ``(tile_q, tile_m)``; grid ``(m_tiles, q_tiles)``, each at most the
-    hardware's limit (:func:`numbaconv.cuda._blas.gemm_launch`): a block loops over the row
-    tiles ``blockIdx.x + i * gridDim.x`` and column tiles likewise, so any output fits.
+    Launch: block ``(tile_q, tile_m)``; grid ``(m_tiles, q_tiles)`` of the block tiles
+    (:func:`block_tile`), each at most the hardware's limit
+    (:func:`numbaconv.cuda._blas.gemm_launch`): a block loops over the row tiles
+    ``blockIdx.x + i * gridDim.x`` and column tiles likewise, so any output fits.
     Arguments: ``a, b, c, accumulate``.
     """
     acc = _acc_type(dtype)
-    tm, tq, tl = tile
+    bm, bq = block_tile(tile)
+    sa_shape, sb_shape = shared_shapes(tile)
     output_tile = _output_tile(dtype, tile, ta, tb)
 
     def gemm(a, b, c, accumulate):
-        sa = cuda.shared.array((tm, tl), acc)
-        sb = cuda.shared.array((tl, tq), acc)
-        row_tiles = (c.shape[0] + tm - 1) // tm
-        col_tiles = (c.shape[1] + tq - 1) // tq
-        for row_tile in range(cuda.blockIdx.x, row_tiles, cuda.gridDim.x):
-            for col_tile in range(cuda.blockIdx.y, col_tiles, cuda.gridDim.y):
-                output_tile(a, b, c, accumulate, sa, sb, row_tile * tm, col_tile * tq)
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
+        # while loops: a range with the grid's step would divide by it (a 64-bit call)
+        row = cuda.blockIdx.x * bm
+        while row < c.shape[0]:
+            col = cuda.blockIdx.y * bq
+            while col < c.shape[1]:
+                output_tile(a, b, c, accumulate, sa, sb, row, col)
+                col += cuda.gridDim.y * bq
+            row += cuda.gridDim.x * bm
 
     return gemm
 
@@ -275,24 +374,26 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
     acc = _acc_type(dtype)
     cell = _forward_cell(mode, dtype, False)
     output_tile = _output_tile(dtype, tile, False, True)
-    tm, tq, tl = tile
+    tm, tq, _ = tile
     threads = tm * tq
+    bm, bq = block_tile(tile)
+    sa_shape, sb_shape = shared_shapes(tile)
 
     def forward_sequence(xg, w, b_ih, b_hh, h, hg, c, y, cells, lengths, store, reverse):
-        sa = cuda.shared.array((tm, tl), acc)
-        sb = cuda.shared.array((tl, tq), acc)
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
         first = cuda.blockIdx.x * threads + cuda.threadIdx.y * tq + cuda.threadIdx.x
         every = cuda.gridDim.x * threads
         hs = h.shape[1]
         seq = xg.shape[0]
-        col_tiles = (hg.shape[1] + tq - 1) // tq
-        tiles = ((hg.shape[0] + tm - 1) // tm) * col_tiles
+        col_tiles = (hg.shape[1] + bq - 1) // bq
+        tiles = ((hg.shape[0] + bm - 1) // bm) * col_tiles
         for s in range(seq):
             t = seq - 1 - s if reverse else s
             for i in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):  # hg = h @ W_hh.T
-                output_tile(h, w, hg, False, sa, sb, (i // col_tiles) * tm,
-                            (i % col_tiles) * tq)
+                output_tile(h, w, hg, False, sa, sb, (i // col_tiles) * bm,
+                            (i % col_tiles) * bq)
             grid.sync()
             for e in range(first, h.shape[0] * hs, every):
                 cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, e // hs, e % hs)
@@ -421,19 +522,21 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
     acc = _acc_type(dtype)
     cell = _backward_cell(mode, dtype, False)
     output_tile = _output_tile(dtype, tile, False, False)
-    tm, tq, tl = tile
+    tm, tq, _ = tile
     threads = tm * tq
+    bm, bq = block_tile(tile)
+    sa_shape, sb_shape = shared_shapes(tile)
 
     def backward_sequence(gates, cells, states, init, w, dh, rec, dy, dc, lengths, reverse):
-        sa = cuda.shared.array((tm, tl), acc)
-        sb = cuda.shared.array((tl, tq), acc)
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
         first = cuda.blockIdx.x * threads + cuda.threadIdx.y * tq + cuda.threadIdx.x
         every = cuda.gridDim.x * threads
         hs = dh.shape[1]
         seq = gates.shape[0]
-        col_tiles = (rec.shape[1] + tq - 1) // tq
-        tiles = ((rec.shape[0] + tm - 1) // tm) * col_tiles
+        col_tiles = (rec.shape[1] + bq - 1) // bq
+        tiles = ((rec.shape[0] + bm - 1) // bm) * col_tiles
         for s in range(seq):
             t = s if reverse else seq - 1 - s
             for e in range(first, dh.shape[0] * hs, every):
@@ -442,8 +545,8 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
             grid.sync()
             dgates = gates[t, :, :w.shape[0]]  # GRU: dr, dz, r * dn (not dn)
             for i in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):  # rec = dgates @ W_hh
-                output_tile(dgates, w, rec, False, sa, sb, (i // col_tiles) * tm,
-                            (i % col_tiles) * tq)
+                output_tile(dgates, w, rec, False, sa, sb, (i // col_tiles) * bm,
+                            (i % col_tiles) * bq)
             grid.sync()
 
     return backward_sequence
@@ -527,8 +630,9 @@ def signatures(dtype: str, tile: tuple):
     """Every RNN kernel of one dtype as ``(label, python function, signature)``, with the
     array layouts the drivers pass for the common case: what the compile tests hand to
     ``numba.cuda.compile_ptx``. Not ``forward_sequence`` and ``backward_sequence``:
-    numba-cuda (0.30.4) compiles a grid-wide barrier only with a GPU present (its
-    ``cg.this_grid`` asks the device)."""
+    numba-cuda (0.30.4) compiles a grid-wide barrier for the current device's compute
+    capability (its ``cg.this_grid`` asks the device), and ptxas leaves the barrier's
+    runtime calls to the linker; tests/test_cuda_machine_code.py stands in for both."""
     from numba import types
     elem = {"float16": types.float16, "float32": types.float32,
             "float64": types.float64}[dtype]

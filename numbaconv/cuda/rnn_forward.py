@@ -70,8 +70,9 @@ def persistent_launch(name, mode, dtype, args, *, rows, units, product_cols):
     as many as can be resident at once."""
     tile = cuda_tile()
     tm, tq, _ = tile
+    bm, bq = _rnn_kernels.block_tile(tile)
     kernel = _rnn_kernels.kernel(name, mode, dtype, tile)
-    wanted = max(blocks(rows, tm) * blocks(product_cols, tq), blocks(rows * units, tm * tq))
+    wanted = max(blocks(rows, bm) * blocks(product_cols, bq), blocks(rows * units, tm * tq))
     grid = min(wanted, cooperative_blocks(kernel, args, tm * tq))
     if grid < 1:
         raise RuntimeError(f"{name}: no block of {tm * tq} threads fits on the device for a "
