@@ -287,9 +287,9 @@ def test_bias_loop_divides_nothing(layout, tmp_path):
 
 #: The recurrent ops' Numba product (numbaconv/cuda/_rnn_kernels.py ``gemm``, whose device
 #: function the persistent loops' recurrent product also runs): its step, 2x2 outputs a
-#: thread, issues 31-36 % FFMA (one shared load a multiply-add) where the one-output kernel
-#: before it issued 1.7 %; below 28 % is a regression.
-MIN_RNN_PRODUCT_FFMA_SHARE = 0.28
+#: thread, issues 28-37 % FFMA (one shared load a multiply-add, the next step's reads in
+#: flight) where the one-output kernel before it issued 1.7 %; below 25 % is a regression.
+MIN_RNN_PRODUCT_FFMA_SHARE = 0.25
 
 
 def test_rnn_product_step_is_register_tiled(tmp_path):

@@ -58,6 +58,35 @@ def _acc_type(dtype: str):
 #: loops' recurrent product (N rows) needs blocks on every SM.
 MICRO = (2, 2)
 
+#: A step's operand values read into registers (``va{e}``, ``vb{e}``) at reduction offset
+#: ``lk``, zero outside the operands.
+_FILL = """
+#unroll e LOADS_A
+va{e} = acc(0)
+if (m0 + ma{e} < rows) & (lk + la{e} < reduce_len):
+#if TA
+    va{e} = acc(a[lk + la{e}, m0 + ma{e}])
+#else
+    va{e} = acc(a[m0 + ma{e}, lk + la{e}])
+#end
+#end
+#unroll e LOADS_B
+vb{e} = acc(0)
+if (lk + lb{e} < reduce_len) & (q0 + qb{e} < cols):
+#if TB
+    vb{e} = acc(b[q0 + qb{e}, lk + lb{e}])
+#else
+    vb{e} = acc(b[lk + lb{e}, q0 + qb{e}])
+#end
+#end
+"""
+
+
+def _indented(text: str, spaces: int) -> str:
+    return "\n".join(line if line.startswith("#") or not line else " " * spaces + line
+                     for line in text.strip("\n").splitlines())
+
+
 OUTPUT_TILE = """
 def output_tile(a, b, c, accumulate, sa, sb, m0_, q0_):
     tx = U(cuda.threadIdx.x)
@@ -72,7 +101,8 @@ def output_tile(a, b, c, accumulate, sa, sb, m0_, q0_):
 #else
     reduce_len = U(a.shape[1])
 #end
-    # each thread's places in the shared tiles' fills, worked out once
+    # each thread's places in the shared tiles' fills, worked out once (a place past the
+    # tile, in a last partial round of threads, is read but never stored)
 #unroll e LOADS_A
     xa{e} = tid + U({e} * THREADS)
 #if TA
@@ -98,39 +128,30 @@ def output_tile(a, b, c, accumulate, sa, sb, m0_, q0_):
     t{i}_{j} = acc(0)
 #end
 #end
+    lk = U(0)
+FILL4
     l0 = U(0)
     while l0 < reduce_len:
 #unroll e LOADS_A
 #if (e + 1) * THREADS <= BM * TL
-        if True:
+        sa[ma{e}, la{e}] = va{e}
 #else
         if xa{e} < U(BM * TL):
+            sa[ma{e}, la{e}] = va{e}
 #end
-            v = acc(0)
-            if (m0 + ma{e} < rows) & (l0 + la{e} < reduce_len):
-#if TA
-                v = acc(a[l0 + la{e}, m0 + ma{e}])
-#else
-                v = acc(a[m0 + ma{e}, l0 + la{e}])
-#end
-            sa[ma{e}, la{e}] = v
 #end
 #unroll e LOADS_B
 #if (e + 1) * THREADS <= TL * BQ
-        if True:
+        sb[lb{e}, qb{e}] = vb{e}
 #else
         if xb{e} < U(TL * BQ):
+            sb[lb{e}, qb{e}] = vb{e}
 #end
-            v = acc(0)
-            if (l0 + lb{e} < reduce_len) & (q0 + qb{e} < cols):
-#if TB
-                v = acc(b[q0 + qb{e}, l0 + lb{e}])
-#else
-                v = acc(b[l0 + lb{e}, q0 + qb{e}])
-#end
-            sb[lb{e}, qb{e}] = v
 #end
         cuda.syncthreads()
+        # the next step's values, read while this step multiplies
+        lk = l0 + U(TL)
+FILL8
 #unroll li TL
 #unroll i RM
         a{i} = sa[ty + U({i} * TM), U({li})]
@@ -145,7 +166,7 @@ def output_tile(a, b, c, accumulate, sa, sb, m0_, q0_):
 #end
 #end
         cuda.syncthreads()
-        l0 += U(TL)
+        l0 = lk
 #unroll i RM
 #unroll j RQ
     m = m0 + ty + U({i} * TM)
@@ -157,7 +178,7 @@ def output_tile(a, b, c, accumulate, sa, sb, m0_, q0_):
         c[m, q] = v
 #end
 #end
-"""
+""".replace("FILL4", _indented(_FILL, 4)).replace("FILL8", _indented(_FILL, 8))
 
 
 def block_tile(tile: tuple) -> tuple:
