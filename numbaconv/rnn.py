@@ -99,11 +99,22 @@ def _zeros_if_none(a, shape, dtype, device="cpu"):
 
 
 def _device_array(shape, dtype, zero=False):
-    """A Numba device array (cuda problems): zero-filled on the device with ``zero``."""
+    """A Numba device array (cuda problems): zero-filled on the device with ``zero`` (a
+    kernel, not a host copy: a copy from the host would wait for the device)."""
+    if zero:
+        return dispatch.get_backend("cuda").zeros(shape, dtype)
     from numba import cuda
-    if not zero:
-        return cuda.device_array(shape, dtype)
-    return cuda.to_device(np.zeros(shape, dtype))
+    return cuda.device_array(shape, dtype)
+
+
+def _write_header(reserve, start, values, device):
+    """``reserve[start:start + len(values)] = values`` (header slots: small integers); on a
+    GPU by a kernel on the stream the ops use, so that the host does not wait for the
+    device as a host-to-device copy would."""
+    if device == "cpu":
+        reserve[start:start + len(values)] = values
+    else:
+        dispatch.get_backend("cuda").put(reserve, start, values)
 
 
 def _states(config, batch):
@@ -200,7 +211,7 @@ def rnn_forward(config, x, params, hx=None, cx=None, *, seq_lengths=None, traini
         if reserve is None:
             reserve = np.empty(layout.size, dtype) if device == "cpu" else \
                 _device_array(layout.size, dtype)
-        layout.header(reserve)[:] = 0  # invalid until the forward completes
+        _write_header(reserve, 0, [0] * pb.RESERVE_HEADER, device)  # invalid until done
         _fill_masks(problem, reserve, dropout_seed)
     operands = (_time_major(x, config), _contiguous(params), hx, cx, lengths,
                 reserve if problem.training else None)
@@ -208,7 +219,7 @@ def rnn_forward(config, x, params, hx=None, cx=None, *, seq_lengths=None, traini
     if problem.training:
         header = pb.reserve_header(config, problem.seq_len, problem.batch, lengths,
                                    pb.RESERVE_FORWARD)
-        reserve[:len(header)] = header
+        _write_header(reserve, 0, header, problem.device)
     return _user_order(y, config), hy, cy, (reserve if problem.training else None)
 
 
@@ -256,9 +267,9 @@ def rnn_backward_data(config, y, dy, params, reserve, *, hx=None, cx=None, dhy=N
                 _zeros_if_none(dhy, hshape, dtype, device),
                 _zeros_if_none(dcy, cshape, dtype, device) if lstm else None, lengths)
     dispatch.select("rnn_backward_data", problem)
-    reserve[1] = 0  # a failure half-way leaves a reserve no backward accepts
+    _write_header(reserve, 1, [0], device)  # a failure half-way leaves an unusable reserve
     dx, dhx, dcx = dispatch.run("rnn_backward_data", problem, operands)
-    reserve[1] = pb.RESERVE_BACKWARD_DATA
+    _write_header(reserve, 1, [pb.RESERVE_BACKWARD_DATA], device)
     return _user_order(dx, config), dhx, dcx
 
 

@@ -313,6 +313,17 @@ def test_rnn_elementwise_launches_address_every_element(gpu):
                 assert args[1] + (h_base + n * h0s + j * h1s) * 8 == \
                     _element_address(h0, (n, j))
     assert args[2] == prev.address and args[3] == lengths.address
+    del gpu[:]
+    reserve = _standin((40,), "float16", (-2,))
+    _rnn_elementwise.put(reserve, 3, [1737, 2, 0, 5])
+    [launch] = gpu
+    check_launch(launch)
+    ref, base, step, count, *values = launch.args
+    assert count == 4 and values == [1737, 2, 0, 5] + [0] * 12
+    for e in range(4):
+        assert ref + (base + e * step) * 2 == _element_address(reserve, (3 + e,))
+    with pytest.raises(ValueError, match="put"):
+        _rnn_elementwise.put(reserve, 38, [1, 2, 3])
     for bad in (_standin((2, 3, 5), dtype), _standin((2, 3, 4), "float64")):
         del gpu[:]
         with pytest.raises(ValueError, match="b: shape"):

@@ -60,7 +60,7 @@ def conv_signatures():
         for name in ("dw_conv", "dw_weight"):
             yield name, _depthwise._launch_types(name, (dtype,))
         yield "bias_sums", _bias.launch_types(dtype)
-        for name in ("map3", "previous_states"):
+        for name in ("map3", "previous_states", "put"):
             yield f"rnn {name}", _rnn_elementwise.launch_types(name, dtype)
 
 

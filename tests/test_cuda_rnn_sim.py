@@ -661,3 +661,40 @@ def test_elementwise_previous_states_on_strided_views(reverse):
             first = t + 1 >= lengths[b] if reverse else t == 0
             want[t, b] = hh[b] if first else ho[t + 1 if reverse else t - 1, b]
     np.testing.assert_array_equal(out.copy_to_host(), want)
+
+
+def test_a_training_step_without_states_copies_only_its_header_checks(monkeypatch):
+    """With the optional states, lengths and dropout left out, a training step copies
+    nothing from the host to the device (the zero states are filled and the reserve's
+    header written by kernels, which do not wait for the device as a host copy does), and
+    from the device only the two header checks (rnn_backward_data's, rnn_backward_weights')."""
+    import threading
+
+    from numba.cuda.simulator.cudadrv import devicearray
+    cfg = nc.RNNConfig("lstm", I, H, num_layers=2)
+    a = device(arrays(cfg, "float32"))
+    for name in ("hx", "cx", "dhy", "dcy"):
+        a[name] = None
+    with nc.use_backend("cuda"):
+        want = {k: host(v) for k, v in train_step(cfg, a).items()}
+    copies = []
+    real_to_device = cuda.to_device
+    monkeypatch.setattr(cuda, "to_device", lambda *args, **kw: copies.append("to_device")
+                        or real_to_device(*args, **kw))
+    fake = devicearray.FakeCUDAArray
+    host_thread = threading.main_thread()   # simulated kernels run in threads of their own
+    for method, kind in (("copy_to_device", "host to device"), ("__setitem__", "setitem"),
+                         ("copy_to_host", "device to host")):
+        def counting(self, *args, real=getattr(fake, method), kind=kind, **kw):
+            if threading.current_thread() is host_thread and not (
+                    kind == "host to device" and isinstance(args[0], fake)):
+                copies.append(kind)
+            return real(self, *args, **kw)
+        monkeypatch.setattr(fake, method, counting)
+    with nc.use_backend("cuda"):
+        got = train_step(cfg, a)
+    assert copies == ["device to host"] * 2, copies
+    monkeypatch.undo()
+    for name, value in want.items():    # and the step computes what it did before
+        if value is not None and name != "reserve":   # (its padding is never written)
+            np.testing.assert_array_equal(host(got[name]), value, err_msg=name)

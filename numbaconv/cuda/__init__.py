@@ -184,6 +184,22 @@ class CudaBackend(Backend):
         from .rnn_forward import swap_time_batch
         return swap_time_batch(a)
 
+    def zeros(self, shape, dtype):
+        """A new device array of zeros, filled on the device (one kernel, no host copy):
+        how ``numbaconv.rnn`` makes the states a caller leaves out."""
+        from ._layout import device_array
+        from ._rnn_elementwise import apply
+        a = device_array(shape, dtype)
+        apply("zero", a)
+        return a
+
+    def put(self, a, start, values):
+        """``a[start:start + len(values)] = values`` on the device for a 1-D device array
+        and a few small integers (one kernel, no host copy, so nothing waits for the
+        device): how ``numbaconv.rnn`` writes a reserve's header."""
+        from ._rnn_elementwise import put
+        put(a, start, values)
+
     def run(self, op, problem, operands, out, algorithm):
         return run_op(__name__, op, problem, operands, out, algorithm)
 

@@ -11,6 +11,9 @@ products are :mod:`._rnn_kernels` and :mod:`._blas`; the bias gradients are
     ones too; 1-D and 2-D arrays are 3-D with unit axes in front, and the time/batch swap is
     ``a``'s first two strides swapped. ``out`` may be ``a`` (each thread reads its element
     before writing it).
+``put`` (:func:`put`)
+    A few integers into a 1-D array: a reserve's header, written by one launch instead of
+    a host copy (which would wait for the device).
 ``previous_states`` (:func:`previous_states`)
     ``out[t, n] = outputs[t -+ 1, n]``, the state the step at t read, or ``h0[n]`` at a
     sequence's first step (t = 0 forwards; t + 1 >= length backwards); ``out`` contiguous.
@@ -88,14 +91,30 @@ def previous_states(outputs, h0, out, lengths, count_, rows_, p_, yb_, y0_, y1_,
         out[U(e)] = outputs[U(I(I(yb_) + I(tp * I(y0_)) + I(n * I(y1_)) + I(j * I(y2_))))]
 """
 
-TEMPLATES = {"map3": MAP3, "previous_states": PREVIOUS_STATES}
+#: Values :func:`put` writes in one launch at most (a reserve's header).
+PUT_VALUES = 16
+
+PUT = """
+def put(a, base_, step_, count_, {values}):
+    e = cuda.threadIdx.x
+    if e < count_:
+        v = acc(0)
+#unroll i PUT_VALUES
+        if e == {i}:
+            v = acc(v{i})
+#end
+        a[U(I(base_) + I(e) * I(step_))] = v
+"""
+
+TEMPLATES = {"map3": MAP3, "previous_states": PREVIOUS_STATES,
+             "put": PUT.replace("{values}", ", ".join(f"v{i}" for i in range(PUT_VALUES)))}
 
 
 def function(name: str, dtype: str, wide: bool, variant=None):
     """The Python function of kernel ``name`` (``variant``: map3's op), to compile with
     cuda.jit. Launch: 1-D, a thread an element."""
     acc, I, U = scalar_types(dtype, wide)
-    names = dict(OP=variant, KEY=f"{name} {variant} {dtype} wide={wide}")
+    names = dict(OP=variant, PUT_VALUES=PUT_VALUES, KEY=f"{name} {variant} {dtype} wide={wide}")
     return compile_source(name, TEMPLATES[name], names, dict(acc=acc, I=I, U=U))
 
 
@@ -109,6 +128,8 @@ def launch_types(name: str, dtype: str) -> tuple:
         return (data,) * 3 + (i,) * 15
     if name == "previous_states":
         return (data,) * 3 + (types.CPointer(types.int64),) + (i,) * 10 + (flag,)
+    if name == "put":
+        return (data,) + (i,) * (3 + PUT_VALUES)
     raise KeyError(name)
 
 
@@ -130,6 +151,8 @@ def signatures(dtype: str):
         found.append((f"rnn_previous_states_{dtype}_{width}",
                       function("previous_states", dtype, wide),
                       launch_types("previous_states", dtype)))
+        found.append((f"rnn_put_{dtype}_{width}", function("put", dtype, wide),
+                      launch_types("put", dtype)))
     return found
 
 
@@ -237,3 +260,21 @@ def previous_states(outputs, h0, out, lengths, reverse: bool) -> None:
     launch(kernel("previous_states", _NAMES[o.dtype], _wide(count, o, y, h)), grid, block,
            y.ref, h.ref, o.ref, lens.ref, count, n, p, y.base, *y.strides, h.base,
            *h.strides, bool(reverse))
+
+
+def put(a, start: int, values) -> None:
+    """``a[start:start + len(values)] = values`` for a 1-D device array ``a`` and at most
+    :data:`PUT_VALUES` integers (exact in every float dtype: a reserve's header), by one
+    kernel on the stream the kernels use: no host copy, so nothing waits for the device."""
+    values = [int(v) for v in values]
+    if len(values) > PUT_VALUES or any(abs(v) >= 2048 for v in values):
+        raise ValueError(f"put: at most {PUT_VALUES} integers below 2048 in magnitude, got "
+                         f"{values}")
+    f = flat(a, 1)
+    if start < 0 or start + len(values) > f.shape[0]:
+        raise ValueError(f"put: {len(values)} values at {start} of {f.shape[0]} elements")
+    if not values:
+        return
+    padded = values + [0] * (PUT_VALUES - len(values))
+    launch(kernel("put", _NAMES[f.dtype], f.span > ig.INDEX32_LIMIT), 1, PUT_VALUES,
+           f.ref, f.base + start * f.strides[0], f.strides[0], len(values), *padded)
