@@ -441,18 +441,18 @@ def test_persistent_forward_and_data_gradient(product_path, persistent, cfg, len
 
 def launch_counts(cfg, t_len, monkeypatch):
     """{op: (kernel launches, products)} of one training step on (t_len, N): kernels counted
-    at the launch (the step kernels' and the element-wise ones'), products on either path
-    (Numba gemm launches, cuBLAS calls)."""
-    from numbaconv.cuda import _blas, _rnn_elementwise, _rnn_kernels
+    at the launch (the step kernels', the element-wise and bias ones'), products on either
+    path (Numba gemm launches, cuBLAS calls)."""
+    from numbaconv.cuda import _bias, _blas, _rnn_elementwise, _rnn_kernels
     real = _rnn_kernels.kernel
     seen = {"kernels": 0, "gemm": 0}
+    real_launches = {module: module.launch for module in (_rnn_elementwise, _bias)}
 
-    real_launch = _rnn_elementwise.launch
-
-    def elementwise(kernel, grid, block, *args):
-        seen["kernels"] += 1
-        real_launch(kernel, grid, block, *args)
-    monkeypatch.setattr(_rnn_elementwise, "launch", elementwise)
+    for module, real_launch in real_launches.items():  # the element-wise and bias kernels
+        def launch(kernel, grid, block, *args, real_launch=real_launch):
+            seen["kernels"] += 1
+            real_launch(kernel, grid, block, *args)
+        monkeypatch.setattr(module, "launch", launch)
 
     def counting(name, *key):
         kernel = real(name, *key)
@@ -487,7 +487,8 @@ def launch_counts(cfg, t_len, monkeypatch):
         measure("backward_data", lambda: backward_data(cfg, a, y, reserve))
         measure("backward_weights", lambda: backward_weights(cfg, a, reserve))
     monkeypatch.setattr(_rnn_kernels, "kernel", real)
-    monkeypatch.setattr(_rnn_elementwise, "launch", real_launch)
+    for module, real_launch in real_launches.items():
+        monkeypatch.setattr(module, "launch", real_launch)
     return counts
 
 
