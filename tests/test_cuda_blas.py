@@ -9,7 +9,7 @@ import pytest
 import cublas_standin
 from cublas_standin import OP_N, OP_T, CublasError, Memory, StandIn
 from numbaconv.config import CUDA_TILE
-from numbaconv.cuda import _blas
+from numbaconv.cuda import _blas, _rnn_kernels
 
 
 def standin_binding(memory):
@@ -255,7 +255,8 @@ def test_grids_stay_within_the_hardware_limits(t_len, n, tile):
         grid, block = _blas.gemm_launch(out_rows, out_cols, tile)
         assert within_limits(grid), (out_rows, out_cols, grid)
         assert block == (tile[1], tile[0]) and block[0] * block[1] <= 1024
-        row_tiles, col_tiles = -(-out_rows // tile[0]), -(-out_cols // tile[1])
+        bm, bq = _rnn_kernels.block_tile(tile)   # the outputs a block computes
+        row_tiles, col_tiles = -(-out_rows // bm), -(-out_cols // bq)
         assert grid[0] == min(row_tiles, _blas.MAX_GRID_X)
         assert grid[1] == min(col_tiles, _blas.MAX_GRID_YZ)
     for count in (rows * h, rows * p, n * h, gates * h, rows * 2 * p):
@@ -264,11 +265,13 @@ def test_grids_stay_within_the_hardware_limits(t_len, n, tile):
 
 
 def test_the_old_grid_would_have_failed_at_t_n_1024():
-    """Rows on y (the former launch): 1024 * 1024 rows in tiles of 16 need 65,536 blocks,
-    one more than y holds; on x they fit."""
+    """Rows on y (the former launch): 1024 * 1024 rows in tiles of 16 (one output a thread,
+    as then) needed 65,536 blocks, one more than y holds; on x they fit (in tiles of 32 now,
+    2x2 outputs a thread)."""
     assert -(-1024 * 1024 // CUDA_TILE[0]) > _blas.MAX_GRID_YZ
     grid, _ = _blas.gemm_launch(1024 * 1024, 4 * 512, CUDA_TILE)
-    assert grid == (65536, 128)
+    assert _rnn_kernels.block_tile(CUDA_TILE) == (32, 32)
+    assert grid == (32768, 64)
     with pytest.raises(ValueError, match="more than a grid holds"):
         _blas.elementwise_launch(2**31 * 256, 256)
 
