@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import itertools
 import os
+import re
 import sys
 
 import pytest
@@ -327,7 +328,8 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
     """The ``persistent`` forward and data gradient (a grid barrier each step; numba-cuda's
     device query stood in, ptxas compiling the barrier's runtime calls for the linker), for
     every mode, float32: no spill, registers for two blocks an SM (their cooperative grid),
-    and a product step like ``gemm``'s (no division routine inside it)."""
+    no division routine called in the step loop (the tiles and cells are walked by
+    adding), and a product step like ``gemm``'s."""
     from numba import cuda, types
 
     from numbaconv.config import CUDA_TILE
@@ -350,6 +352,10 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
             report = machine_code.assemble(ptx, CC, tmp_path, label, relocatable=True)
             sass = machine_code.disassemble(report["cubin"])
             code, spans = machine_code.loops(sass)
+            first, last = max(spans, key=lambda span: span[1] - span[0])   # the step loop
+            divisions = [text for op, text in code[first:last + 1]
+                         if op.startswith("CALL") and re.search(r"div|rem", text)]
+            assert not divisions, (label, divisions)
             # the product's step: the smallest loop with multiply-adds and a block barrier
             step = min((code[a:b + 1] for a, b in spans
                         if {"FFMA", "BAR"} <= {op.split(".")[0] for op, _ in code[a:b + 1]}),

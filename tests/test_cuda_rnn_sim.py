@@ -439,6 +439,16 @@ def test_persistent_forward_and_data_gradient(product_path, persistent, cfg, len
             np.testing.assert_array_equal(results[0][k], want, err_msg=k)
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_persistent_loops_walk_several_cells_a_thread(product_path, persistent, mode):
+    """More cells (N x H = 14 x 5) than the cooperative grid's threads (one block of 32
+    under the simulator): each thread walks its cells (n, j) by adding the grid's stride,
+    carrying into n (thread 3: (0, 3), (6, 5) -> (7, 0), ...), and the block its tiles (two
+    row tiles of 8, two column tiles) likewise; against the reference."""
+    compare(nc.RNNConfig(mode, I, H), "float64", n=14)
+    assert persistent["runs"] == 2
+
+
 def launch_counts(cfg, t_len, monkeypatch):
     """{op: (kernel launches, products)} of one training step on (t_len, N): kernels counted
     at the launch (the step kernels', the element-wise and bias ones'), products on either

@@ -377,6 +377,39 @@ def forward_step_function(mode: str, dtype: str, projected: bool = False):
     return forward_step
 
 
+# The persistent loops visit the same tiles and cells at every step: a block's tiles (row
+# tile, column tile) and a thread's cells (n, j) are walked by adding the grid's stride in
+# that radix, one carry a step, the divisions made once before the steps.
+
+@cuda.jit(device=True, inline=True)
+def _tile_walk(rows, cols, bm, bq):
+    """This block's first (row tile, column tile) of a rows x cols product, the grid's
+    stride in those digits, and the row tiles."""
+    col_tiles = (cols + bq - 1) // bq
+    return ((cuda.blockIdx.x // col_tiles, cuda.blockIdx.x % col_tiles),
+            (cuda.gridDim.x // col_tiles, cuda.gridDim.x % col_tiles),
+            (rows + bm - 1) // bm)
+
+
+@cuda.jit(device=True, inline=True)
+def _cell_walk(hs, threads, tq):
+    """This thread's first cell (n, j) of units ``hs``, and the grid's stride in (n, j)."""
+    first = cuda.blockIdx.x * threads + cuda.threadIdx.y * tq + cuda.threadIdx.x
+    every = cuda.gridDim.x * threads
+    return (first // hs, first % hs), (every // hs, every % hs)
+
+
+@cuda.jit(device=True, inline=True)
+def _next(major, minor, step, radix):
+    """``(major, minor)`` (minor < radix) advanced by ``step`` = (major, minor) digits."""
+    major += step[0]
+    minor += step[1]
+    if minor >= radix:
+        minor -= radix
+        major += 1
+    return major, minor
+
+
 def forward_sequence_function(mode: str, dtype: str, tile: tuple):
     """Every step of one layer and direction's forward in one cooperative launch (the
     ``persistent`` algorithm): per step, ``hg = h @ W_hh.T`` by shared-memory tiles as
@@ -404,20 +437,20 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
         sa = cuda.shared.array(sa_shape, acc)
         sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
-        first = cuda.blockIdx.x * threads + cuda.threadIdx.y * tq + cuda.threadIdx.x
-        every = cuda.gridDim.x * threads
-        hs = h.shape[1]
+        tile0, tile_step, row_tiles = _tile_walk(hg.shape[0], hg.shape[1], bm, bq)
+        cell0, cell_step = _cell_walk(h.shape[1], threads, tq)
         seq = xg.shape[0]
-        col_tiles = (hg.shape[1] + bq - 1) // bq
-        tiles = ((hg.shape[0] + bm - 1) // bm) * col_tiles
         for s in range(seq):
             t = seq - 1 - s if reverse else s
-            for i in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):  # hg = h @ W_hh.T
-                output_tile(h, w, hg, False, sa, sb, (i // col_tiles) * bm,
-                            (i % col_tiles) * bq)
+            r, q = tile0                                          # hg = h @ W_hh.T
+            while r < row_tiles:
+                output_tile(h, w, hg, False, sa, sb, r * bm, q * bq)
+                r, q = _next(r, q, tile_step, (hg.shape[1] + bq - 1) // bq)
             grid.sync()
-            for e in range(first, h.shape[0] * hs, every):
-                cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, e // hs, e % hs)
+            n, j = cell0
+            while n < h.shape[0]:
+                cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, n, j)
+                n, j = _next(n, j, cell_step, h.shape[1])
             grid.sync()
 
     return forward_sequence
@@ -552,22 +585,21 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
         sa = cuda.shared.array(sa_shape, acc)
         sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
-        first = cuda.blockIdx.x * threads + cuda.threadIdx.y * tq + cuda.threadIdx.x
-        every = cuda.gridDim.x * threads
-        hs = dh.shape[1]
+        tile0, tile_step, row_tiles = _tile_walk(rec.shape[0], rec.shape[1], bm, bq)
+        cell0, cell_step = _cell_walk(dh.shape[1], threads, tq)
         seq = gates.shape[0]
-        col_tiles = (rec.shape[1] + bq - 1) // bq
-        tiles = ((rec.shape[0] + bm - 1) // bm) * col_tiles
         for s in range(seq):
             t = s if reverse else seq - 1 - s
-            for e in range(first, dh.shape[0] * hs, every):
-                cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse,
-                     e // hs, e % hs)
+            n, j = cell0
+            while n < dh.shape[0]:
+                cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse, n, j)
+                n, j = _next(n, j, cell_step, dh.shape[1])
             grid.sync()
             dgates = gates[t, :, :w.shape[0]]  # GRU: dr, dz, r * dn (not dn)
-            for i in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):  # rec = dgates @ W_hh
-                output_tile(dgates, w, rec, False, sa, sb, (i // col_tiles) * bm,
-                            (i % col_tiles) * bq)
+            r, q = tile0                                          # rec = dgates @ W_hh
+            while r < row_tiles:
+                output_tile(dgates, w, rec, False, sa, sb, r * bm, q * bq)
+                r, q = _next(r, q, tile_step, (rec.shape[1] + bq - 1) // bq)
             grid.sync()
 
     return backward_sequence
