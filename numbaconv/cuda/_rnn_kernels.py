@@ -40,7 +40,7 @@ import math
 # Kernels name `cuda` as a module global: the simulator swaps it for its fake module there.
 from numba import cuda
 
-from ._templates import compile_source
+from ._templates import compile_source, indent
 
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
 
@@ -62,29 +62,24 @@ MICRO = (2, 2)
 #: ``lk``, zero outside the operands.
 _FILL = """
 #unroll e LOADS_A
-va{e} = acc(0)
-if (m0 + ma{e} < rows) & (lk + la{e} < reduce_len):
+    va{e} = acc(0)
+    if (m0 + ma{e} < rows) & (lk + la{e} < reduce_len):
 #if TA
-    va{e} = acc(a[lk + la{e}, m0 + ma{e}])
+        va{e} = acc(a[lk + la{e}, m0 + ma{e}])
 #else
-    va{e} = acc(a[m0 + ma{e}, lk + la{e}])
+        va{e} = acc(a[m0 + ma{e}, lk + la{e}])
 #end
 #end
 #unroll e LOADS_B
-vb{e} = acc(0)
-if (lk + lb{e} < reduce_len) & (q0 + qb{e} < cols):
+    vb{e} = acc(0)
+    if (lk + lb{e} < reduce_len) & (q0 + qb{e} < cols):
 #if TB
-    vb{e} = acc(b[q0 + qb{e}, lk + lb{e}])
+        vb{e} = acc(b[q0 + qb{e}, lk + lb{e}])
 #else
-    vb{e} = acc(b[lk + lb{e}, q0 + qb{e}])
+        vb{e} = acc(b[lk + lb{e}, q0 + qb{e}])
 #end
 #end
 """
-
-
-def _indented(text: str, spaces: int) -> str:
-    return "\n".join(line if line.startswith("#") or not line else " " * spaces + line
-                     for line in text.strip("\n").splitlines())
 
 
 OUTPUT_TILE = """
@@ -178,7 +173,7 @@ FILL8
         c[m, q] = v
 #end
 #end
-""".replace("FILL4", _indented(_FILL, 4)).replace("FILL8", _indented(_FILL, 8))
+""".replace("FILL4", indent(_FILL, 4)).replace("FILL8", indent(_FILL, 8))
 
 
 def block_tile(tile: tuple) -> tuple:
@@ -384,11 +379,11 @@ def forward_step_function(mode: str, dtype: str, projected: bool = False):
 @cuda.jit(device=True, inline=True)
 def _tile_walk(rows, cols, bm, bq):
     """This block's first (row tile, column tile) of a rows x cols product, the grid's
-    stride in those digits, and the row tiles."""
+    stride in those digits, and the row and column tiles."""
     col_tiles = (cols + bq - 1) // bq
     return ((cuda.blockIdx.x // col_tiles, cuda.blockIdx.x % col_tiles),
             (cuda.gridDim.x // col_tiles, cuda.gridDim.x % col_tiles),
-            (rows + bm - 1) // bm)
+            (rows + bm - 1) // bm, col_tiles)
 
 
 @cuda.jit(device=True, inline=True)
@@ -437,7 +432,8 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
         sa = cuda.shared.array(sa_shape, acc)
         sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
-        tile0, tile_step, row_tiles = _tile_walk(hg.shape[0], hg.shape[1], bm, bq)
+        tile0, tile_step, row_tiles, col_tiles = _tile_walk(hg.shape[0],
+                                                            hg.shape[1], bm, bq)
         cell0, cell_step = _cell_walk(h.shape[1], threads, tq)
         seq = xg.shape[0]
         for s in range(seq):
@@ -445,7 +441,7 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
             r, q = tile0                                          # hg = h @ W_hh.T
             while r < row_tiles:
                 output_tile(h, w, hg, False, sa, sb, r * bm, q * bq)
-                r, q = _next(r, q, tile_step, (hg.shape[1] + bq - 1) // bq)
+                r, q = _next(r, q, tile_step, col_tiles)
             grid.sync()
             n, j = cell0
             while n < h.shape[0]:
@@ -585,7 +581,8 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
         sa = cuda.shared.array(sa_shape, acc)
         sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
-        tile0, tile_step, row_tiles = _tile_walk(rec.shape[0], rec.shape[1], bm, bq)
+        tile0, tile_step, row_tiles, col_tiles = _tile_walk(rec.shape[0],
+                                                            rec.shape[1], bm, bq)
         cell0, cell_step = _cell_walk(dh.shape[1], threads, tq)
         seq = gates.shape[0]
         for s in range(seq):
@@ -599,7 +596,7 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
             r, q = tile0                                          # rec = dgates @ W_hh
             while r < row_tiles:
                 output_tile(dgates, w, rec, False, sa, sb, r * bm, q * bq)
-                r, q = _next(r, q, tile_step, (rec.shape[1] + bq - 1) // bq)
+                r, q = _next(r, q, tile_step, col_tiles)
             grid.sync()
 
     return backward_sequence
