@@ -328,8 +328,8 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
     """The ``persistent`` forward and data gradient (a grid barrier each step; numba-cuda's
     device query stood in, ptxas compiling the barrier's runtime calls for the linker), for
     every mode, float32: no spill, registers for two blocks an SM (their cooperative grid),
-    no division routine called in the step loop (the tiles and cells are walked by
-    adding), and a product step like ``gemm``'s."""
+    one grid barrier and no division routine called in the step loop (the tiles are
+    walked by adding), and a product step like ``gemm``'s."""
     from numba import cuda, types
 
     from numbaconv.config import CUDA_TILE
@@ -338,7 +338,7 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
     a1, a2 = types.Array(f32, 1, "C"), types.Array(f32, 2, "A")
     a3, lens = types.Array(f32, 3, "A"), types.Array(types.int64, 1, "C")
     flag = types.boolean
-    signatures = {"forward_sequence": (a3, a2, a1, a1, a2, a2, a2, a3, a3, lens, flag, flag),
+    signatures = {"forward_sequence": (a3, a2, a1, a1, a3, a2, a2, a3, a3, lens, flag, flag),
                   "backward_sequence": (a3, a3, a3, a2, a2, a2, a2, a3, a2, lens, flag)}
     threads = CUDA_TILE[0] * CUDA_TILE[1]
     per_step = _rnn_kernels.MICRO[0] * _rnn_kernels.MICRO[1] * CUDA_TILE[2]
@@ -356,6 +356,9 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
             divisions = [text for op, text in code[first:last + 1]
                          if op.startswith("CALL") and re.search(r"div|rem", text)]
             assert not divisions, (label, divisions)
+            barriers = [text for op, text in code[first:last + 1]
+                        if op.startswith("CALL") and "cudaCGSynchronize" in text]
+            assert len(barriers) == 1, (label, barriers)  # one grid barrier a step
             # the product's step: the smallest loop with multiply-adds and a block barrier
             step = min((code[a:b + 1] for a, b in spans
                         if {"FFMA", "BAR"} <= {op.split(".")[0] for op, _ in code[a:b + 1]}),

@@ -439,13 +439,17 @@ def test_persistent_forward_and_data_gradient(product_path, persistent, cfg, len
             np.testing.assert_array_equal(results[0][k], want, err_msg=k)
 
 
-@pytest.mark.parametrize("mode", ["lstm", "gru"])
-def test_persistent_loops_walk_several_cells_a_thread(product_path, persistent, mode):
-    """More cells (N x H = 14 x 5) than the cooperative grid's threads (one block of 32
-    under the simulator): each thread walks its cells (n, j) by adding the grid's stride,
-    carrying into n (thread 3: (0, 3), (6, 5) -> (7, 0), ...), and the block its tiles (two
-    row tiles of 8, two column tiles) likewise; against the reference."""
-    compare(nc.RNNConfig(mode, I, H), "float64", n=14)
+@pytest.mark.parametrize("mode, t_len", [("lstm", 3), ("lstm", 4), ("gru", 4)])
+def test_persistent_loops_walk_several_tiles_a_block(product_path, persistent, mode, t_len):
+    """More tiles than the cooperative grid's blocks (one block of 32 threads under the
+    simulator, 8 x 16 block tiles): N x H = 14 x 5 cells make the forward's LSTM tiles 8
+    rows by 4 units of 4 gates (2 x 2 tiles, the block walking them by adding the grid's
+    stride with a carry), GRU's 8 rows by 5 units of 3 gates (40 cells, more than a
+    thread each), the data gradient's 8 x 16 (4 cells a thread). A block's tile reads
+    every unit of the state its own cells of the tile before update, so the state must
+    alternate between two arrays; odd and even T leave the last one in either. Against
+    the reference."""
+    compare(nc.RNNConfig(mode, I, H), "float64", t_len=t_len, n=14)
     assert persistent["runs"] == 2
 
 

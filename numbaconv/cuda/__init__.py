@@ -41,8 +41,9 @@ each kernel's performance model, read from its machine code):
     training (masks drawn on the host by the frontend, as for cpu), batch_first (device
     arrays transposed on the device by the frontend).
 ``persistent`` (rnn_forward, rnn_backward_data; without proj_size)
-    All steps of a layer and direction in one cooperative launch: the recurrent product by
-    shared-memory tiles and the cells between grid-wide barriers, no launch a step. Offered
+    All steps of a layer and direction in one cooperative launch: each block computes
+    tiles of the recurrent product in shared memory and the cells they feed, one grid-wide
+    barrier a step, no launch a step. Offered
     beside ``fused`` but not chosen yet: it has not been timed on a GPU
     (docs/benchmarks/gpu_rnn_algorithms.py times both).
 """

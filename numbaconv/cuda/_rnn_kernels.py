@@ -19,9 +19,9 @@ use by factories keyed on their compile-time constants (mode, dtype, tile, trans
     and slices nothing, which keeps its host time per step to the launch itself.
 ``forward_sequence(mode, dtype, tile)`` / ``backward_sequence(mode, dtype, tile)``
     The ``persistent`` forward and data gradient: all steps of a layer and direction in one
-    cooperative launch, the recurrent product by shared-memory tiles and the cells between
-    grid-wide barriers, so that a sequence costs one launch instead of a product and a
-    kernel a step.
+    cooperative launch, each block computing tiles of the recurrent product in shared
+    memory and then the cells of those tiles, one grid-wide barrier a step, so that a
+    sequence costs one launch instead of a product and a kernel a step.
 ``commit_projection``, ``gradient_of_output``
     LSTM with projection (one thread per (n, j < P)): the projected state ``m @ W_hr.T``
     (a GEMM) becomes h and y inside the sequence; backwards, the gradient of h goes to the
@@ -72,11 +72,16 @@ _FILL = """
 #end
 #unroll e LOADS_B
     vb{e} = acc(0)
+#if GATES
+    if (lk + lb{e} < reduce_len) & okb{e}:
+        vb{e} = acc(b[rb{e}, lk + lb{e}])
+#else
     if (lk + lb{e} < reduce_len) & (q0 + qb{e} < cols):
 #if TB
         vb{e} = acc(b[q0 + qb{e}, lk + lb{e}])
 #else
         vb{e} = acc(b[lk + lb{e}, q0 + qb{e}])
+#end
 #end
 #end
 """
@@ -116,6 +121,17 @@ def output_tile(a, b, c, accumulate, sa, sb, m0_, q0_):
 #else
     qb{e} = xb{e} % U(BQ)
     lb{e} = xb{e} // U(BQ)
+#end
+#end
+#if GATES
+    # gate-interleaved columns: the tile's column g * UNITS + u is gate g of unit q0 + u,
+    # row g * units + q0 + u of b (G*H, H)
+    units = cols // U(GATES)
+#unroll e LOADS_B
+    gb{e} = qb{e} // U(UNITS)
+    ub{e} = q0 + qb{e} - gb{e} * U(UNITS)
+    okb{e} = (gb{e} < U(GATES)) & (ub{e} < units)
+    rb{e} = gb{e} * units + ub{e}
 #end
 #end
 #unroll i RM
@@ -165,8 +181,15 @@ FILL8
 #unroll i RM
 #unroll j RQ
     m = m0 + ty + U({i} * TM)
+#if GATES
+    g = (tx + U({j} * TQ)) // U(UNITS)
+    u = q0 + tx + U({j} * TQ) - g * U(UNITS)
+    q = g * units + u
+    if (m < rows) & (g < U(GATES)) & (u < units):
+#else
     q = q0 + tx + U({j} * TQ)
     if (m < rows) & (q < cols):
+#end
         v = t{i}_{j}
         if accumulate:
             v += acc(c[m, q])
@@ -190,7 +213,7 @@ def shared_shapes(tile: tuple) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _output_tile(dtype: str, tile: tuple, ta: bool, tb: bool):
+def _output_tile(dtype: str, tile: tuple, ta: bool, tb: bool, gates: int = 0):
     """The device function every thread of a block calls for one block tile
     (:func:`block_tile`) of ``c (+)= op(a) @ op(b)`` (``op`` transposes with ``ta``/``tb``):
     ``output_tile(a, b, c, accumulate, sa, sb, m0, q0)`` for the tile at row m0, column q0,
@@ -198,18 +221,32 @@ def _output_tile(dtype: str, tile: tuple, ta: bool, tb: bool):
     :data:`MICRO` outputs (rows ``ty + i * tile[0]``, columns ``tx + j * tile[1]``) in
     registers, each output one sum over the reduction in order, steps of ``tile[2]``
     through shared memory (a fill reads along ``op``'s contiguous axis of a row-major
-    operand). It synchronises the block."""
+    operand). It synchronises the block.
+
+    ``gates`` G > 1 (with ``tb``; ``c`` (M, G*H), ``b`` (G*H, K)): the tile's columns are
+    the G gates of :func:`tile_units` consecutive units from unit ``q0`` (its column
+    ``g * units + u`` is ``c``'s column ``g * H + q0 + u``), so that one block computes
+    every gate of the cells it then updates."""
     import numba
+    if gates > 1 and not tb:
+        raise ValueError("gates: gate-interleaved tiles read b as (G*H, K), expected tb")
     tm, tq, tl = tile
     bm, bq = block_tile(tile)
     threads = tm * tq
     names = dict(TM=tm, TQ=tq, TL=tl, RM=MICRO[0], RQ=MICRO[1], BM=bm, BQ=bq,
                  THREADS=threads, TA=bool(ta), TB=bool(tb),
                  LOADS_A=-(-bm * tl // threads), LOADS_B=-(-tl * bq // threads),
-                 KEY=f"{dtype} {tile} ta={ta} tb={tb}")
+                 GATES=gates if gates > 1 else 0, UNITS=tile_units(tile, gates),
+                 KEY=f"{dtype} {tile} ta={ta} tb={tb} gates={gates}")
     function = compile_source("output_tile", OUTPUT_TILE, names,
                               dict(acc=_acc_type(dtype), U=numba.uint64))
     return cuda.jit(device=True, inline=True)(function)
+
+
+def tile_units(tile: tuple, gates: int) -> int:
+    """Units a gate-interleaved block tile covers (all ``gates`` of each; 1 gate: the
+    tile's columns)."""
+    return block_tile(tile)[1] // max(gates, 1)
 
 
 def gemm_function(ta: bool, tb: bool, dtype: str, tile: tuple):
@@ -266,8 +303,11 @@ def _check_cell(mode: str, projected: bool) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_cell(mode: str, dtype: str, projected: bool):
-    """The device function ``forward_step`` runs for one (n, j): its arguments and n, j."""
+def _forward_cell(mode: str, dtype: str, projected: bool, separate: bool = False):
+    """The device function ``forward_step`` runs for one (n, j): its arguments and n, j,
+    with the state read from ``h`` and written to ``h_out`` (the same array for
+    ``forward_step``; ``separate``: another one, which receives ``h`` past a sequence's
+    end)."""
     acc = _acc_type(dtype)
     sigmoid = _math(dtype)
     lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
@@ -275,9 +315,11 @@ def _forward_cell(mode: str, dtype: str, projected: bool):
     # inline=True: inlined into each kernel at Numba's IR level (typed with the kernel, as
     # compile_ptx needs without a GPU; a separately compiled device function asks the GPU).
     @cuda.jit(device=True, inline=True)
-    def cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, n, j):
+    def cell(xg, hg, b_ih, b_hh, h, h_out, c, y, cells, lengths, t, store, n, j):
         hs = h.shape[1]
         if t >= lengths[n]:
+            if separate:
+                h_out[n, j] = h[n, j]
             if not projected:
                 y[t, n, j] = 0
             if store:
@@ -306,7 +348,7 @@ def _forward_cell(mode: str, dtype: str, projected: bool):
             cn = gf * acc(c[n, j]) + gi * gg
             hn = go * math.tanh(cn)
             c[n, j] = cn
-            h[n, j] = hn
+            h_out[n, j] = hn
             if not projected:
                 y[t, n, j] = hn
             if store:
@@ -322,7 +364,7 @@ def _forward_cell(mode: str, dtype: str, projected: bool):
             hn = acc(hg[n, 2 * hs + j]) + acc(b_hh[2 * hs + j])
             nv = math.tanh(acc(xg[t, n, 2 * hs + j]) + acc(b_ih[2 * hs + j]) + r * hn)
             hnew = (acc(1) - z) * nv + z * acc(h[n, j])
-            h[n, j] = hnew
+            h_out[n, j] = hnew
             y[t, n, j] = hnew
             if store:
                 xg[t, n, j] = r
@@ -335,7 +377,7 @@ def _forward_cell(mode: str, dtype: str, projected: bool):
                 a = pre if (pre > 0 or pre != pre) else acc(0)
             else:
                 a = math.tanh(pre)
-            h[n, j] = a
+            h_out[n, j] = a
             y[t, n, j] = a
             if store:
                 xg[t, n, j] = a
@@ -367,14 +409,19 @@ def forward_step_function(mode: str, dtype: str, projected: bool = False):
         e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         hs = h.shape[1]
         if e < h.shape[0] * hs:
-            cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, e // hs, e % hs)
+            cell(xg, hg, b_ih, b_hh, h, h, c, y, cells, lengths, t, store, e // hs, e % hs)
 
     return forward_step
 
 
-# The persistent loops visit the same tiles and cells at every step: a block's tiles (row
-# tile, column tile) and a thread's cells (n, j) are walked by adding the grid's stride in
-# that radix, one carry a step, the divisions made once before the steps.
+# The persistent loops visit the same tiles at every step: a block's tiles (row tile,
+# column tile) are walked by adding the grid's stride in that radix, one carry a tile, the
+# divisions made once before the steps. A tile's cells are updated by the block that
+# computed the tile, so a step needs one grid-wide barrier.
+
+#: Gates each unit's cell reads, per mode: the forward's tiles interleave them.
+GATES = {"rnn_tanh": 1, "rnn_relu": 1, "lstm": 4, "gru": 3}
+
 
 @cuda.jit(device=True, inline=True)
 def _tile_walk(rows, cols, bm, bq):
@@ -384,14 +431,6 @@ def _tile_walk(rows, cols, bm, bq):
     return ((cuda.blockIdx.x // col_tiles, cuda.blockIdx.x % col_tiles),
             (cuda.gridDim.x // col_tiles, cuda.gridDim.x % col_tiles),
             (rows + bm - 1) // bm, col_tiles)
-
-
-@cuda.jit(device=True, inline=True)
-def _cell_walk(hs, threads, tq):
-    """This thread's first cell (n, j) of units ``hs``, and the grid's stride in (n, j)."""
-    first = cuda.blockIdx.x * threads + cuda.threadIdx.y * tq + cuda.threadIdx.x
-    every = cuda.gridDim.x * threads
-    return (first // hs, first % hs), (every // hs, every % hs)
 
 
 @cuda.jit(device=True, inline=True)
@@ -405,48 +444,69 @@ def _next(major, minor, step, radix):
     return major, minor
 
 
+def sequence_tiles(name: str, mode: str, tile: tuple, rows: int, units: int) -> int:
+    """The block tiles of ``forward_sequence`` or ``backward_sequence`` over ``rows`` x
+    ``units`` cells: the most blocks either can keep busy."""
+    bm, bq = block_tile(tile)
+    if name == "forward_sequence":
+        bq = tile_units(tile, GATES[mode])
+    return -(-rows // bm) * -(-units // bq)
+
+
 def forward_sequence_function(mode: str, dtype: str, tile: tuple):
     """Every step of one layer and direction's forward in one cooperative launch (the
-    ``persistent`` algorithm): per step, ``hg = h @ W_hh.T`` by shared-memory tiles as
-    ``gemm`` computes it (each output one thread's sum over H in a fixed order), a grid-wide
-    barrier, the cell of every (n, j) as ``forward_step`` computes it, a barrier. Without
-    projection; the arguments are ``forward_step``'s, with ``w`` (G*H, H) W_hh instead of
-    the step and ``reverse``: ``xg, w, b_ih, b_hh, h, hg, c, y, cells, lengths, store,
-    reverse``.
+    ``persistent`` algorithm). Per step, each block computes ``hg = h @ W_hh.T`` for its
+    tiles, each tile every gate of :func:`tile_units` units (gate-interleaved columns), by
+    shared-memory steps as ``gemm`` computes them (each output one thread's sum over H in a
+    fixed order); then the cells of the tile's (n, j) as ``forward_step`` computes them;
+    then one grid-wide barrier. The state alternates between the two of ``hh`` (2, N, H):
+    step s reads ``hh[s % 2]`` (the initial state ``hh[0]``) while blocks past their
+    product write ``hh[1 - s % 2]``; the last state is ``hh[T % 2]``. Without projection;
+    the arguments are ``forward_step``'s, with ``hh`` instead of ``h``, ``w`` (G*H, H)
+    W_hh instead of the step, and ``reverse``: ``xg, w, b_ih, b_hh, hh, hg, c, y, cells,
+    lengths, store, reverse``.
 
     Launch: block ``(tile_q, tile_m)``, a 1-D grid of at most as many blocks as can be
-    resident at once (``max_cooperative_grid_blocks``); blocks loop over the product's
-    tiles and the cells beyond the grid. Each ``hg`` element is the sum ``gemm`` forms, in
-    the same order, and each cell is ``forward_step``'s.
+    resident at once (``max_cooperative_grid_blocks``); blocks loop over the tiles beyond
+    the grid (:func:`sequence_tiles`).
     """
     _check_cell(mode, False)
     acc = _acc_type(dtype)
-    cell = _forward_cell(mode, dtype, False)
-    output_tile = _output_tile(dtype, tile, False, True)
+    cell = _forward_cell(mode, dtype, False, True)
+    gates = GATES[mode]
+    output_tile = _output_tile(dtype, tile, False, True, gates)
     tm, tq, _ = tile
     threads = tm * tq
-    bm, bq = block_tile(tile)
+    bm, _ = block_tile(tile)
+    bu = tile_units(tile, gates)
+    tile_cells = bm * bu
     sa_shape, sb_shape = shared_shapes(tile)
 
-    def forward_sequence(xg, w, b_ih, b_hh, h, hg, c, y, cells, lengths, store, reverse):
+    def forward_sequence(xg, w, b_ih, b_hh, hh, hg, c, y, cells, lengths, store, reverse):
         sa = cuda.shared.array(sa_shape, acc)
         sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
-        tile0, tile_step, row_tiles, col_tiles = _tile_walk(hg.shape[0],
-                                                            hg.shape[1], bm, bq)
-        cell0, cell_step = _cell_walk(h.shape[1], threads, tq)
+        rows, units = hh.shape[1], hh.shape[2]
+        tile0, tile_step, row_tiles, unit_tiles = _tile_walk(rows, units, bm, bu)
+        tid = cuda.threadIdx.y * tq + cuda.threadIdx.x
         seq = xg.shape[0]
         for s in range(seq):
             t = seq - 1 - s if reverse else s
-            r, q = tile0                                          # hg = h @ W_hh.T
+            h_in = hh[s & 1]
+            h_out = hh[(s & 1) ^ 1]
+            r, q = tile0
             while r < row_tiles:
-                output_tile(h, w, hg, False, sa, sb, r * bm, q * bq)
-                r, q = _next(r, q, tile_step, col_tiles)
-            grid.sync()
-            n, j = cell0
-            while n < h.shape[0]:
-                cell(xg, hg, b_ih, b_hh, h, c, y, cells, lengths, t, store, n, j)
-                n, j = _next(n, j, cell_step, h.shape[1])
+                output_tile(h_in, w, hg, False, sa, sb, r * bm, q * bu)   # hg = h @ W_hh.T
+                cuda.syncthreads()  # the tile's gates, for its cells
+                e = tid
+                while e < tile_cells:
+                    n = r * bm + e // bu
+                    j = q * bu + e % bu
+                    if n < rows and j < units:
+                        cell(xg, hg, b_ih, b_hh, h_in, h_out, c, y, cells, lengths, t,
+                             store, n, j)
+                    e += threads
+                r, q = _next(r, q, tile_step, unit_tiles)
             grid.sync()
 
     return forward_sequence
@@ -558,13 +618,14 @@ def _backward_cell(mode: str, dtype: str, projected: bool):
 
 def backward_sequence_function(mode: str, dtype: str, tile: tuple):
     """Every step of one layer and direction's data gradient in one cooperative launch
-    (the ``persistent`` algorithm), in the step loop's order: per step the cell of every
-    (n, j) as ``backward_step`` computes it, a grid-wide barrier, ``rec = dgates_t @ W_hh``
-    by shared-memory tiles as ``gemm`` computes it (dgates: the gate gradients the cells
-    just wrote, GRU's first 3H columns), a barrier. Without projection. Arguments:
-    ``backward_step``'s with ``w`` (G*H, H) W_hh instead of the step: ``gates, cells,
-    states, init, w, dh, rec, dy, dc, lengths, reverse`` (``reverse``: the layer's reverse
-    direction, whose data gradient runs t = 0 .. T-1).
+    (the ``persistent`` algorithm), in the step loop's order. Per step, each block
+    computes ``rec = dgates @ W_hh`` for its tiles by shared-memory steps as ``gemm``
+    computes it (dgates: the gate gradients of the step processed before, GRU's first 3H
+    columns; none before the first step, whose ``rec`` the caller zeroes), then the cells
+    of each tile's (n, j) as ``backward_step`` computes them; then one grid-wide barrier. After the last step, the blocks' tiles of its ``rec``. Without
+    projection. Arguments: ``backward_step``'s with ``w`` (G*H, H) W_hh instead of the
+    step: ``gates, cells, states, init, w, dh, rec, dy, dc, lengths, reverse``
+    (``reverse``: the layer's reverse direction, whose data gradient runs t = 0 .. T-1).
 
     Launch: as ``forward_sequence``.
     """
@@ -575,29 +636,37 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
     tm, tq, _ = tile
     threads = tm * tq
     bm, bq = block_tile(tile)
+    tile_cells = bm * bq
     sa_shape, sb_shape = shared_shapes(tile)
 
     def backward_sequence(gates, cells, states, init, w, dh, rec, dy, dc, lengths, reverse):
         sa = cuda.shared.array(sa_shape, acc)
         sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
-        tile0, tile_step, row_tiles, col_tiles = _tile_walk(rec.shape[0],
-                                                            rec.shape[1], bm, bq)
-        cell0, cell_step = _cell_walk(dh.shape[1], threads, tq)
+        rows, units = dh.shape
+        tile0, tile_step, row_tiles, col_tiles = _tile_walk(rows, units, bm, bq)
+        tid = cuda.threadIdx.y * tq + cuda.threadIdx.x
         seq = gates.shape[0]
-        for s in range(seq):
+        for s in range(seq + 1):  # s = seq: the last step's product alone
             t = s if reverse else seq - 1 - s
-            n, j = cell0
-            while n < dh.shape[0]:
-                cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse, n, j)
-                n, j = _next(n, j, cell_step, dh.shape[1])
-            grid.sync()
-            dgates = gates[t, :, :w.shape[0]]  # GRU: dr, dz, r * dn (not dn)
-            r, q = tile0                                          # rec = dgates @ W_hh
+            before = t - 1 if reverse else t + 1  # the step processed before t
+            r, q = tile0
             while r < row_tiles:
-                output_tile(dgates, w, rec, False, sa, sb, r * bm, q * bq)
+                if s > 0:  # rec = dgates @ W_hh; GRU: dr, dz, r * dn (not dn)
+                    output_tile(gates[before, :, :w.shape[0]], w, rec, False, sa, sb, r * bm,
+                                q * bq)
+                    cuda.syncthreads()  # the tile's rec, for its cells
+                e = tid
+                while e < tile_cells and s < seq:
+                    n = r * bm + e // bq
+                    j = q * bq + e % bq
+                    if n < rows and j < units:
+                        cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t,
+                             reverse, n, j)
+                    e += threads
                 r, q = _next(r, q, tile_step, col_tiles)
-            grid.sync()
+            if s < seq:
+                grid.sync()
 
     return backward_sequence
 

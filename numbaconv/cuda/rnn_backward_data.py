@@ -65,7 +65,7 @@ def run(problem, operands, out, algorithm):
             if algorithm == "persistent":  # every step in one launch
                 persistent_launch("backward_sequence", mode, dt,
                                   (gates, cells, states, init, w_hh, dh, rec, dy_d, dc, lens,
-                                   d == 1), rows=n, units=hs, product_cols=p)
+                                   d == 1), rows=n, units=hs)
             else:
                 # planned once; each step moves it to its own step of the reserve
                 recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec,

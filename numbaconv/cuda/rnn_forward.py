@@ -23,7 +23,7 @@ import numpy as np
 from ..config import cuda_threads_per_block, cuda_tile
 from ..problem import layer_params
 from . import _rnn_kernels
-from ._blas import Prepared, blocks, elementwise_launch, product
+from ._blas import Prepared, elementwise_launch, product
 from ._launch import Bound
 from ._layout import as_device, device_array
 from ._rnn_elementwise import apply
@@ -63,16 +63,14 @@ def cooperative_blocks(kernel, args, threads) -> int:
     return found
 
 
-def persistent_launch(name, mode, dtype, args, *, rows, units, product_cols):
+def persistent_launch(name, mode, dtype, args, *, rows, units):
     """One cooperative launch of ``forward_sequence`` or ``backward_sequence`` (the
-    ``persistent`` algorithm) on ``args``: enough blocks for the larger of the recurrent
-    product's tiles (``rows x product_cols``) and the cells (``rows x units``), at most
-    as many as can be resident at once."""
+    ``persistent`` algorithm) on ``args``: a block for each of its tiles of ``rows x
+    units`` cells, at most as many as can be resident at once."""
     tile = cuda_tile()
     tm, tq, _ = tile
-    bm, bq = _rnn_kernels.block_tile(tile)
     kernel = _rnn_kernels.kernel(name, mode, dtype, tile)
-    wanted = max(blocks(rows, bm) * blocks(product_cols, bq), blocks(rows * units, tm * tq))
+    wanted = _rnn_kernels.sequence_tiles(name, mode, tile, rows, units)
     grid = min(wanted, cooperative_blocks(kernel, args, tm * tq))
     if grid < 1:
         raise RuntimeError(f"{name}: no block of {tm * tq} threads fits on the device for a "
@@ -217,7 +215,9 @@ def run(problem, operands, out, algorithm):
     cy = device_array(cx.shape, dt) if lstm else None
     scratch_gates = None if training else scratch("forward gates", (t_len, n, gw), dt)
     hg = scratch("forward hg", (n, gh), dt)
-    h = scratch("forward h", (n, p), dt)
+    # the persistent loops alternate between two states, the step loops update one
+    hh = scratch("forward hh", (2, n, p), dt) if algorithm == "persistent" else None
+    h = scratch("forward h", (n, p), dt) if hh is None else hh[0]
     c = scratch("forward c", (n, hs), dt) if lstm else h
     proj = bool(cfg.proj_size)
     m = scratch("forward m", (n, hs), dt) if proj else None  # o * tanh(c), W_hr's input
@@ -249,8 +249,8 @@ def run(problem, operands, out, algorithm):
             cells = layout.cells(reserve, layer, d) if training and lstm else gates
             if algorithm == "persistent":  # every step in one launch
                 persistent_launch("forward_sequence", cfg.mode, dt,
-                                  (gates, w_hh, b_ih, b_hh, h, hg, c, y_d, cells, lens,
-                                   training, d == 1), rows=n, units=hs, product_cols=gh)
+                                  (gates, w_hh, b_ih, b_hh, hh, hg, c, y_d, cells, lens,
+                                   training, d == 1), rows=n, units=hs)
             else:
                 # planned once, run every step: the same arrays each time
                 recurrent = Prepared(h, w_hh, hg, dt, tb=True)
@@ -269,7 +269,7 @@ def run(problem, operands, out, algorithm):
                     if proj:
                         projection()
                         commit(t)
-            copy(h, hy[ld])
+            copy(h if hh is None else hh[t_len % 2], hy[ld])
             if lstm:
                 copy(c, cy[ld])
         inp = out_l.reshape(t_len * n, d_num * p)
