@@ -34,7 +34,8 @@ from ._checks import ArrayInfo, check_operands, check_out, inspect_array
 from .rnn_problem import (RESERVE_BACKWARD_DATA, RESERVE_FORWARD, RESERVE_HEADER,
                           RESERVE_MAGIC, RNN_MODES, RNNConfig, RNNProblem, RNNReserveLayout,
                           check_config, check_reserve, check_seq_lengths, layer_params,
-                          lengths_tag, reserve_header, rnn_backward_data_problem,
+                          lengths_tag, record_header, reserve_header,
+                          rnn_backward_data_problem,
                           rnn_backward_weights_problem, rnn_forward_problem, rnn_param_views,
                           rnn_reserve_layout, shifted_in_time)
 
@@ -50,7 +51,7 @@ __all__ = ["CONV_OPS", "RNN_OPS", "OPS", "LAYOUTS", "DEVICES", "ConvProblem", "B
            "RNNConfig", "rnn_param_views", "layer_params", "RESERVE_MAGIC", "RESERVE_HEADER",
            "RESERVE_FORWARD", "RESERVE_BACKWARD_DATA",
            "RNNReserveLayout", "shifted_in_time", "rnn_reserve_layout", "RNNProblem",
-           "check_config", "check_seq_lengths", "lengths_tag", "reserve_header",
+           "check_config", "check_seq_lengths", "lengths_tag", "reserve_header", "record_header",
            "check_reserve", "rnn_forward_problem", "rnn_backward_data_problem",
            "rnn_backward_weights_problem"]
 

@@ -107,14 +107,17 @@ def _device_array(shape, dtype, zero=False):
     return cuda.device_array(shape, dtype)
 
 
-def _write_header(reserve, start, values, device):
+def _write_header(reserve, start, values, device, dtype):
     """``reserve[start:start + len(values)] = values`` (header slots: small integers); on a
     GPU by a kernel on the stream the ops use, so that the host does not wait for the
-    device as a host-to-device copy would."""
+    device as a host-to-device copy would, and noted on the host for the backward
+    functions' checks (:func:`numbaconv.problem.record_header`), which then read nothing
+    from the device."""
     if device == "cpu":
         reserve[start:start + len(values)] = values
     else:
         dispatch.get_backend("cuda").put(reserve, start, values)
+        pb.record_header(reserve, start, values, dtype)
 
 
 def _states(config, batch):
@@ -211,7 +214,7 @@ def rnn_forward(config, x, params, hx=None, cx=None, *, seq_lengths=None, traini
         if reserve is None:
             reserve = np.empty(layout.size, dtype) if device == "cpu" else \
                 _device_array(layout.size, dtype)
-        _write_header(reserve, 0, [0] * pb.RESERVE_HEADER, device)  # invalid until done
+        _write_header(reserve, 0, [0] * pb.RESERVE_HEADER, device, dtype)  # invalid until done
         _fill_masks(problem, reserve, dropout_seed)
     operands = (_time_major(x, config), _contiguous(params), hx, cx, lengths,
                 reserve if problem.training else None)
@@ -219,7 +222,7 @@ def rnn_forward(config, x, params, hx=None, cx=None, *, seq_lengths=None, traini
     if problem.training:
         header = pb.reserve_header(config, problem.seq_len, problem.batch, lengths,
                                    pb.RESERVE_FORWARD)
-        _write_header(reserve, 0, header, problem.device)
+        _write_header(reserve, 0, header, device, dtype)
     return _user_order(y, config), hy, cy, (reserve if problem.training else None)
 
 
@@ -267,9 +270,9 @@ def rnn_backward_data(config, y, dy, params, reserve, *, hx=None, cx=None, dhy=N
                 _zeros_if_none(dhy, hshape, dtype, device),
                 _zeros_if_none(dcy, cshape, dtype, device) if lstm else None, lengths)
     dispatch.select("rnn_backward_data", problem)
-    _write_header(reserve, 1, [0], device)  # a failure half-way leaves an unusable reserve
+    _write_header(reserve, 1, [0], device, dtype)  # a failure half-way: an unusable reserve
     dx, dhx, dcx = dispatch.run("rnn_backward_data", problem, operands)
-    _write_header(reserve, 1, [pb.RESERVE_BACKWARD_DATA], device)
+    _write_header(reserve, 1, [pb.RESERVE_BACKWARD_DATA], device, dtype)
     return _user_order(dx, config), dhx, dcx
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 import zlib
 from dataclasses import dataclass
 
@@ -495,10 +496,58 @@ def reserve_header(config, seq_len, batch, lengths, state) -> list:
             *_digits(_config_tag(config)), *_digits(lengths_tag(lengths))]
 
 
+#: The header numbaconv last wrote to each device reserve, per array object ({id: (weak
+#: reference, data pointer, header)}): a check reads it instead of the device's copy,
+#: whose transfer would wait for all the device's work queued before it.
+_DEVICE_HEADERS: dict = {}
+
+
+def _data_pointer(a):
+    cai = getattr(a, "__cuda_array_interface__", None)   # None for simulator arrays
+    return None if cai is None else cai["data"][0]
+
+
+def _forget_header(key, ref) -> None:
+    found = _DEVICE_HEADERS.get(key)
+    if found is not None and found[0] is ref:
+        del _DEVICE_HEADERS[key]
+
+
+def record_header(reserve, start: int, values, dtype) -> None:
+    """Note that ``values`` were written to slots ``start:`` of a device reserve's header
+    (by a kernel queued after everything that used the reserve before). Only a whole
+    header starts a record, for arrays that take weak references; a record is dropped with
+    its array, or when the array's data moved."""
+    key = id(reserve)
+    pointer = _data_pointer(reserve)
+    found = _DEVICE_HEADERS.get(key)
+    if found is None or found[0]() is not reserve or found[1] != pointer:
+        _DEVICE_HEADERS.pop(key, None)
+        if start != 0 or len(values) != RESERVE_HEADER:
+            return
+        try:
+            ref = weakref.ref(reserve, functools.partial(_forget_header, key))
+        except TypeError:
+            return
+        found = _DEVICE_HEADERS[key] = (ref, pointer, np.zeros(RESERVE_HEADER, dtype))
+    found[2][start:start + len(values)] = values
+
+
+def _device_header(reserve):
+    """The header of a device reserve: as numbaconv last wrote it to this array object,
+    or read from the device (a synchronous copy) for an array it has not written."""
+    found = _DEVICE_HEADERS.get(id(reserve))
+    if found is not None and found[0]() is reserve and found[1] == _data_pointer(reserve):
+        return found[2].copy()
+    return reserve[:RESERVE_HEADER].copy_to_host()
+
+
 def check_reserve(reserve, config, seq_len, batch, dtype, device, *, state=None,
                   lengths=None, inputs=()):
     """A reserve large enough (and, for backward, filled by a matching training forward in
-    the expected ``state``)."""
+    the expected ``state``). A device reserve's header is the one numbaconv last wrote to
+    that array object where it wrote one (:func:`record_header`: no transfer), else read
+    from the device."""
     needed = rnn_reserve_layout(config, seq_len, batch).size
     if reserve is None:
         raise ValueError("reserve: expected the reserve of a training forward "
@@ -522,7 +571,7 @@ def check_reserve(reserve, config, seq_len, batch, dtype, device, *, state=None,
     if state is None:
         return
     head = np.asarray(reserve[:RESERVE_HEADER]) if device == "cpu" else \
-        reserve[:RESERVE_HEADER].copy_to_host()
+        _device_header(reserve)
     expected = reserve_header(config, seq_len, batch, lengths, state)
     if head[0] != RESERVE_MAGIC or head[1] not in (RESERVE_FORWARD, RESERVE_BACKWARD_DATA):
         raise ValueError("reserve: expected the reserve of a training forward "

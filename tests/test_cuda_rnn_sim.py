@@ -678,26 +678,18 @@ def test_elementwise_previous_states_on_strided_views(reverse):
     np.testing.assert_array_equal(out.copy_to_host(), want)
 
 
-def test_a_training_step_without_states_copies_only_its_header_checks(monkeypatch):
-    """With the optional states, lengths and dropout left out, a training step copies
-    nothing from the host to the device (the zero states are filled and the reserve's
-    header written by kernels, which do not wait for the device as a host copy does), and
-    from the device only the two header checks (rnn_backward_data's, rnn_backward_weights')."""
+def _counting_transfers(monkeypatch) -> list:
+    """Every host/device transfer made from the host thread from now on, by kind (the
+    simulated kernels' own element writes, in threads of their own, aside)."""
     import threading
 
     from numba.cuda.simulator.cudadrv import devicearray
-    cfg = nc.RNNConfig("lstm", I, H, num_layers=2)
-    a = device(arrays(cfg, "float32"))
-    for name in ("hx", "cx", "dhy", "dcy"):
-        a[name] = None
-    with nc.use_backend("cuda"):
-        want = {k: host(v) for k, v in train_step(cfg, a).items()}
     copies = []
     real_to_device = cuda.to_device
     monkeypatch.setattr(cuda, "to_device", lambda *args, **kw: copies.append("to_device")
                         or real_to_device(*args, **kw))
     fake = devicearray.FakeCUDAArray
-    host_thread = threading.main_thread()   # simulated kernels run in threads of their own
+    host_thread = threading.main_thread()
     for method, kind in (("copy_to_device", "host to device"), ("__setitem__", "setitem"),
                          ("copy_to_host", "device to host")):
         def counting(self, *args, real=getattr(fake, method), kind=kind, **kw):
@@ -706,10 +698,60 @@ def test_a_training_step_without_states_copies_only_its_header_checks(monkeypatc
                 copies.append(kind)
             return real(self, *args, **kw)
         monkeypatch.setattr(fake, method, counting)
+    return copies
+
+
+def test_a_training_step_without_states_copies_nothing(monkeypatch):
+    """With the optional states, lengths and dropout left out, a training step copies
+    nothing between the host and the device: the zero states are filled and the reserve's
+    header written by kernels, and the backward functions check the header numbaconv
+    noted when it wrote it (a copy either way would wait for the device's queued work)."""
+    cfg = nc.RNNConfig("lstm", I, H, num_layers=2)
+    a = device(arrays(cfg, "float32"))
+    for name in ("hx", "cx", "dhy", "dcy"):
+        a[name] = None
+    with nc.use_backend("cuda"):
+        want = {k: host(v) for k, v in train_step(cfg, a).items()}
+    copies = _counting_transfers(monkeypatch)
     with nc.use_backend("cuda"):
         got = train_step(cfg, a)
-    assert copies == ["device to host"] * 2, copies
+    assert copies == [], copies
     monkeypatch.undo()
     for name, value in want.items():    # and the step computes what it did before
         if value is not None and name != "reserve":   # (its padding is never written)
             np.testing.assert_array_equal(host(got[name]), value, err_msg=name)
+
+
+def test_device_reserve_checks_read_only_headers_numbaconv_did_not_write(monkeypatch):
+    """The backward functions check a device reserve's header as numbaconv last wrote it
+    to that array object, without a transfer: every misuse the header catches is still
+    caught. A reserve numbaconv did not write (a copy, a fresh array) is read from the
+    device, once a check."""
+    cfg = nc.RNNConfig("gru", I, H)
+    a = device(arrays(cfg, "float32", lengths=np.array([3, 1, 2])))
+    copies = _counting_transfers(monkeypatch)
+    reads = lambda: copies.count("device to host")   # noqa: E731
+    with nc.use_backend("cuda"):
+        y, _, _, reserve = forward(cfg, a)
+        with pytest.raises(ValueError, match="rnn_backward_data to have run"):
+            backward_weights(cfg, a, reserve)
+        with pytest.raises(ValueError, match="seq_lengths: expected the lengths"):
+            backward_data(cfg, dict(a, lengths=np.array([3, 2, 2])), y, reserve)
+        backward_data(cfg, a, y, reserve)
+        with pytest.raises(ValueError, match="already ran on this reserve"):
+            backward_data(cfg, a, y, reserve)
+        got = backward_weights(cfg, a, reserve)
+        assert reads() == 0, copies
+        copied = cuda.to_device(reserve.copy_to_host())    # not written by numbaconv
+        before = reads()
+        from_copy = backward_weights(cfg, a, copied)
+        assert reads() == before + 1, copies               # its header
+        np.testing.assert_array_equal(host(from_copy), host(got))
+        fresh = cuda.to_device(np.zeros(reserve.shape, np.float32))
+        with pytest.raises(ValueError, match="an array it did not fill"):
+            backward_data(cfg, a, y, fresh)
+        _, _, _, other = forward(cfg, dict(a, lengths=np.array([2, 2, 2])))
+        before = reads()
+        with pytest.raises(ValueError, match="seq_lengths: expected the lengths"):
+            backward_data(cfg, a, y, other)
+        assert reads() == before, copies

@@ -58,3 +58,47 @@ def test_the_reserve_header_is_exact_in_every_dtype(dtype):
     other = pb.reserve_header(config, 3001, 70000, lengths[::-1].copy(), pb.RESERVE_FORWARD)
     assert not np.array_equal(np.array(other, dtype=dtype), stored)
     assert rnn_problem._from_digits(stored[2:5]) == 3001 and rnn_problem._from_digits(stored[5:8]) == 70000
+
+
+class _DeviceArray:
+    """A stand-in device array: a pointer in ``__cuda_array_interface__`` and a header
+    that counts its reads."""
+
+    def __init__(self, pointer, header):
+        self.pointer, self.header, self.reads = pointer, np.asarray(header), 0
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"data": (self.pointer, False)}
+
+    def __getitem__(self, index):
+        return self
+
+    def copy_to_host(self):
+        self.reads += 1
+        return self.header.copy()
+
+
+def test_a_device_header_record_lasts_while_its_array_and_memory_do():
+    """``record_header`` notes what numbaconv wrote to a device reserve: checks then read
+    the note, not the device, while the same array object holds the same memory; a partial
+    write starts no note, and a dead array's note goes with it."""
+    on_device = np.full(pb.RESERVE_HEADER, 9.0, np.float32)
+    a = _DeviceArray(4096, on_device)
+    pb.record_header(a, 1, [2.0], "float32")             # a header not seen whole
+    np.testing.assert_array_equal(rnn_problem._device_header(a), on_device)
+    assert a.reads == 1
+    written = np.arange(pb.RESERVE_HEADER, dtype=np.float32)
+    pb.record_header(a, 0, written, "float32")
+    pb.record_header(a, 1, [5.0], "float32")
+    noted = rnn_problem._device_header(a)
+    assert a.reads == 1 and noted[1] == 5 and noted[2] == 2
+    a.pointer = 8192                                      # its memory changed under it
+    np.testing.assert_array_equal(rnn_problem._device_header(a), on_device)
+    assert a.reads == 2
+    b = _DeviceArray(4096, on_device)
+    pb.record_header(b, 0, written, "float32")
+    key = id(b)
+    assert key in rnn_problem._DEVICE_HEADERS
+    del b
+    assert key not in rnn_problem._DEVICE_HEADERS
