@@ -43,17 +43,26 @@ from ._templates import compile_source, scalar_types
 
 OPS = ("copy", "add", "mul", "zero")
 
-MAP3 = """
-def map3(a, b, out, count_, s1_, s2_, ab_, a0_, a1_, a2_, bb_, b0_, b1_, b2_,
-         ob_, o0_, o1_, o2_):
-    count, s1, s2 = I(count_), I(s1_), I(s2_)
+
+def _element(middle: str, inner: str, digits: str) -> str:
+    """Template lines: this thread's element ``e`` (none past ``count``) as three digits
+    ``digits`` (outer, middle, inner), the middle and inner of sizes ``middle``,
+    ``inner``."""
+    d0, d1, d2 = digits.split()
+    return f"""
     e = I(I(cuda.blockIdx.x) * I(cuda.blockDim.x) + I(cuda.threadIdx.x))
     if e >= count:
         return
-    q = I(U(e) // U(s2))
-    f = I(e - I(q * s2))
-    i = I(U(q) // U(s1))
-    k = I(q - I(i * s1))
+    q = I(U(e) // U({inner}))
+    {d2} = I(e - I(q * {inner}))
+    {d0} = I(U(q) // U({middle}))
+    {d1} = I(q - I({d0} * {middle}))"""
+
+
+MAP3 = """
+def map3(a, b, out, count_, s1_, s2_, ab_, a0_, a1_, a2_, bb_, b0_, b1_, b2_,
+         ob_, o0_, o1_, o2_):
+    count, s1, s2 = I(count_), I(s1_), I(s2_)""" + _element("s1", "s2", "i k f") + """
     o = I(I(ob_) + I(i * I(o0_)) + I(k * I(o1_)) + I(f * I(o2_)))
 #if OP == "zero"
     out[U(o)] = acc(0)
@@ -71,14 +80,7 @@ def map3(a, b, out, count_, s1_, s2_, ab_, a0_, a1_, a2_, bb_, b0_, b1_, b2_,
 PREVIOUS_STATES = """
 def previous_states(outputs, h0, out, lengths, count_, rows_, p_, yb_, y0_, y1_, y2_,
                     hb_, h0_, h1_, reverse):
-    count, rows, p = I(count_), I(rows_), I(p_)
-    e = I(I(cuda.blockIdx.x) * I(cuda.blockDim.x) + I(cuda.threadIdx.x))
-    if e >= count:
-        return
-    q = I(U(e) // U(p))
-    j = I(e - I(q * p))
-    t = I(U(q) // U(rows))
-    n = I(q - I(t * rows))
+    count, rows, p = I(count_), I(rows_), I(p_)""" + _element("rows", "p", "t n j") + """
     if reverse:
         first = t + 1 >= lengths[n]
         tp = I(t + 1)
