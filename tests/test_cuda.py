@@ -41,18 +41,16 @@ def test_numpy_without_row_stack_is_named_for_old_numba_cuda():
     assert _numpy_problem(old_numpy, "0.30.4") is None
 
 
-def test_persistent_is_offered_without_projection_only():
+def test_persistent_is_offered_for_the_forward_and_data_gradient():
     """The persistent forward and data gradient (tests/test_cuda_rnn_sim.py) are offered,
-    not chosen, and only where they apply."""
+    with and without projection, and not chosen."""
     from numbaconv import dispatch
     from numbaconv.rnn_problem import RNNProblem
     backend = dispatch.get_backend("cuda")
-    for cfg, offered in ((nc.RNNConfig("lstm", 4, 5), True),
-                         (nc.RNNConfig("lstm", 4, 5, proj_size=2), False)):
+    for cfg in (nc.RNNConfig("lstm", 4, 5), nc.RNNConfig("lstm", 4, 5, proj_size=2)):
         for op in ("rnn_forward", "rnn_backward_data", "rnn_backward_weights"):
             problem = RNNProblem(op, cfg, 3, 2, "float32", "cuda", True)
-            want = ("fused", "persistent") if offered and op != "rnn_backward_weights" \
-                else ("fused",)
+            want = ("fused", "persistent") if op != "rnn_backward_weights" else ("fused",)
             assert backend.algorithms(op, problem) == want, (op, cfg)
             assert backend.choose(op, problem)[0] == "fused"
 

@@ -325,11 +325,12 @@ def test_rnn_product_step_is_register_tiled(tmp_path):
 
 
 def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
-    """The ``persistent`` forward and data gradient (a grid barrier each step; numba-cuda's
-    device query stood in, ptxas compiling the barrier's runtime calls for the linker), for
-    every mode, float32: no spill, registers for two blocks an SM (their cooperative grid),
-    one grid barrier and no division routine called in the step loop (the tiles are
-    walked by adding), and a product step like ``gemm``'s."""
+    """The ``persistent`` forward and data gradient (grid barriers; numba-cuda's device
+    query stood in, ptxas compiling the barrier's runtime calls for the linker), for every
+    mode and LSTM's projected twins, float32: no spill, registers for two blocks an SM
+    (their cooperative grid), one grid barrier a step (two with a projection) and no
+    division routine called in the step loop (the tiles are walked by adding), and a
+    product step like ``gemm``'s."""
     from numba import cuda, types
 
     from numbaconv.config import CUDA_TILE
@@ -339,36 +340,52 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
     a3, lens = types.Array(f32, 3, "A"), types.Array(types.int64, 1, "C")
     flag = types.boolean
     signatures = {"forward_sequence": (a3, a2, a1, a1, a3, a2, a2, a3, a3, lens, flag, flag),
-                  "backward_sequence": (a3, a3, a3, a2, a2, a2, a2, a3, a2, lens, flag)}
+                  "backward_sequence": (a3, a3, a3, a2, a2, a2, a2, a3, a2, lens, flag),
+                  "forward_projected_sequence": (a3, a2, a2, a1, a1) + (a2,) * 5
+                  + (a3, a3, lens, flag, flag),
+                  "backward_projected_sequence": (a3, a3, a2, a2, a2, a2, a2, a3, a3, a2, a2,
+                                                  lens, flag)}
     threads = CUDA_TILE[0] * CUDA_TILE[1]
     per_step = _rnn_kernels.MICRO[0] * _rnn_kernels.MICRO[1] * CUDA_TILE[2]
     lines = []
-    for mode in _rnn_kernels.MODES:
-        for name, signature in signatures.items():
-            function = _rnn_kernels.FUNCTIONS[name](mode, "float32", CUDA_TILE)
-            with machine_code.device_query(CC):
-                ptx, _ = cuda.compile_ptx(function, signature, cc=CC)
-            label = f"{name}_{mode}"
-            report = machine_code.assemble(ptx, CC, tmp_path, label, relocatable=True)
-            sass = machine_code.disassemble(report["cubin"])
-            code, spans = machine_code.loops(sass)
-            first, last = max(spans, key=lambda span: span[1] - span[0])   # the step loop
-            divisions = [text for op, text in code[first:last + 1]
-                         if op.startswith("CALL") and re.search(r"div|rem", text)]
-            assert not divisions, (label, divisions)
-            barriers = [text for op, text in code[first:last + 1]
-                        if op.startswith("CALL") and "cudaCGSynchronize" in text]
-            assert len(barriers) == 1, (label, barriers)  # one grid barrier a step
-            # the product's step: the smallest loop with multiply-adds and a block barrier
-            step = min((code[a:b + 1] for a, b in spans
-                        if {"FFMA", "BAR"} <= {op.split(".")[0] for op, _ in code[a:b + 1]}),
-                       key=len)
-            fma = sum(op.startswith("FFMA") for op, _ in step)
-            lines.append(f"sm_90 {label:32s} {report['registers']:3d} regs  product step "
-                         f"{len(step)} instructions, {fma} FFMA ({fma / len(step):.1%})")
+    kernels = [(mode, name) for mode in _rnn_kernels.MODES for name in signatures
+               if "projected" not in name or mode == "lstm"]
+    for mode, name in kernels:
+        signature = signatures[name]
+        function = _rnn_kernels.FUNCTIONS[name](mode, "float32", CUDA_TILE)
+        bounds = _rnn_kernels.launch_bounds(name, (mode, "float32", CUDA_TILE))
+        with machine_code.device_query(CC):
+            ptx, _ = cuda.compile_ptx(function, signature, cc=CC, launch_bounds=bounds)
+        label = f"{name}_{mode}"
+        report = machine_code.assemble(ptx, CC, tmp_path, label, relocatable=True)
+        sass = machine_code.disassemble(report["cubin"])
+        code, spans = machine_code.loops(sass)
+        first, last = max(spans, key=lambda span: span[1] - span[0])   # the step loop
+        divisions = [text for op, text in code[first:last + 1]
+                     if op.startswith("CALL") and re.search(r"div|rem", text)]
+        assert not divisions, (label, divisions)
+        barriers = [text for op, text in code[first:last + 1]
+                    if op.startswith("CALL") and "cudaCGSynchronize" in text]
+        # one grid barrier a step; with a projection, one after each product
+        assert len(barriers) == (2 if "projected" in name else 1), (label, barriers)
+        # the product's step: the smallest loop with multiply-adds and a block barrier
+        step = min((code[a:b + 1] for a, b in spans
+                    if {"FFMA", "BAR"} <= {op.split(".")[0] for op, _ in code[a:b + 1]}),
+                   key=len)
+        fma = sum(op.startswith("FFMA") for op, _ in step)
+        lines.append(f"sm_90 {label:32s} {report['registers']:3d} regs  product step "
+                     f"{len(step)} instructions, {fma} FFMA ({fma / len(step):.1%})")
+        # spills (the projected forward's, capped by its launch bounds) only between the
+        # step loop's inner loops (the products' steps, the cells), a few bytes a step
+        inner = [(a, b) for a, b in spans if first <= a and b <= last and (a, b) != (first,
+                                                                              last)]
+        spills = [i for i, (op, _) in enumerate(code) if op.startswith(("STL", "LDL"))]
+        assert not [i for i in spills for a, b in inner if a <= i <= b], (label, spills)
+        assert report["spill_stores"] <= 8 and report["spill_loads"] <= 8, (label, report)
+        if "projected" not in name:
             assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
-            assert report["registers"] * threads * 2 <= REGISTERS_PER_SM, lines[-1]
-            assert not any(op.startswith("CALL") for op, _ in step), lines[-1]
-            assert fma == per_step, lines[-1]
-            assert fma / len(step) >= MIN_RNN_PRODUCT_FFMA_SHARE, lines[-1]
+        assert report["registers"] * threads * 2 <= REGISTERS_PER_SM, lines[-1]
+        assert not any(op.startswith("CALL") for op, _ in step), lines[-1]
+        assert fma == per_step, lines[-1]
+        assert fma / len(step) >= MIN_RNN_PRODUCT_FFMA_SHARE, lines[-1]
     print("\n" + "\n".join(lines))

@@ -413,7 +413,10 @@ def persistent():
     (nc.RNNConfig("lstm", I, H), None),
     (nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True), np.array([3, 1, 2])),
     (nc.RNNConfig("rnn_relu", I, H, num_layers=2, dropout=0.5), np.array([2, 3, 3])),
-], ids=["lstm", "gru-bidirectional-lengths", "rnn_relu-dropout-lengths"])
+    (nc.RNNConfig("lstm", I, H, proj_size=2, num_layers=2, bidirectional=True),
+     np.array([1, 3, 2])),
+], ids=["lstm", "gru-bidirectional-lengths", "rnn_relu-dropout-lengths",
+        "lstm-proj-bidirectional-lengths"])
 def test_persistent_forward_and_data_gradient(product_path, persistent, cfg, lengths):
     """The persistent forward and data gradient (every step of a layer and direction in one
     cooperative launch) against the reference, through a whole training step; on the Numba
@@ -439,17 +442,20 @@ def test_persistent_forward_and_data_gradient(product_path, persistent, cfg, len
             np.testing.assert_array_equal(results[0][k], want, err_msg=k)
 
 
-@pytest.mark.parametrize("mode, t_len", [("lstm", 3), ("lstm", 4), ("gru", 4)])
-def test_persistent_loops_walk_several_tiles_a_block(product_path, persistent, mode, t_len):
+@pytest.mark.parametrize("mode, t_len, proj", [("lstm", 3, 0), ("lstm", 4, 0), ("gru", 4, 0),
+                                               ("lstm", 3, 3)])
+def test_persistent_loops_walk_several_tiles_a_block(product_path, persistent, mode, t_len,
+                                                     proj):
     """More tiles than the cooperative grid's blocks (one block of 32 threads under the
     simulator, 8 x 16 block tiles): N x H = 14 x 5 cells make the forward's LSTM tiles 8
     rows by 4 units of 4 gates (2 x 2 tiles, the block walking them by adding the grid's
     stride with a carry), GRU's 8 rows by 5 units of 3 gates (40 cells, more than a
     thread each), the data gradient's 8 x 16 (4 cells a thread). A block's tile reads
     every unit of the state its own cells of the tile before update, so the state must
-    alternate between two arrays; odd and even T leave the last one in either. Against
-    the reference."""
-    compare(nc.RNNConfig(mode, I, H), "float64", t_len=t_len, n=14)
+    alternate between two arrays; odd and even T leave the last one in either. With a
+    projection, its tiles and the data gradient's N x P ones walk too. Against the
+    reference."""
+    compare(nc.RNNConfig(mode, I, H, proj_size=proj), "float64", t_len=t_len, n=14)
     assert persistent["runs"] == 2
 
 
@@ -532,11 +538,13 @@ def test_launches_per_step(product_path, name, cfg, monkeypatch):
         assert step == (kernels, products), (op, step, short[op])
 
 
-def test_the_persistent_loops_launch_nothing_per_step(product_path, persistent,
+@pytest.mark.parametrize("cfg", [nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True),
+                                 nc.RNNConfig("lstm", I, H, proj_size=2)],
+                         ids=["gru-2-layers-bidirectional", "lstm-proj"])
+def test_the_persistent_loops_launch_nothing_per_step(product_path, persistent, cfg,
                                                       monkeypatch):
     """With the persistent forward and data gradient a longer sequence adds no launch and
     no product: one cooperative launch per layer and direction runs every step."""
-    cfg = nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True)
     short = launch_counts(cfg, 3, monkeypatch)
     long = launch_counts(cfg, 4, monkeypatch)
     for op in ("forward", "backward_data", "backward_weights"):

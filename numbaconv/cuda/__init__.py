@@ -40,10 +40,11 @@ each kernel's performance model, read from its machine code):
     any number of layers, both directions, sequence lengths, dropout between layers in
     training (masks drawn on the host by the frontend, as for cpu), batch_first (device
     arrays transposed on the device by the frontend).
-``persistent`` (rnn_forward, rnn_backward_data; without proj_size)
+``persistent`` (rnn_forward, rnn_backward_data)
     All steps of a layer and direction in one cooperative launch: each block computes
     tiles of the recurrent product in shared memory and the cells they feed, one grid-wide
-    barrier a step, no launch a step. Offered
+    barrier a step (two with proj_size: the projection is a second product), no launch a
+    step. Offered
     beside ``fused`` but not chosen yet: it has not been timed on a GPU
     (docs/benchmarks/gpu_rnn_algorithms.py times both).
 """
@@ -126,7 +127,7 @@ class CudaBackend(Backend):
 
     def algorithms(self, op, problem):
         if op in RNN_OPS:
-            if op != "rnn_backward_weights" and not problem.config.proj_size:
+            if op != "rnn_backward_weights":
                 return ("fused", "persistent")
             return ("fused",)
         if op == "conv_backward_bias":

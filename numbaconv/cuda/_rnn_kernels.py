@@ -304,8 +304,9 @@ def _check_cell(mode: str, projected: bool) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _forward_cell(mode: str, dtype: str, projected: bool, separate: bool = False):
-    """The device function ``forward_step`` runs for one (n, j): its arguments and n, j,
-    with the state read from ``h`` and written to ``h_out`` (the same array for
+    """The device function ``forward_step`` runs for one (n, j): ``cell(args, n, j)``,
+    ``args`` its arguments (a tuple), with the state read from ``h`` and written to
+    ``h_out`` (the same array for
     ``forward_step``; ``separate``: another one, which receives ``h`` past a sequence's
     end)."""
     acc = _acc_type(dtype)
@@ -315,7 +316,8 @@ def _forward_cell(mode: str, dtype: str, projected: bool, separate: bool = False
     # inline=True: inlined into each kernel at Numba's IR level (typed with the kernel, as
     # compile_ptx needs without a GPU; a separately compiled device function asks the GPU).
     @cuda.jit(device=True, inline=True)
-    def cell(xg, hg, b_ih, b_hh, h, h_out, c, y, cells, lengths, t, store, n, j):
+    def cell(args, n, j):
+        xg, hg, b_ih, b_hh, h, h_out, c, y, cells, lengths, t, store = args
         hs = h.shape[1]
         if t >= lengths[n]:
             if separate:
@@ -409,7 +411,7 @@ def forward_step_function(mode: str, dtype: str, projected: bool = False):
         e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         hs = h.shape[1]
         if e < h.shape[0] * hs:
-            cell(xg, hg, b_ih, b_hh, h, h, c, y, cells, lengths, t, store, e // hs, e % hs)
+            cell((xg, hg, b_ih, b_hh, h, h, c, y, cells, lengths, t, store), e // hs, e % hs)
 
     return forward_step
 
@@ -426,11 +428,11 @@ GATES = {"rnn_tanh": 1, "rnn_relu": 1, "lstm": 4, "gru": 3}
 @cuda.jit(device=True, inline=True)
 def _tile_walk(rows, cols, bm, bq):
     """This block's first (row tile, column tile) of a rows x cols product, the grid's
-    stride in those digits, and the row and column tiles."""
+    stride in those digits, the row and column tiles, and rows and cols."""
     col_tiles = (cols + bq - 1) // bq
     return ((cuda.blockIdx.x // col_tiles, cuda.blockIdx.x % col_tiles),
             (cuda.gridDim.x // col_tiles, cuda.gridDim.x % col_tiles),
-            (rows + bm - 1) // bm, col_tiles)
+            (rows + bm - 1) // bm, col_tiles, rows, cols)
 
 
 @cuda.jit(device=True, inline=True)
@@ -444,13 +446,49 @@ def _next(major, minor, step, radix):
     return major, minor
 
 
-def sequence_tiles(name: str, mode: str, tile: tuple, rows: int, units: int) -> int:
-    """The block tiles of ``forward_sequence`` or ``backward_sequence`` over ``rows`` x
-    ``units`` cells: the most blocks either can keep busy."""
+def _tile_pass(output_tile, update, tile: tuple, bq: int):
+    """The device function a persistent loop runs for one product of a step and the cells
+    it feeds: ``tile_pass(walk, a, b, c, sa, sb, multiply, cells, args)`` walks this
+    block's tiles (``walk`` from :func:`_tile_walk` with columns of ``bq``); per tile,
+    ``output_tile(a, b, c, ...)`` when ``multiply``, a block barrier, then when ``cells``
+    ``update(args, n, j)`` for each of the tile's (n, j) inside (rows, cols), the block's
+    threads taking them in turn (the same thread each step)."""
+    tm, tq, _ = tile
+    threads = tm * tq
+    bm = block_tile(tile)[0]
+    tile_cells = bm * bq
+
+    @cuda.jit(device=True, inline=True)
+    def tile_pass(walk, a, b, c, sa, sb, multiply, cells, args):
+        tile0, tile_step, row_tiles, col_tiles, rows, cols = walk
+        tid = cuda.threadIdx.y * tq + cuda.threadIdx.x
+        r, q = tile0
+        while r < row_tiles:
+            if multiply:
+                output_tile(a, b, c, False, sa, sb, r * bm, q * bq)
+                cuda.syncthreads()  # the tile's outputs, for its cells
+            e = tid
+            while cells and e < tile_cells:
+                n = r * bm + e // bq
+                j = q * bq + e % bq
+                if n < rows and j < cols:
+                    update(args, n, j)
+                e += threads
+            r, q = _next(r, q, tile_step, col_tiles)
+
+    return tile_pass
+
+
+def sequence_tiles(name: str, mode: str, tile: tuple, rows: int, units: int,
+                   out_size: int = 0) -> int:
+    """The block tiles of a persistent loop over ``rows`` x ``units`` cells (and ``rows``
+    x ``out_size`` projected ones): the most blocks any of its passes can keep busy."""
     bm, bq = block_tile(tile)
-    if name == "forward_sequence":
-        bq = tile_units(tile, GATES[mode])
-    return -(-rows // bm) * -(-units // bq)
+    bu = tile_units(tile, GATES[mode]) if name.startswith("forward") else bq
+    found = -(-rows // bm) * -(-units // bu)
+    if out_size:
+        found = max(found, -(-rows // bm) * -(-out_size // bq))
+    return found
 
 
 def forward_sequence_function(mode: str, dtype: str, tile: tuple):
@@ -472,44 +510,64 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
     """
     _check_cell(mode, False)
     acc = _acc_type(dtype)
-    cell = _forward_cell(mode, dtype, False, True)
     gates = GATES[mode]
-    output_tile = _output_tile(dtype, tile, False, True, gates)
-    tm, tq, _ = tile
-    threads = tm * tq
     bm, _ = block_tile(tile)
     bu = tile_units(tile, gates)
-    tile_cells = bm * bu
+    gates_pass = _tile_pass(_output_tile(dtype, tile, False, True, gates),
+                            _forward_cell(mode, dtype, False, True), tile, bu)
     sa_shape, sb_shape = shared_shapes(tile)
 
     def forward_sequence(xg, w, b_ih, b_hh, hh, hg, c, y, cells, lengths, store, reverse):
         sa = cuda.shared.array(sa_shape, acc)
         sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
-        rows, units = hh.shape[1], hh.shape[2]
-        tile0, tile_step, row_tiles, unit_tiles = _tile_walk(rows, units, bm, bu)
-        tid = cuda.threadIdx.y * tq + cuda.threadIdx.x
+        walk = _tile_walk(hh.shape[1], hh.shape[2], bm, bu)
         seq = xg.shape[0]
         for s in range(seq):
             t = seq - 1 - s if reverse else s
             h_in = hh[s & 1]
             h_out = hh[(s & 1) ^ 1]
-            r, q = tile0
-            while r < row_tiles:
-                output_tile(h_in, w, hg, False, sa, sb, r * bm, q * bu)   # hg = h @ W_hh.T
-                cuda.syncthreads()  # the tile's gates, for its cells
-                e = tid
-                while e < tile_cells:
-                    n = r * bm + e // bu
-                    j = q * bu + e % bu
-                    if n < rows and j < units:
-                        cell(xg, hg, b_ih, b_hh, h_in, h_out, c, y, cells, lengths, t,
-                             store, n, j)
-                    e += threads
-                r, q = _next(r, q, tile_step, unit_tiles)
+            gates_pass(walk, h_in, w, hg, sa, sb, True, True,       # hg = h @ W_hh.T
+                       (xg, hg, b_ih, b_hh, h_in, h_out, c, y, cells, lengths, t, store))
             grid.sync()
 
     return forward_sequence
+
+
+def forward_projected_sequence_function(mode: str, dtype: str, tile: tuple):
+    """``forward_sequence`` for an LSTM with projection: per step, ``hg = h @ W_hh.T`` by
+    gate-interleaved tiles and the cells of each tile (they write ``m = o * tanh(c)``), a
+    grid-wide barrier, ``hp = m @ W_hr.T`` by tiles and ``commit_projection`` of each
+    tile's (n, j < P) (h and y[t]), a barrier. Arguments: ``xg, w, w_hr, b_ih, b_hh, h,
+    m, hg, hp, c, y, cells, lengths, store, reverse`` (``h``, ``hp`` (N, P); ``m`` (N,
+    H)). Launch: as ``forward_sequence``."""
+    _check_cell(mode, True)
+    acc = _acc_type(dtype)
+    bm, bq = block_tile(tile)
+    bu = tile_units(tile, GATES[mode])
+    gates_pass = _tile_pass(_output_tile(dtype, tile, False, True, GATES[mode]),
+                            _forward_cell(mode, dtype, True), tile, bu)
+    projection_pass = _tile_pass(_output_tile(dtype, tile, False, True), _commit, tile, bq)
+    sa_shape, sb_shape = shared_shapes(tile)
+
+    def forward_projected_sequence(xg, w, w_hr, b_ih, b_hh, h, m, hg, hp, c, y, cells,
+                                   lengths, store, reverse):
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
+        grid = cuda.cg.this_grid()
+        cell_walk = _tile_walk(m.shape[0], m.shape[1], bm, bu)
+        projection_walk = _tile_walk(h.shape[0], h.shape[1], bm, bq)
+        seq = xg.shape[0]
+        for s in range(seq):
+            t = seq - 1 - s if reverse else s
+            gates_pass(cell_walk, h, w, hg, sa, sb, True, True,      # hg = h @ W_hh.T
+                       (xg, hg, b_ih, b_hh, m, m, c, y, cells, lengths, t, store))
+            grid.sync()
+            projection_pass(projection_walk, m, w_hr, hp, sa, sb, True, True,
+                            (hp, h, y, lengths, t))                  # hp = m @ W_hr.T
+            grid.sync()
+
+    return forward_projected_sequence
 
 
 def backward_step_function(mode: str, dtype: str, projected: bool = False):
@@ -540,7 +598,7 @@ def backward_step_function(mode: str, dtype: str, projected: bool = False):
         e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         hs = dh.shape[1]
         if e < dh.shape[0] * hs:
-            cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse, e // hs,
+            cell((gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse), e // hs,
                  e % hs)
 
     return backward_step
@@ -548,13 +606,15 @@ def backward_step_function(mode: str, dtype: str, projected: bool = False):
 
 @functools.lru_cache(maxsize=None)
 def _backward_cell(mode: str, dtype: str, projected: bool):
-    """The device function ``backward_step`` runs for one (n, j): its arguments and n, j."""
+    """The device function ``backward_step`` runs for one (n, j): ``cell(args, n, j)``,
+    ``args`` its arguments (a tuple)."""
     acc = _acc_type(dtype)
     lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
     one = acc(1)
 
     @cuda.jit(device=True, inline=True)
-    def cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse, n, j):
+    def cell(args, n, j):
+        gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse = args
         hs = dh.shape[1]
         if t >= lengths[n]:
             if lstm or gru:
@@ -622,56 +682,92 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
     computes ``rec = dgates @ W_hh`` for its tiles by shared-memory steps as ``gemm``
     computes it (dgates: the gate gradients of the step processed before, GRU's first 3H
     columns; none before the first step, whose ``rec`` the caller zeroes), then the cells
-    of each tile's (n, j) as ``backward_step`` computes them; then one grid-wide barrier. After the last step, the blocks' tiles of its ``rec``. Without
-    projection. Arguments: ``backward_step``'s with ``w`` (G*H, H) W_hh instead of the
-    step: ``gates, cells, states, init, w, dh, rec, dy, dc, lengths, reverse``
-    (``reverse``: the layer's reverse direction, whose data gradient runs t = 0 .. T-1).
+    of each tile's (n, j) as ``backward_step`` computes them; then one grid-wide barrier.
+    After the last step, the blocks' tiles of its ``rec``. Without projection. Arguments:
+    ``backward_step``'s with ``w`` (G*H, H) W_hh instead of the step: ``gates, cells,
+    states, init, w, dh, rec, dy, dc, lengths, reverse`` (``reverse``: the layer's reverse
+    direction, whose data gradient runs t = 0 .. T-1).
 
     Launch: as ``forward_sequence``.
     """
     _check_cell(mode, False)
     acc = _acc_type(dtype)
-    cell = _backward_cell(mode, dtype, False)
-    output_tile = _output_tile(dtype, tile, False, False)
-    tm, tq, _ = tile
-    threads = tm * tq
     bm, bq = block_tile(tile)
-    tile_cells = bm * bq
+    cells_pass = _tile_pass(_output_tile(dtype, tile, False, False),
+                            _backward_cell(mode, dtype, False), tile, bq)
     sa_shape, sb_shape = shared_shapes(tile)
 
     def backward_sequence(gates, cells, states, init, w, dh, rec, dy, dc, lengths, reverse):
         sa = cuda.shared.array(sa_shape, acc)
         sb = cuda.shared.array(sb_shape, acc)
         grid = cuda.cg.this_grid()
-        rows, units = dh.shape
-        tile0, tile_step, row_tiles, col_tiles = _tile_walk(rows, units, bm, bq)
-        tid = cuda.threadIdx.y * tq + cuda.threadIdx.x
+        walk = _tile_walk(dh.shape[0], dh.shape[1], bm, bq)
         seq = gates.shape[0]
         for s in range(seq + 1):  # s = seq: the last step's product alone
             t = s if reverse else seq - 1 - s
             before = t - 1 if reverse else t + 1  # the step processed before t
-            r, q = tile0
-            while r < row_tiles:
-                if s > 0:  # rec = dgates @ W_hh; GRU: dr, dz, r * dn (not dn)
-                    output_tile(gates[before, :, :w.shape[0]], w, rec, False, sa, sb, r * bm,
-                                q * bq)
-                    cuda.syncthreads()  # the tile's rec, for its cells
-                e = tid
-                while e < tile_cells and s < seq:
-                    n = r * bm + e // bq
-                    j = q * bq + e % bq
-                    if n < rows and j < units:
-                        cell(gates, cells, states, init, dh, rec, dy, dc, lengths, t,
-                             reverse, n, j)
-                    e += threads
-                r, q = _next(r, q, tile_step, col_tiles)
+            # rec = dgates @ W_hh (GRU: dr, dz, r * dn, not dn), then the cells of step t
+            cells_pass(walk, gates[before if s > 0 else t, :, :w.shape[0]], w, rec, sa, sb,
+                       s > 0, s < seq,
+                       (gates, cells, states, init, dh, rec, dy, dc, lengths, t, reverse))
             if s < seq:
                 grid.sync()
 
     return backward_sequence
 
 
+def backward_projected_sequence_function(mode: str, dtype: str, tile: tuple):
+    """``backward_sequence`` for an LSTM with projection, in the step loop's order: per
+    step, ``rec = dgates @ W_hh`` (N, P) by tiles (none before the first step) and
+    ``gradient_of_output`` of each tile's (n, j < P) (``dproj[t]``, dh), a grid-wide
+    barrier, ``dm = dproj[t] @ W_hr`` (N, H) by tiles and the cells of each tile, a
+    barrier; after the last step, its ``rec``. Arguments: ``gates, cells, init, w, w_hr,
+    dh, rec, dy, dproj, dm, dc, lengths, reverse`` (``dh``, ``rec`` (N, P); ``dy``,
+    ``dproj`` (T, N, P); ``dm``, ``dc`` (N, H)). Launch: as ``forward_sequence``."""
+    _check_cell(mode, True)
+    acc = _acc_type(dtype)
+    bm, bq = block_tile(tile)
+    plain = _output_tile(dtype, tile, False, False)
+    output_pass = _tile_pass(plain, _output_gradient(dtype), tile, bq)
+    cells_pass = _tile_pass(plain, _backward_cell(mode, dtype, True), tile, bq)
+    sa_shape, sb_shape = shared_shapes(tile)
+
+    def backward_projected_sequence(gates, cells, init, w, w_hr, dh, rec, dy, dproj, dm, dc,
+                                    lengths, reverse):
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
+        grid = cuda.cg.this_grid()
+        output_walk = _tile_walk(dh.shape[0], dh.shape[1], bm, bq)
+        cell_walk = _tile_walk(dm.shape[0], dm.shape[1], bm, bq)
+        seq = gates.shape[0]
+        for s in range(seq + 1):  # s = seq: the last step's product alone
+            t = s if reverse else seq - 1 - s
+            before = t - 1 if reverse else t + 1
+            output_pass(output_walk, gates[before if s > 0 else t], w, rec, sa, sb, s > 0,
+                        s < seq, (dh, rec, dy, dproj, lengths, t))   # rec = dgates @ W_hh
+            if s < seq:
+                grid.sync()
+                cells_pass(cell_walk, dproj[t], w_hr, dm, sa, sb, True, True,  # dproj @ W_hr
+                           (gates, cells, cells, init, dm, dm, gates, dc, lengths, t,
+                            reverse))
+                grid.sync()
+
+    return backward_projected_sequence
+
+
 # --- projection (LSTM with proj_size) -------------------------------------------------------
+
+@cuda.jit(device=True, inline=True)
+def _commit(args, n, j):
+    """``commit_projection`` of one (n, j); ``args``: its arguments."""
+    hp, h, y, lengths, t = args
+    if t < lengths[n]:
+        v = hp[n, j]
+        h[n, j] = v
+        y[t, n, j] = v
+    else:
+        y[t, n, j] = 0
+
 
 def commit_projection_function(dtype: str):
     """The projected state ``hp = m @ W_hr.T`` (N, P) becomes ``h`` (N, P) and step t of ``y``
@@ -684,18 +780,29 @@ def commit_projection_function(dtype: str):
     def commit_projection(hp, h, y, lengths, t):
         e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         p = hp.shape[1]
-        if e >= hp.shape[0] * p:
-            return
-        n = e // p
-        j = e % p
-        if t < lengths[n]:
-            v = hp[n, j]
-            h[n, j] = v
-            y[t, n, j] = v
-        else:
-            y[t, n, j] = 0
+        if e < hp.shape[0] * p:
+            _commit((hp, h, y, lengths, t), e // p, e % p)
 
     return commit_projection
+
+
+@functools.lru_cache(maxsize=None)
+def _output_gradient(dtype: str):
+    """``gradient_of_output`` of one (n, j); ``args``: its arguments."""
+    acc = _acc_type(dtype)
+
+    @cuda.jit(device=True, inline=True)
+    def output_gradient(args, n, j):
+        dh, rec, dy, dproj, lengths, t = args
+        g = acc(dh[n, j]) + acc(rec[n, j])
+        if t < lengths[n]:
+            dproj[t, n, j] = g + acc(dy[t, n, j])
+            dh[n, j] = 0
+        else:
+            dproj[t, n, j] = 0
+            dh[n, j] = g
+
+    return output_gradient
 
 
 def gradient_of_output_function(dtype: str):
@@ -706,32 +813,42 @@ def gradient_of_output_function(dtype: str):
 
     Launch: 1D, enough threads for N*P. Arguments: ``dh, rec, dy, dproj, lengths, t``.
     """
-    acc = _acc_type(dtype)
+    output_gradient = _output_gradient(dtype)
 
     def gradient_of_output(dh, rec, dy, dproj, lengths, t):
         e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         p = dh.shape[1]
-        if e >= dh.shape[0] * p:
-            return
-        n = e // p
-        j = e % p
-        g = acc(dh[n, j]) + acc(rec[n, j])
-        if t < lengths[n]:
-            dproj[t, n, j] = g + acc(dy[t, n, j])
-            dh[n, j] = 0
-        else:
-            dproj[t, n, j] = 0
-            dh[n, j] = g
+        if e < dh.shape[0] * p:
+            output_gradient((dh, rec, dy, dproj, lengths, t), e // p, e % p)
 
     return gradient_of_output
 
 
 # --- compiled kernels ----------------------------------------------------------------------
 
+#: Blocks of the persistent loops an SM holds at once: their registers are capped for it
+#: (a bigger cooperative grid to hide latencies, for a few bytes spilled around the grid
+#: barrier where the cap binds: the projected forward's two products).
+PERSISTENT_BLOCKS_PER_SM = 2
+
+
+def launch_bounds(name: str, key: tuple):
+    """``cuda.jit``'s ``launch_bounds`` for kernel ``name`` of ``key``: (threads a block,
+    :data:`PERSISTENT_BLOCKS_PER_SM`) for the persistent loops, else None."""
+    if not name.endswith("sequence"):
+        return None
+    tm, tq, _ = key[2]
+    return (tm * tq, PERSISTENT_BLOCKS_PER_SM)
+
+
 @functools.lru_cache(maxsize=None)
 def kernel(name: str, *key):
     """The ``cuda.jit`` kernel ``name`` built from ``key`` (compiled lazily, per signature)."""
-    return cuda.jit(FUNCTIONS[name](*key))
+    from ._layout import simulated
+    bounds = launch_bounds(name, key)
+    if bounds is None or simulated():   # the simulator takes no launch bounds
+        return cuda.jit(FUNCTIONS[name](*key))
+    return cuda.jit(FUNCTIONS[name](*key), launch_bounds=bounds)
 
 
 FUNCTIONS = {
@@ -739,6 +856,8 @@ FUNCTIONS = {
     "forward_step": forward_step_function,
     "forward_sequence": forward_sequence_function,
     "backward_sequence": backward_sequence_function,
+    "forward_projected_sequence": forward_projected_sequence_function,
+    "backward_projected_sequence": backward_projected_sequence_function,
     "backward_step": backward_step_function,
     "commit_projection": commit_projection_function,
     "gradient_of_output": gradient_of_output_function,

@@ -3,9 +3,9 @@ gate derivatives, written over the reserve's activations, and the recurrent prod
 ``dgates @ W_hh`` (GEMM); after the loop, the input gradient of all steps as one GEMM per
 layer and direction, times the layer's dropout masks. With proj_size, each step first
 writes the gradient of h to the reserve's dproj (``gradient_of_output``) and the GEMM
-``dproj @ W_hr`` gives the cell kernel its input. The ``persistent`` algorithm (without
-proj_size) runs all steps of a layer and direction in one cooperative launch of
-``backward_sequence`` instead. Twin of :mod:`numbaconv.cpu.rnn_backward_data`."""
+``dproj @ W_hr`` gives the cell kernel its input. The ``persistent`` algorithm runs all
+steps of a layer and direction in one cooperative launch of ``backward_sequence`` (or
+``backward_projected_sequence``) instead. Twin of :mod:`numbaconv.cpu.rnn_backward_data`."""
 
 from __future__ import annotations
 
@@ -62,7 +62,12 @@ def run(problem, operands, out, algorithm):
             if lstm:
                 copy(dcy[ld], dc)
             apply("zero", rec)
-            if algorithm == "persistent":  # every step in one launch
+            if algorithm == "persistent" and proj:  # every step in one launch
+                persistent_launch("backward_projected_sequence", mode, dt,
+                                  (gates, cells, init, w_hh, w_hr, dh, rec, dy_d,
+                                   layout.dproj(reserve, layer, d), dm, dc, lens, d == 1),
+                                  rows=n, units=hs, out_size=p)
+            elif algorithm == "persistent":
                 persistent_launch("backward_sequence", mode, dt,
                                   (gates, cells, states, init, w_hh, dh, rec, dy_d, dc, lens,
                                    d == 1), rows=n, units=hs)

@@ -2,8 +2,8 @@
 direction (written straight into the reserve's gate region), then per step the recurrent
 product ``h @ W_hh.T`` (GEMM) and one fused kernel for the gates and the state update; with
 proj_size, the projection ``m @ W_hr.T`` (GEMM) and a kernel committing it to h and y.
-The ``persistent`` algorithm (without proj_size) runs all steps of a layer and direction
-in one cooperative launch of ``forward_sequence`` instead. In
+The ``persistent`` algorithm runs all steps of a layer and direction in one cooperative
+launch of ``forward_sequence`` (or ``forward_projected_sequence``) instead. In
 training, layers 1.. read the previous layer's output times the dropout masks the frontend
 wrote into the reserve. Twin of :mod:`numbaconv.cpu.rnn_forward`; the reserve is the same
 layout, on the device.
@@ -63,14 +63,15 @@ def cooperative_blocks(kernel, args, threads) -> int:
     return found
 
 
-def persistent_launch(name, mode, dtype, args, *, rows, units):
-    """One cooperative launch of ``forward_sequence`` or ``backward_sequence`` (the
-    ``persistent`` algorithm) on ``args``: a block for each of its tiles of ``rows x
-    units`` cells, at most as many as can be resident at once."""
+def persistent_launch(name, mode, dtype, args, *, rows, units, out_size=0):
+    """One cooperative launch of a persistent loop (``forward_sequence``,
+    ``backward_sequence`` or their ``projected`` twins) on ``args``: a block for each of
+    its tiles of ``rows x units`` cells (or of ``rows x out_size`` projected ones, if
+    more), at most as many as can be resident at once."""
     tile = cuda_tile()
     tm, tq, _ = tile
     kernel = _rnn_kernels.kernel(name, mode, dtype, tile)
-    wanted = _rnn_kernels.sequence_tiles(name, mode, tile, rows, units)
+    wanted = _rnn_kernels.sequence_tiles(name, mode, tile, rows, units, out_size)
     grid = min(wanted, cooperative_blocks(kernel, args, tm * tq))
     if grid < 1:
         raise RuntimeError(f"{name}: no block of {tm * tq} threads fits on the device for a "
@@ -215,11 +216,13 @@ def run(problem, operands, out, algorithm):
     cy = device_array(cx.shape, dt) if lstm else None
     scratch_gates = None if training else scratch("forward gates", (t_len, n, gw), dt)
     hg = scratch("forward hg", (n, gh), dt)
-    # the persistent loops alternate between two states, the step loops update one
-    hh = scratch("forward hh", (2, n, p), dt) if algorithm == "persistent" else None
+    proj = bool(cfg.proj_size)
+    # the persistent loop alternates between two states (one with a projection, which
+    # the grid barrier between its passes separates), the step loops update one
+    hh = scratch("forward hh", (2, n, p), dt) if algorithm == "persistent" and not proj \
+        else None
     h = scratch("forward h", (n, p), dt) if hh is None else hh[0]
     c = scratch("forward c", (n, hs), dt) if lstm else h
-    proj = bool(cfg.proj_size)
     m = scratch("forward m", (n, hs), dt) if proj else None  # o * tanh(c), W_hr's input
     hp = scratch("forward hp", (n, p), dt) if proj else None  # m @ W_hr.T
     zero_bias = scratch("zero bias", (gh,), dt, zero=True) if not cfg.bias else None
@@ -247,7 +250,12 @@ def run(problem, operands, out, algorithm):
             # Whole (T, N, F) arrays and the step to every launch, no per-step slices; a
             # kernel that does not use an array gets gates in its place.
             cells = layout.cells(reserve, layer, d) if training and lstm else gates
-            if algorithm == "persistent":  # every step in one launch
+            if algorithm == "persistent" and proj:  # every step in one launch
+                persistent_launch("forward_projected_sequence", cfg.mode, dt,
+                                  (gates, w_hh, w_hr, b_ih, b_hh, h, m, hg, hp, c, y_d,
+                                   cells, lens, training, d == 1), rows=n, units=hs,
+                                  out_size=p)
+            elif algorithm == "persistent":
                 persistent_launch("forward_sequence", cfg.mode, dt,
                                   (gates, w_hh, b_ih, b_hh, hh, hg, c, y_d, cells, lens,
                                    training, d == 1), rows=n, units=hs)
