@@ -59,11 +59,15 @@ def run(problem, operands, out, algorithm):
                 product(g2, prev2, dw_hh, dt, ta=True, accumulate=acc)
             if cfg.bias:  # column sums: hidden path 0:G*H; input path 0:2H, 3H:4H for GRU
                 column_sums(g2 if not gru else g2[:, :gh], db_hh, dt, acc, threads)
-                if gru:
-                    column_sums(g2[:, :2 * hs], db_ih[:2 * hs], dt, acc, threads)
-                    column_sums(g2[:, 3 * hs:], db_ih[2 * hs:], dt, acc, threads)
+                # the input path's sums over the same columns are the same numbers: copied
+                # unless each adds into its own previous value
+                shared = 2 * hs if gru else gh
+                if acc:
+                    column_sums(g2[:, :shared], db_ih[:shared], dt, acc, threads)
                 else:
-                    column_sums(g2, db_ih, dt, acc, threads)
+                    apply("copy", db_ih[:shared], db_hh[:shared])
+                if gru:
+                    column_sums(g2[:, 3 * hs:], db_ih[2 * hs:], dt, acc, threads)
             if dw_hr is not None:  # dproj (rows, P) against m = o * tanh(c) (rows, H)
                 product(layout.dproj(reserve, layer, d).reshape(n_rows, p),
                      layout.cells(reserve, layer, d).reshape(n_rows, hs), dw_hr, dt,
