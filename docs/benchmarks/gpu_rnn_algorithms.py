@@ -1,5 +1,6 @@
 """The cuda backend's two algorithms for ``rnn_forward`` and ``rnn_backward_data`` on the GPU
-benchmark's recurrent cases.
+benchmark's recurrent cases and an LSTM with projection (:data:`PROJECTED`, whose
+persistent loops have two grid barriers a step).
 
 ``fused`` (the default) issues a cuBLAS product and a kernel per step; ``persistent`` runs
 every step of a layer and direction in one cooperative launch. For each case: one training
@@ -23,6 +24,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+
+
+def projected_cases(sim: bool) -> tuple:
+    """The LSTM with projection this script adds to the benchmark's cases (the simulator's
+    tiny twin with ``sim``)."""
+    from numbaconv.bench_cases import RNNCase
+    if sim:
+        return (RNNCase("lstm_proj_T3_N2_4_5_p3", "lstm", 3, 2, 4, 5, proj_size=3),)
+    return (RNNCase("lstm_proj_T50_N64_512_p256", "lstm", 50, 64, 512, 512, proj_size=256),)
 
 
 def main(argv=None) -> int:
@@ -56,7 +66,10 @@ def main(argv=None) -> int:
 
     print(f"{'case':24s} {'algorithm':10s} {'forward ms':>10s} {'step ms':>9s} "
           f"{'max rel diff':>12s}")
-    for case in b.select_rnn_cases(sim=args.sim, patterns=args.case):
+    cases = b.select_rnn_cases(sim=args.sim, patterns=args.case) + tuple(
+        c for c in projected_cases(args.sim)
+        if not args.case or any(p in c.name for p in args.case))
+    for case in cases:
         operands = b.RNNOperands(case, sim=args.sim)
         a = operands.arrays
 

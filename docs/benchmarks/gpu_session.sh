@@ -62,7 +62,7 @@ bench=(python3 -m numbaconv bench --device cuda "${sim[@]}")
         --budget 0.5 --reps 8 --time-limit 60 --json "$out/bias.json"
     step 90 "host time of a launch" python3 docs/benchmarks/gpu_host_time.py "${sim[@]}" \
         --reps 50
-    step 90 "rnn algorithms" python3 docs/benchmarks/gpu_rnn_algorithms.py "${sim[@]}" \
+    step 120 "rnn algorithms" python3 docs/benchmarks/gpu_rnn_algorithms.py "${sim[@]}" \
         --reps 20
     step 300 "device tests: the rest" "${tests[@]}" python3 -m pytest -q \
         tests/test_cuda_sim.py tests/test_cuda_rnn_sim.py -k "not (tf32 or mma)"
