@@ -513,15 +513,22 @@ def _forget_header(key, ref) -> None:
         del _DEVICE_HEADERS[key]
 
 
+def _noted_header(reserve):
+    """The header noted for this array object over the memory it holds now, or None."""
+    found = _DEVICE_HEADERS.get(id(reserve))
+    if found is not None and found[0]() is reserve and found[1] == _data_pointer(reserve):
+        return found[2]
+    return None
+
+
 def record_header(reserve, start: int, values, dtype) -> None:
     """Note that ``values`` were written to slots ``start:`` of a device reserve's header
     (by a kernel queued after everything that used the reserve before). Only a whole
     header starts a record, for arrays that take weak references; a record is dropped with
     its array, or when the array's data moved."""
-    key = id(reserve)
-    pointer = _data_pointer(reserve)
-    found = _DEVICE_HEADERS.get(key)
-    if found is None or found[0]() is not reserve or found[1] != pointer:
+    header = _noted_header(reserve)
+    if header is None:
+        key = id(reserve)
         _DEVICE_HEADERS.pop(key, None)
         if start != 0 or len(values) != RESERVE_HEADER:
             return
@@ -529,17 +536,16 @@ def record_header(reserve, start: int, values, dtype) -> None:
             ref = weakref.ref(reserve, functools.partial(_forget_header, key))
         except TypeError:
             return
-        found = _DEVICE_HEADERS[key] = (ref, pointer, np.zeros(RESERVE_HEADER, dtype))
-    found[2][start:start + len(values)] = values
+        header = np.zeros(RESERVE_HEADER, dtype)
+        _DEVICE_HEADERS[key] = (ref, _data_pointer(reserve), header)
+    header[start:start + len(values)] = values
 
 
 def _device_header(reserve):
     """The header of a device reserve: as numbaconv last wrote it to this array object,
     or read from the device (a synchronous copy) for an array it has not written."""
-    found = _DEVICE_HEADERS.get(id(reserve))
-    if found is not None and found[0]() is reserve and found[1] == _data_pointer(reserve):
-        return found[2].copy()
-    return reserve[:RESERVE_HEADER].copy_to_host()
+    header = _noted_header(reserve)
+    return reserve[:RESERVE_HEADER].copy_to_host() if header is None else header.copy()
 
 
 def check_reserve(reserve, config, seq_len, batch, dtype, device, *, state=None,

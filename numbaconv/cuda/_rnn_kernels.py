@@ -306,9 +306,8 @@ def _check_cell(mode: str, projected: bool) -> None:
 def _forward_cell(mode: str, dtype: str, projected: bool, separate: bool = False):
     """The device function ``forward_step`` runs for one (n, j): ``cell(args, n, j)``,
     ``args`` its arguments (a tuple), with the state read from ``h`` and written to
-    ``h_out`` (the same array for
-    ``forward_step``; ``separate``: another one, which receives ``h`` past a sequence's
-    end)."""
+    ``h_out`` (the same array for ``forward_step``; ``separate``: another one, which
+    receives ``h`` past a sequence's end)."""
     acc = _acc_type(dtype)
     sigmoid = _math(dtype)
     lstm, gru, relu = mode == "lstm", mode == "gru", mode == "rnn_relu"
