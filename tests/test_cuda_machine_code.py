@@ -327,10 +327,11 @@ def test_rnn_product_step_is_register_tiled(tmp_path):
 def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
     """The ``persistent`` forward and data gradient (grid barriers; numba-cuda's device
     query stood in, ptxas compiling the barrier's runtime calls for the linker), for every
-    mode and LSTM's projected twins, float32: no spill, registers for two blocks an SM
-    (their cooperative grid), one grid barrier a step (two with a projection) and no
-    division routine called in the step loop (the tiles are walked by adding), and a
-    product step like ``gemm``'s."""
+    mode, LSTM's projected twins and the split twins, float32: no spill (but a few bytes
+    in the projected forward), registers for the blocks an SM of their launch bounds (two;
+    the split loops one), one grid barrier a step (one more with a projection, one more
+    with a split product) and no division routine called in the step loop (the tiles are walked by
+    adding), and a product step like ``gemm``'s."""
     from numba import cuda, types
 
     from numbaconv.config import CUDA_TILE
@@ -345,6 +346,9 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
                   + (a3, a3, lens, flag, flag),
                   "backward_projected_sequence": (a3, a3, a2, a2, a2, a2, a2, a3, a3, a2, a2,
                                                   lens, flag)}
+    for name in list(signatures):   # the split twins: partial sums, the chunk
+        signatures[name.replace("_sequence", "_split_sequence")] = signatures[name] + (
+            types.Array(f32, 3, "C"), types.int64)
     threads = CUDA_TILE[0] * CUDA_TILE[1]
     per_step = _rnn_kernels.MICRO[0] * _rnn_kernels.MICRO[1] * CUDA_TILE[2]
     lines = []
@@ -366,14 +370,16 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
         assert not divisions, (label, divisions)
         barriers = [text for op, text in code[first:last + 1]
                     if op.startswith("CALL") and "cudaCGSynchronize" in text]
-        # one grid barrier a step; with a projection, one after each product
-        assert len(barriers) == (2 if "projected" in name else 1), (label, barriers)
+        # one grid barrier a step; with a projection, one after each product and its
+        # cells; a split product adds one before the cells that sum its partial sums
+        wanted = 1 + ("projected" in name) + ("split" in name)
+        assert len(barriers) == wanted, (label, barriers)
         # the product's step: the smallest loop with multiply-adds and a block barrier
         step = min((code[a:b + 1] for a, b in spans
                     if {"FFMA", "BAR"} <= {op.split(".")[0] for op, _ in code[a:b + 1]}),
                    key=len)
         fma = sum(op.startswith("FFMA") for op, _ in step)
-        lines.append(f"sm_90 {label:32s} {report['registers']:3d} regs  product step "
+        lines.append(f"sm_90 {label:40s} {report['registers']:3d} regs  product step "
                      f"{len(step)} instructions, {fma} FFMA ({fma / len(step):.1%})")
         # spills (the projected forward's, capped by its launch bounds) only between the
         # step loop's inner loops (the products' steps, the cells), a few bytes a step
@@ -384,7 +390,7 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
         assert report["spill_stores"] <= 8 and report["spill_loads"] <= 8, (label, report)
         if "projected" not in name:
             assert report["spill_stores"] == report["spill_loads"] == 0, (label, report)
-        assert report["registers"] * threads * 2 <= REGISTERS_PER_SM, lines[-1]
+        assert report["registers"] * threads * bounds[1] <= REGISTERS_PER_SM, lines[-1]
         assert not any(op.startswith("CALL") for op, _ in step), lines[-1]
         assert fma == per_step, lines[-1]
         assert fma / len(step) >= MIN_RNN_PRODUCT_FFMA_SHARE, lines[-1]

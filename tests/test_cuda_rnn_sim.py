@@ -38,7 +38,7 @@ SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 #: Tests (by a word of their names) that make no product through the stand-in: float16
 #: products take the Numba kernel, and some tests call no product at all.
-WITHOUT_PRODUCTS = ("float16", "supports", "elementwise")
+WITHOUT_PRODUCTS = ("float16", "supports", "elementwise", "reduction_split")
 
 
 @pytest.fixture(autouse=True, params=["numba", "cublas"])
@@ -87,6 +87,7 @@ def arrays(cfg, dtype, lengths=None, seed=0, t_len=T, n=N):
     and rounded to dtype."""
     rng = np.random.default_rng(seed)
     ld, d, p = cfg.num_layers * cfg.num_directions, cfg.num_directions, cfg.out_size
+    hs = cfg.hidden_size
 
     def seq(features):
         return rng.uniform(-1, 1, (n, t_len, features) if cfg.batch_first
@@ -95,10 +96,10 @@ def arrays(cfg, dtype, lengths=None, seed=0, t_len=T, n=N):
     a = dict(x=seq(I),
              params=nc.rnn_init_params(cfg, seed=seed, dtype=np.float64),
              hx=rng.uniform(-1, 1, (ld, n, p)),
-             cx=rng.uniform(-1, 1, (ld, n, H)) if cfg.mode == "lstm" else None,
+             cx=rng.uniform(-1, 1, (ld, n, hs)) if cfg.mode == "lstm" else None,
              dy=seq(d * p),
              dhy=rng.uniform(-1, 1, (ld, n, p)),
-             dcy=rng.uniform(-1, 1, (ld, n, H)) if cfg.mode == "lstm" else None)
+             dcy=rng.uniform(-1, 1, (ld, n, hs)) if cfg.mode == "lstm" else None)
     a = {k: (None if v is None else v.astype(dtype)) for k, v in a.items()}
     a["lengths"] = lengths
     return a
@@ -459,6 +460,74 @@ def test_persistent_loops_walk_several_tiles_a_block(product_path, persistent, m
     assert persistent["runs"] == 2
 
 
+@pytest.fixture
+def split_everything(monkeypatch):
+    """The persistent loops' recurrent products split wherever a split is two product
+    steps or more (``SPLIT_MIN_STEPS`` 1; the simulator's tiles are 4 deep); yields the
+    persistent kernels launched, by name."""
+    from numbaconv.cuda import _rnn_kernels
+    monkeypatch.setattr(_rnn_kernels, "SPLIT_MIN_STEPS", 1)
+    real = _rnn_kernels.kernel
+    names = []
+    monkeypatch.setattr(_rnn_kernels, "kernel",
+                        lambda name, *key: names.append(name) or real(name, *key))
+    yield names
+
+
+@pytest.mark.parametrize("mode, h, n, t_len, lengths, bidirectional, proj", [
+    ("lstm", 9, 3, 3, None, False, 0),
+    ("lstm", 9, 14, 4, None, False, 0),
+    ("gru", 9, 3, 3, np.array([3, 1, 2]), True, 0),
+    ("rnn_tanh", 9, 14, 3, None, False, 0),
+    ("rnn_relu", 9, 3, 4, np.array([2, 4, 4]), True, 0),
+    ("lstm", 9, 3, 3, np.array([1, 3, 2]), True, 3),
+    ("lstm", 18, 14, 4, None, False, 17),
+], ids=["lstm", "lstm-two-row-tiles-even-T", "gru-bidirectional-lengths",
+        "rnn_tanh-two-row-tiles", "rnn_relu-bidirectional-lengths",
+        "lstm-proj-bidirectional-lengths", "lstm-proj-two-row-and-column-tiles"])
+def test_split_persistent_loops(product_path, persistent, split_everything, mode, h, n,
+                                t_len, lengths, bidirectional, proj):
+    """The persistent loops with each step's recurrent product (with a projection: the
+    forward's projection, the data gradient's ``rec``) split along its reduction (partial
+    sums, a grid barrier, the cells summing them in split order): against the reference
+    through a whole training step. The simulator's 8 x 16 tiles and 4-deep steps: H = 9
+    splits the forward's reduction (9) in 8 + 1 and the data gradient's (G*H) in 4s; one
+    block walks every (row tile, split, column tile), with carries; N = 14 gives two row
+    tiles, P = 17 two column tiles of the projection (its 18 deep in 8 + 8 + 2)."""
+    cfg = nc.RNNConfig(mode, I, h, bidirectional=bidirectional, proj_size=proj)
+    compare(cfg, "float64", lengths, t_len=t_len, n=n)
+    assert persistent["runs"] == 2
+    twins = ("forward_split_sequence", "backward_split_sequence")
+    if proj:
+        twins = tuple(name.replace("_split", "_projected_split") for name in twins)
+    assert set(twins) <= set(split_everything), split_everything
+
+
+def test_reduction_split_depends_on_the_shape_alone():
+    """The splits of the GPU benchmark's layers (default 16 x 16 x 16 tile, 32 x 32 block
+    tiles): the LSTM's data gradient (N = 64, H = 512, 32 tiles) in 4 of 512, none for its
+    forward (128 gate tiles); the 2-layer bidirectional LSTM's (N = 32, H = 256) forward
+    in 2 and data gradient in 8; with P = 256 the projection in 4 and rec in 8; chunks are
+    whole product steps and cover the reduction."""
+    from numbaconv.cuda import _rnn_kernels
+    tile = (16, 16, 16)
+    split = _rnn_kernels.reduction_split
+    assert split("backward_sequence", "lstm", tile, 64, 512, 2048) == (4, 512)
+    assert split("forward_sequence", "lstm", tile, 64, 512, 512) == (1, 512)
+    assert split("forward_sequence", "lstm", tile, 32, 256, 256) == (2, 128)
+    assert split("backward_sequence", "lstm", tile, 32, 256, 1024) == (8, 128)
+    assert split("backward_sequence", "gru", tile, 64, 512, 1536) == (4, 384)
+    # LSTM N = 64, H = 512, P = 256: the projection (16 tiles, 512 deep), rec (2048 deep)
+    assert split("forward_projected_sequence", "lstm", tile, 64, 512, 512, 256) == (4, 128)
+    assert split("backward_projected_sequence", "lstm", tile, 64, 512, 2048, 256) == (8, 256)
+    for rows, units, k in ((3, 5, 20), (64, 100, 300), (1, 1, 4096), (500, 1000, 4000)):
+        for name in ("forward_sequence", "backward_sequence"):
+            splits, chunk = split(name, "lstm", tile, rows, units, k)
+            assert (splits == 1 and chunk == k) or (chunk % tile[2] == 0
+                                                    and (splits - 1) * chunk < k
+                                                    <= splits * chunk), (rows, units, k)
+
+
 def launch_counts(cfg, t_len, monkeypatch):
     """{op: (kernel launches, products)} of one training step on (t_len, N): kernels counted
     at the launch (the step kernels', the element-wise and bias ones'), products on either
@@ -541,15 +610,19 @@ def test_launches_per_step(product_path, name, cfg, monkeypatch):
 @pytest.mark.parametrize("cfg", [nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True),
                                  nc.RNNConfig("lstm", I, H, proj_size=2)],
                          ids=["gru-2-layers-bidirectional", "lstm-proj"])
-def test_the_persistent_loops_launch_nothing_per_step(product_path, persistent, cfg,
-                                                      monkeypatch):
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_the_persistent_loops_launch_nothing_per_step(product_path, persistent, cfg, split,
+                                                      monkeypatch, request):
     """With the persistent forward and data gradient a longer sequence adds no launch and
-    no product: one cooperative launch per layer and direction runs every step."""
+    no product: one cooperative launch per layer and direction runs every step, split
+    products too (their data gradients' here: G*H deep)."""
+    names = request.getfixturevalue("split_everything") if split else []
     short = launch_counts(cfg, 3, monkeypatch)
     long = launch_counts(cfg, 4, monkeypatch)
     for op in ("forward", "backward_data", "backward_weights"):
         assert long[op] == short[op], op
     assert persistent["runs"] == 4
+    assert split == any("backward" in name and "split" in name for name in names)
 
 
 def test_a_steady_training_step_allocates_only_its_results(monkeypatch):

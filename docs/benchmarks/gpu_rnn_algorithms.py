@@ -35,6 +35,20 @@ def projected_cases(sim: bool) -> tuple:
     return (RNNCase("lstm_proj_T50_N64_512_p256", "lstm", 50, 64, 512, 512, proj_size=256),)
 
 
+def splits(case) -> str:
+    """How the persistent loops split each step's recurrent product in ``case``
+    (forward/data gradient; ``-`` for the projected loops, which do not split)."""
+    from numbaconv.config import cuda_tile
+    from numbaconv.cuda._rnn_kernels import GATES, reduction_split
+    cfg = case.config()
+    if cfg.proj_size:
+        return "-"
+    h = cfg.hidden_size
+    return "/".join(str(reduction_split(name, cfg.mode, cuda_tile(), case.batch, h, k)[0])
+                    for name, k in (("forward_sequence", h),
+                                    ("backward_sequence", GATES[cfg.mode] * h)))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sim", action="store_true", help="tiny twins under the simulator")
@@ -65,7 +79,7 @@ def main(argv=None) -> int:
         return statistics.median(times)
 
     print(f"{'case':24s} {'algorithm':10s} {'forward ms':>10s} {'step ms':>9s} "
-          f"{'max rel diff':>12s}")
+          f"{'max rel diff':>12s}  splits (forward/data gradient)")
     cases = b.select_rnn_cases(sim=args.sim, patterns=args.case) + tuple(
         c for c in projected_cases(args.sim)
         if not args.case or any(p in c.name for p in args.case))
@@ -89,7 +103,7 @@ def main(argv=None) -> int:
                              / max(float(np.max(np.abs(results["fused"][k]))), 1e-30))
                        for k in results["fused"])
             print(f"{case.name:24s} {algorithm:10s} {forward_ms:10.3f} {step_ms:9.3f} "
-                  f"{diff:12.1e}")
+                  f"{diff:12.1e}  {splits(case) if algorithm == 'persistent' else ''}")
     if args.sim:
         print("(simulator: the times mean nothing)")
     return 0

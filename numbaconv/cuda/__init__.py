@@ -43,8 +43,9 @@ each kernel's performance model, read from its machine code):
 ``persistent`` (rnn_forward, rnn_backward_data)
     All steps of a layer and direction in one cooperative launch: each block computes
     tiles of the recurrent product in shared memory and the cells they feed, one grid-wide
-    barrier a step (two with proj_size: the projection is a second product), no launch a
-    step. Offered
+    barrier a step (one more with proj_size: the projection is a second product; one more
+    where a layer has few tiles and a step's product is split along its reduction), no
+    launch a step. Offered
     beside ``fused`` but not chosen yet: it has not been timed on a GPU
     (docs/benchmarks/gpu_rnn_algorithms.py times both).
 """

@@ -21,7 +21,9 @@ use by factories keyed on their compile-time constants (mode, dtype, tile, trans
     The ``persistent`` forward and data gradient: all steps of a layer and direction in one
     cooperative launch, each block computing tiles of the recurrent product in shared
     memory and then the cells of those tiles, one grid-wide barrier a step, so that a
-    sequence costs one launch instead of a product and a kernel a step.
+    sequence costs one launch instead of a product and a kernel a step. Their ``split``
+    twins cut each step's product along its reduction where a layer has few tiles
+    (:func:`reduction_split`): partial sums, a barrier, the cells adding them, a barrier.
 ``commit_projection``, ``gradient_of_output``
     LSTM with projection (one thread per (n, j < P)): the projected state ``m @ W_hr.T``
     (a GEMM) becomes h and y inside the sequence; backwards, the gradient of h goes to the
@@ -478,15 +480,137 @@ def _tile_pass(output_tile, update, tile: tuple, bq: int):
     return tile_pass
 
 
-def sequence_tiles(name: str, mode: str, tile: tuple, rows: int, units: int,
-                   out_size: int = 0) -> int:
-    """The block tiles of a persistent loop over ``rows`` x ``units`` cells (and ``rows``
-    x ``out_size`` projected ones): the most blocks any of its passes can keep busy."""
+@cuda.jit(device=True, inline=True)
+def _split_walk(rows, cols, splits, bm, bq):
+    """This block's first (row tile, split, column tile) of a rows x cols product whose
+    reduction is cut in ``splits``, the grid's stride in those digits, and their radices."""
+    col_tiles = (cols + bq - 1) // bq
+    inner = splits * col_tiles
+    b = cuda.blockIdx.x
+    g = cuda.gridDim.x
+    return ((b // inner, (b % inner) // col_tiles, b % col_tiles),
+            (g // inner, (g % inner) // col_tiles, g % col_tiles),
+            ((rows + bm - 1) // bm, splits, col_tiles))
+
+
+@cuda.jit(device=True, inline=True)
+def _next_split(position, step, radices):
+    """``(row tile, split, column tile)`` advanced by ``step`` (each digit below its
+    radix): one carry a digit at most."""
+    r, s, q = position
+    q += step[2]
+    if q >= radices[2]:
+        q -= radices[2]
+        s += 1
+    s += step[1]
+    if s >= radices[1]:
+        s -= radices[1]
+        r += 1
+    return r + step[0], s, q
+
+
+def _split_pass(output_tile, tile: tuple, tb: bool):
+    """The device function a split persistent loop runs for a step's recurrent product:
+    ``split_pass(walk, a, b, part, sa, sb, chunk)`` walks this block's (row tile, split,
+    column tile) (``walk`` from :func:`_split_walk`) and writes each tile of ``part[s] =
+    op(a)[:, k0:k1] @ op(b)[k0:k1, :]``, ``k0 = s * chunk`` (``op`` transposes ``b`` with
+    ``tb``)."""
     bm, bq = block_tile(tile)
-    bu = tile_units(tile, GATES[mode]) if name.startswith("forward") else bq
+
+    @cuda.jit(device=True, inline=True)
+    def split_pass(walk, a, b, part, sa, sb, chunk):
+        position, step, radices = walk
+        reduce_len = a.shape[1]
+        r, s, q = position
+        while r < radices[0]:
+            k0 = s * chunk
+            k1 = min(k0 + chunk, reduce_len)
+            if tb:
+                output_tile(a[:, k0:k1], b[:, k0:k1], part[s], False, sa, sb, r * bm, q * bq)
+            else:
+                output_tile(a[:, k0:k1], b[k0:k1], part[s], False, sa, sb, r * bm, q * bq)
+            r, s, q = _next_split((r, s, q), step, radices)
+
+    return split_pass
+
+
+@functools.lru_cache(maxsize=None)
+def _summed_cell(cell, dtype: str, at: int, gates: int = 1):
+    """``cell`` of a split loop: ``summed(args, n, j)`` with ``args = (part, add, run,
+    inner)`` first writes, when ``add``, each of the ``gates`` product outputs (n, g * H +
+    j) the cell reads as the sum of the splits' partial sums ``part[0] + part[1] + ...``
+    in that order, then when ``run`` calls ``cell(inner, n, j)``; the product output is
+    the cell's argument ``inner[at]`` (hg, rec or hp)."""
+    acc = _acc_type(dtype)
+    count = gates
+
+    @cuda.jit(device=True, inline=True)
+    def summed(args, n, j):
+        part, add, run, inner = args
+        out = inner[at]
+        if add:
+            width = out.shape[1] // count
+            for g in range(count):
+                col = g * width + j
+                v = acc(part[0, n, col])
+                for s in range(1, part.shape[0]):
+                    v += acc(part[s, n, col])
+                out[n, col] = v
+        if run:
+            cell(inner, n, j)
+
+    return summed
+
+
+#: Blocks a step's product is split to keep busy, about one an SM of an H100 or H200
+#: (132): a split adds a write and a read of its partial sums and one more grid barrier a
+#: step, which pays where the unsplit product leaves half the SMs or more idle.
+SPLIT_TARGET_BLOCKS = 128
+
+#: The least reduction a split takes, in product steps of ``tile[2]``: shorter ones spend
+#: more of a tile on its fill and its write than on multiply-adds.
+SPLIT_MIN_STEPS = 8
+
+
+def reduction_split(name: str, mode: str, tile: tuple, rows: int, units: int,
+                    reduce_len: int, out_size: int = 0) -> tuple:
+    """``(splits, chunk)`` of the product a persistent loop ``name`` splits, over ``rows``
+    x ``units`` cells, reducing ``reduce_len``: ``forward_sequence``'s and
+    ``backward_sequence``'s recurrent product, or with ``out_size`` P the projected
+    twins' product of N x P outputs (the forward's projection, the data gradient's
+    ``rec``). Split in ``splits`` reductions of ``chunk`` (a multiple of
+    ``tile[2]``; the last may be shorter) when the unsplit loop has at most half
+    :data:`SPLIT_TARGET_BLOCKS` tiles; ``(1, reduce_len)`` otherwise. A function of
+    the shape and tile alone, so the sums' order (and their bits) do not depend on the
+    device."""
+    if out_size:
+        bm, bq = block_tile(tile)
+        tiles = -(-rows // bm) * -(-out_size // bq)
+    else:
+        tiles = sequence_tiles(name, mode, tile, rows, units)
+    most = max(1, reduce_len // (SPLIT_MIN_STEPS * tile[2]))
+    splits = min(most, SPLIT_TARGET_BLOCKS // tiles)
+    if splits <= 1:
+        return 1, reduce_len
+    per_split = -(-reduce_len // splits)
+    chunk = -(-per_split // tile[2]) * tile[2]
+    return -(-reduce_len // chunk), chunk
+
+
+def sequence_tiles(name: str, mode: str, tile: tuple, rows: int, units: int,
+                   out_size: int = 0, splits: int = 1) -> int:
+    """The block tiles of a persistent loop over ``rows`` x ``units`` cells (and ``rows``
+    x ``out_size`` projected ones; a split loop's product: ``splits`` of each of its
+    tiles): the most blocks any of its passes can keep busy."""
+    bm, bq = block_tile(tile)
+    forward = name.startswith("forward")
+    bu = tile_units(tile, GATES[mode]) if forward else bq
     found = -(-rows // bm) * -(-units // bu)
     if out_size:
-        found = max(found, -(-rows // bm) * -(-out_size // bq))
+        found = max(found, splits * -(-rows // bm) * -(-out_size // bq))
+    elif "split" in name:   # the product's plain tiles, N x G*H (forward) or N x H, split
+        columns = units * GATES[mode] if forward else units
+        found = max(found, splits * -(-rows // bm) * -(-columns // bq))
     return found
 
 
@@ -533,6 +657,45 @@ def forward_sequence_function(mode: str, dtype: str, tile: tuple):
     return forward_sequence
 
 
+def forward_split_sequence_function(mode: str, dtype: str, tile: tuple):
+    """``forward_sequence`` with each step's recurrent product split along its reduction
+    (:func:`reduction_split`), for layers with too few tiles to keep the GPU busy: per
+    step, the tiles of every split's partial product ``part[s] = h[:, k0:k1] @ W_hh[:,
+    k0:k1].T`` (N x G*H), a grid-wide barrier, the cells (each sums its gates' partial
+    sums in split order into hg, then updates as ``forward_step``), a barrier. The state
+    alternates as in ``forward_sequence``. Arguments: ``forward_sequence``'s, then ``part``
+    (S, N, G*H) and ``chunk``. Launch: as ``forward_sequence``."""
+    _check_cell(mode, False)
+    acc = _acc_type(dtype)
+    bm, bq = block_tile(tile)
+    product_pass = _split_pass(_output_tile(dtype, tile, False, True), tile, True)
+    cells_pass = _tile_pass(_output_tile(dtype, tile, False, True),
+                            _summed_cell(_forward_cell(mode, dtype, False, True), dtype, 1,
+                                         GATES[mode]), tile, bq)
+    sa_shape, sb_shape = shared_shapes(tile)
+
+    def forward_split_sequence(xg, w, b_ih, b_hh, hh, hg, c, y, cells, lengths, store,
+                               reverse, part, chunk):
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
+        grid = cuda.cg.this_grid()
+        product_walk = _split_walk(hh.shape[1], w.shape[0], part.shape[0], bm, bq)
+        cell_walk = _tile_walk(hh.shape[1], hh.shape[2], bm, bq)
+        seq = xg.shape[0]
+        for s in range(seq):
+            t = seq - 1 - s if reverse else s
+            h_in = hh[s & 1]
+            h_out = hh[(s & 1) ^ 1]
+            product_pass(product_walk, h_in, w, part, sa, sb, chunk)
+            grid.sync()
+            cells_pass(cell_walk, h_in, w, hg, sa, sb, False, True,
+                       (part, True, True, (xg, hg, b_ih, b_hh, h_in, h_out, c, y, cells,
+                                           lengths, t, store)))
+            grid.sync()
+
+    return forward_split_sequence
+
+
 def forward_projected_sequence_function(mode: str, dtype: str, tile: tuple):
     """``forward_sequence`` for an LSTM with projection: per step, ``hg = h @ W_hh.T`` by
     gate-interleaved tiles and the cells of each tile (they write ``m = o * tanh(c)``), a
@@ -567,6 +730,47 @@ def forward_projected_sequence_function(mode: str, dtype: str, tile: tuple):
             grid.sync()
 
     return forward_projected_sequence
+
+
+def forward_projected_split_sequence_function(mode: str, dtype: str, tile: tuple):
+    """``forward_projected_sequence`` with each step's projection ``hp = m @ W_hr.T`` (N x
+    P, H deep) split along its reduction (:func:`reduction_split`): the gate tiles and
+    their cells, a barrier, every split's partial projection ``part[s]`` by tiles, a
+    barrier, ``commit_projection`` of each (n, j < P) after summing its partial sums in
+    split order into hp, a barrier. Arguments: ``forward_projected_sequence``'s, then
+    ``part`` (S, N, P) and ``chunk``. Launch: as ``forward_sequence``."""
+    _check_cell(mode, True)
+    acc = _acc_type(dtype)
+    bm, bq = block_tile(tile)
+    bu = tile_units(tile, GATES[mode])
+    plain = _output_tile(dtype, tile, False, True)
+    gates_pass = _tile_pass(_output_tile(dtype, tile, False, True, GATES[mode]),
+                            _forward_cell(mode, dtype, True), tile, bu)
+    projection_pass = _split_pass(plain, tile, True)
+    commit_pass = _tile_pass(plain, _summed_cell(_commit, dtype, 0), tile, bq)
+    sa_shape, sb_shape = shared_shapes(tile)
+
+    def forward_projected_split_sequence(xg, w, w_hr, b_ih, b_hh, h, m, hg, hp, c, y,
+                                         cells, lengths, store, reverse, part, chunk):
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
+        grid = cuda.cg.this_grid()
+        cell_walk = _tile_walk(m.shape[0], m.shape[1], bm, bu)
+        projection_walk = _split_walk(h.shape[0], h.shape[1], part.shape[0], bm, bq)
+        commit_walk = _tile_walk(h.shape[0], h.shape[1], bm, bq)
+        seq = xg.shape[0]
+        for s in range(seq):
+            t = seq - 1 - s if reverse else s
+            gates_pass(cell_walk, h, w, hg, sa, sb, True, True,      # hg = h @ W_hh.T
+                       (xg, hg, b_ih, b_hh, m, m, c, y, cells, lengths, t, store))
+            grid.sync()
+            projection_pass(projection_walk, m, w_hr, part, sa, sb, chunk)  # m @ W_hr.T
+            grid.sync()
+            commit_pass(commit_walk, m, w_hr, hp, sa, sb, False, True,
+                        (part, True, True, (hp, h, y, lengths, t)))
+            grid.sync()
+
+    return forward_projected_split_sequence
 
 
 def backward_step_function(mode: str, dtype: str, projected: bool = False):
@@ -715,6 +919,47 @@ def backward_sequence_function(mode: str, dtype: str, tile: tuple):
     return backward_sequence
 
 
+def backward_split_sequence_function(mode: str, dtype: str, tile: tuple):
+    """``backward_sequence`` with each step's recurrent product split along its reduction
+    (:func:`reduction_split`): per step, the tiles of every split's partial product
+    ``part[s] = dgates[:, k0:k1] @ W_hh[k0:k1]`` (N x H; none before the first step), a
+    grid-wide barrier, the cells (each sums its partial sums in split order into rec,
+    then updates as ``backward_step``), a barrier; after the last step, its product and
+    sums alone (``rec`` for dhx). Arguments: ``backward_sequence``'s, then ``part`` (S, N,
+    H) and ``chunk``. Launch: as ``forward_sequence``."""
+    _check_cell(mode, False)
+    acc = _acc_type(dtype)
+    bm, bq = block_tile(tile)
+    product_pass = _split_pass(_output_tile(dtype, tile, False, False), tile, False)
+    cells_pass = _tile_pass(_output_tile(dtype, tile, False, False),
+                            _summed_cell(_backward_cell(mode, dtype, False), dtype, 5),
+                            tile, bq)
+    sa_shape, sb_shape = shared_shapes(tile)
+
+    def backward_split_sequence(gates, cells, states, init, w, dh, rec, dy, dc, lengths,
+                                reverse, part, chunk):
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
+        grid = cuda.cg.this_grid()
+        product_walk = _split_walk(dh.shape[0], dh.shape[1], part.shape[0], bm, bq)
+        cell_walk = _tile_walk(dh.shape[0], dh.shape[1], bm, bq)
+        seq = gates.shape[0]
+        for s in range(seq + 1):  # s = seq: the last step's product alone
+            t = s if reverse else seq - 1 - s
+            before = t - 1 if reverse else t + 1  # the step processed before t
+            if s > 0:  # rec = dgates @ W_hh (GRU: dr, dz, r * dn, not dn), by splits
+                product_pass(product_walk, gates[before, :, :w.shape[0]], w, part, sa, sb,
+                             chunk)
+                grid.sync()
+            cells_pass(cell_walk, dh, w, rec, sa, sb, False, True,
+                       (part, s > 0, s < seq, (gates, cells, states, init, dh, rec, dy, dc,
+                                               lengths, t, reverse)))
+            if s < seq:
+                grid.sync()
+
+    return backward_split_sequence
+
+
 def backward_projected_sequence_function(mode: str, dtype: str, tile: tuple):
     """``backward_sequence`` for an LSTM with projection, in the step loop's order: per
     step, ``rec = dgates @ W_hh`` (N, P) by tiles (none before the first step) and
@@ -752,6 +997,51 @@ def backward_projected_sequence_function(mode: str, dtype: str, tile: tuple):
                 grid.sync()
 
     return backward_projected_sequence
+
+
+def backward_projected_split_sequence_function(mode: str, dtype: str, tile: tuple):
+    """``backward_projected_sequence`` with each step's ``rec = dgates @ W_hh`` (N x P, G*H
+    deep) split along its reduction (:func:`reduction_split`): every split's partial
+    ``part[s]`` by tiles (none before the first step), a barrier, ``gradient_of_output``
+    of each (n, j < P) after summing its partial sums in split order into rec, a barrier,
+    ``dm = dproj @ W_hr`` by tiles and the cells, a barrier; after the last step, its
+    product and sums alone. Arguments: ``backward_projected_sequence``'s, then ``part``
+    (S, N, P) and ``chunk``. Launch: as ``forward_sequence``."""
+    _check_cell(mode, True)
+    acc = _acc_type(dtype)
+    bm, bq = block_tile(tile)
+    plain = _output_tile(dtype, tile, False, False)
+    product_pass = _split_pass(plain, tile, False)
+    output_pass = _tile_pass(plain, _summed_cell(_output_gradient(dtype), dtype, 1), tile,
+                             bq)
+    cells_pass = _tile_pass(plain, _backward_cell(mode, dtype, True), tile, bq)
+    sa_shape, sb_shape = shared_shapes(tile)
+
+    def backward_projected_split_sequence(gates, cells, init, w, w_hr, dh, rec, dy, dproj,
+                                          dm, dc, lengths, reverse, part, chunk):
+        sa = cuda.shared.array(sa_shape, acc)
+        sb = cuda.shared.array(sb_shape, acc)
+        grid = cuda.cg.this_grid()
+        product_walk = _split_walk(dh.shape[0], dh.shape[1], part.shape[0], bm, bq)
+        output_walk = _tile_walk(dh.shape[0], dh.shape[1], bm, bq)
+        cell_walk = _tile_walk(dm.shape[0], dm.shape[1], bm, bq)
+        seq = gates.shape[0]
+        for s in range(seq + 1):  # s = seq: the last step's product alone
+            t = s if reverse else seq - 1 - s
+            before = t - 1 if reverse else t + 1
+            if s > 0:  # rec = dgates @ W_hh, by splits
+                product_pass(product_walk, gates[before], w, part, sa, sb, chunk)
+                grid.sync()
+            output_pass(output_walk, dh, w, rec, sa, sb, False, True,
+                        (part, s > 0, s < seq, (dh, rec, dy, dproj, lengths, t)))
+            if s < seq:
+                grid.sync()
+                cells_pass(cell_walk, dproj[t], w_hr, dm, sa, sb, True, True,  # dproj @ W_hr
+                           (gates, cells, cells, init, dm, dm, gates, dc, lengths, t,
+                            reverse))
+                grid.sync()
+
+    return backward_projected_split_sequence
 
 
 # --- projection (LSTM with proj_size) -------------------------------------------------------
@@ -830,14 +1120,20 @@ def gradient_of_output_function(dtype: str):
 #: barrier where the cap binds: the projected forward's two products).
 PERSISTENT_BLOCKS_PER_SM = 2
 
+#: The same for the split loops, whose splits aim at about one block an SM
+#: (:data:`SPLIT_TARGET_BLOCKS`): registers for one block, so that the split walk and the
+#: cells' walk live in registers beside the product's (a cap of two spills them).
+SPLIT_BLOCKS_PER_SM = 1
+
 
 def launch_bounds(name: str, key: tuple):
     """``cuda.jit``'s ``launch_bounds`` for kernel ``name`` of ``key``: (threads a block,
-    :data:`PERSISTENT_BLOCKS_PER_SM`) for the persistent loops, else None."""
+    :data:`PERSISTENT_BLOCKS_PER_SM` or, split, :data:`SPLIT_BLOCKS_PER_SM`) for the
+    persistent loops, else None."""
     if not name.endswith("sequence"):
         return None
     tm, tq, _ = key[2]
-    return (tm * tq, PERSISTENT_BLOCKS_PER_SM)
+    return (tm * tq, SPLIT_BLOCKS_PER_SM if "split" in name else PERSISTENT_BLOCKS_PER_SM)
 
 
 @functools.lru_cache(maxsize=None)
@@ -855,6 +1151,10 @@ FUNCTIONS = {
     "forward_step": forward_step_function,
     "forward_sequence": forward_sequence_function,
     "backward_sequence": backward_sequence_function,
+    "forward_split_sequence": forward_split_sequence_function,
+    "backward_split_sequence": backward_split_sequence_function,
+    "forward_projected_split_sequence": forward_projected_split_sequence_function,
+    "backward_projected_split_sequence": backward_projected_split_sequence_function,
     "forward_projected_sequence": forward_projected_sequence_function,
     "backward_projected_sequence": backward_projected_sequence_function,
     "backward_step": backward_step_function,

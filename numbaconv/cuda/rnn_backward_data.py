@@ -66,11 +66,11 @@ def run(problem, operands, out, algorithm):
                 persistent_launch("backward_projected_sequence", mode, dt,
                                   (gates, cells, init, w_hh, w_hr, dh, rec, dy_d,
                                    layout.dproj(reserve, layer, d), dm, dc, lens, d == 1),
-                                  rows=n, units=hs, out_size=p)
+                                  rows=n, units=hs, out_size=p, reduce_len=w_hh.shape[0])
             elif algorithm == "persistent":
                 persistent_launch("backward_sequence", mode, dt,
                                   (gates, cells, states, init, w_hh, dh, rec, dy_d, dc, lens,
-                                   d == 1), rows=n, units=hs)
+                                   d == 1), rows=n, units=hs, reduce_len=w_hh.shape[0])
             else:
                 # planned once; each step moves it to its own step of the reserve
                 recurrent = Prepared(gates[0][:, :3 * hs] if gru else gates[0], w_hh, rec,

@@ -63,15 +63,29 @@ def cooperative_blocks(kernel, args, threads) -> int:
     return found
 
 
-def persistent_launch(name, mode, dtype, args, *, rows, units, out_size=0):
+def persistent_launch(name, mode, dtype, args, *, rows, units, out_size=0, reduce_len=0):
     """One cooperative launch of a persistent loop (``forward_sequence``,
     ``backward_sequence`` or their ``projected`` twins) on ``args``: a block for each of
     its tiles of ``rows x units`` cells (or of ``rows x out_size`` projected ones, if
-    more), at most as many as can be resident at once."""
+    more), at most as many as can be resident at once. ``reduce_len``: the reduction of
+    the product the loop may split (the recurrent product; with a projection, the
+    forward's projection or the data gradient's ``rec``): the loop runs as its ``split``
+    twin (with partial sums from the workspace) where
+    :func:`numbaconv.cuda._rnn_kernels.reduction_split` splits it."""
     tile = cuda_tile()
     tm, tq, _ = tile
+    splits = 1
+    if reduce_len:
+        splits, chunk = _rnn_kernels.reduction_split(name, mode, tile, rows, units,
+                                                     reduce_len, out_size)
+    if splits > 1:
+        name = name.replace("_sequence", "_split_sequence")
+        columns = out_size or (units * _rnn_kernels.GATES[mode] if name.startswith("forward")
+                               else units)
+        args = args + (scratch("persistent partial sums", (splits, rows, columns), dtype),
+                       chunk)
     kernel = _rnn_kernels.kernel(name, mode, dtype, tile)
-    wanted = _rnn_kernels.sequence_tiles(name, mode, tile, rows, units, out_size)
+    wanted = _rnn_kernels.sequence_tiles(name, mode, tile, rows, units, out_size, splits)
     grid = min(wanted, cooperative_blocks(kernel, args, tm * tq))
     if grid < 1:
         raise RuntimeError(f"{name}: no block of {tm * tq} threads fits on the device for a "
@@ -254,11 +268,11 @@ def run(problem, operands, out, algorithm):
                 persistent_launch("forward_projected_sequence", cfg.mode, dt,
                                   (gates, w_hh, w_hr, b_ih, b_hh, h, m, hg, hp, c, y_d,
                                    cells, lens, training, d == 1), rows=n, units=hs,
-                                  out_size=p)
+                                  out_size=p, reduce_len=hs)
             elif algorithm == "persistent":
                 persistent_launch("forward_sequence", cfg.mode, dt,
                                   (gates, w_hh, b_ih, b_hh, hh, hg, c, y_d, cells, lens,
-                                   training, d == 1), rows=n, units=hs)
+                                   training, d == 1), rows=n, units=hs, reduce_len=hs)
             else:
                 # planned once, run every step: the same arrays each time
                 recurrent = Prepared(h, w_hh, hg, dt, tb=True)
