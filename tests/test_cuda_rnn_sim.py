@@ -474,17 +474,21 @@ def split_everything(monkeypatch):
     yield names
 
 
-@pytest.mark.parametrize("mode, h, n, t_len, lengths, bidirectional, proj", [
-    ("lstm", 9, 3, 3, None, False, 0),
-    ("lstm", 9, 14, 4, None, False, 0),
-    ("gru", 9, 3, 3, np.array([3, 1, 2]), True, 0),
-    ("rnn_tanh", 9, 14, 3, None, False, 0),
-    ("rnn_relu", 9, 3, 4, np.array([2, 4, 4]), True, 0),
-    ("lstm", 9, 3, 3, np.array([1, 3, 2]), True, 3),
-    ("lstm", 18, 14, 4, None, False, 17),
-], ids=["lstm", "lstm-two-row-tiles-even-T", "gru-bidirectional-lengths",
-        "rnn_tanh-two-row-tiles", "rnn_relu-bidirectional-lengths",
-        "lstm-proj-bidirectional-lengths", "lstm-proj-two-row-and-column-tiles"])
+@pytest.mark.parametrize("product_path, mode, h, n, t_len, lengths, bidirectional, proj", [
+    ("numba", "lstm", 9, 3, 3, None, False, 0),
+    ("cublas", "lstm", 9, 3, 3, None, False, 0),
+    ("numba", "lstm", 9, 9, 4, None, False, 0),
+    ("numba", "gru", 9, 3, 3, np.array([3, 1, 2]), True, 0),
+    ("numba", "rnn_tanh", 9, 9, 3, None, False, 0),
+    ("numba", "rnn_relu", 9, 3, 4, np.array([2, 4, 4]), True, 0),
+    ("numba", "lstm", 9, 3, 3, np.array([1, 3, 2]), True, 3),
+    ("cublas", "lstm", 9, 3, 3, np.array([1, 3, 2]), True, 3),
+    ("numba", "lstm", 18, 9, 3, None, False, 17),
+], ids=["numba-lstm", "cublas-lstm", "numba-lstm-two-row-tiles-even-T",
+        "numba-gru-bidirectional-lengths", "numba-rnn_tanh-two-row-tiles",
+        "numba-rnn_relu-bidirectional-lengths", "numba-lstm-proj-bidirectional-lengths",
+        "cublas-lstm-proj-bidirectional-lengths", "numba-lstm-proj-two-row-and-column-tiles"],
+    indirect=["product_path"])
 def test_split_persistent_loops(product_path, persistent, split_everything, mode, h, n,
                                 t_len, lengths, bidirectional, proj):
     """The persistent loops with each step's recurrent product (with a projection: the
@@ -492,8 +496,10 @@ def test_split_persistent_loops(product_path, persistent, split_everything, mode
     sums, a grid barrier, the cells summing them in split order): against the reference
     through a whole training step. The simulator's 8 x 16 tiles and 4-deep steps: H = 9
     splits the forward's reduction (9) in 8 + 1 and the data gradient's (G*H) in 4s; one
-    block walks every (row tile, split, column tile), with carries; N = 14 gives two row
-    tiles, P = 17 two column tiles of the projection (its 18 deep in 8 + 8 + 2)."""
+    block walks every (row tile, split, column tile), with carries; N = 9 gives two row
+    tiles, P = 17 two column tiles of the projection (its 18 deep in 8 + 8 + 2). The
+    loops' own products are the same device code on both product paths, which differ in
+    the products around them: two cases take the cuBLAS path (the simulator's are slow)."""
     cfg = nc.RNNConfig(mode, I, h, bidirectional=bidirectional, proj_size=proj)
     compare(cfg, "float64", lengths, t_len=t_len, n=n)
     assert persistent["runs"] == 2
@@ -610,7 +616,10 @@ def test_launches_per_step(product_path, name, cfg, monkeypatch):
 @pytest.mark.parametrize("cfg", [nc.RNNConfig("gru", I, H, num_layers=2, bidirectional=True),
                                  nc.RNNConfig("lstm", I, H, proj_size=2)],
                          ids=["gru-2-layers-bidirectional", "lstm-proj"])
-@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+@pytest.mark.parametrize("product_path, split", [("numba", False), ("cublas", False),
+                                                  ("numba", True)],
+                         ids=["numba-unsplit", "cublas-unsplit", "numba-split"],
+                         indirect=["product_path"])
 def test_the_persistent_loops_launch_nothing_per_step(product_path, persistent, cfg, split,
                                                       monkeypatch, request):
     """With the persistent forward and data gradient a longer sequence adds no launch and
