@@ -121,6 +121,24 @@ def _assert_gram(out, a, b, start, dtype, where):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gram_prefetching_one_line_a_tile_ends(dtype):
+    """A chunk followed by one more row, with more tiles than lines to prefetch (a share
+    of one line a tile): the spacing of the fetches was widened forever there (the test
+    of gram_runs hung on AVX2 machines, whose tiles made that share for 513 rows)."""
+    mr, nv = mk.tile_shape(dtype)
+    nr = nv * mk.vector_lanes(dtype)
+    f, k = 8 * mr, 4 * nr
+    itemsize = np.dtype(dtype).itemsize
+    depth = min(512, max(64, mk.GRAM_CHUNK_BYTES // ((f + k) * itemsize)))
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((depth + 1, f)).astype(dtype)
+    b = rng.standard_normal((depth + 1, k)).astype(dtype)
+    out = np.empty((1, f, k), dtype)
+    assert mk.gram_runs(a, b, out, depth + 1) is out
+    _assert_gram(out[0], a, b, 0, dtype, (f, k))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_gram_tile_rows_cover_all_but_a_short_edge(dtype):
     """Tall and short tiles cover every row they can: all of a multiple of 4 from 16 on
     with AVX-512 (12- and 8-row tiles), fewer than MR rows left in any case."""

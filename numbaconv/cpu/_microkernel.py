@@ -693,7 +693,9 @@ def _gram_tiles(a, b, out, add, mr, nr, kc, fetch, tall, short):
         b_lines = -(-((ahead - 1) * ldb + b.shape[1]) // line) if ahead > 0 else 0
         share = -(-(a_lines + b_lines) // tiles)
         shift = 0               # the longest step between fetches that still covers a share
-        while share > 0 and ((depth - 1) >> (shift + 1)) + 1 >= share:
+        # (a share of one line is covered by any step: stop once a step spans the chunk)
+        while share > 0 and (depth - 1) >> shift > 0 and \
+                ((depth - 1) >> (shift + 1)) + 1 >= share:
             shift += 1
         t = 0
         for row in range(tall + short):
