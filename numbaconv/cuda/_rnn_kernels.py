@@ -606,12 +606,18 @@ def sequence_tiles(name: str, mode: str, tile: tuple, rows: int, units: int,
     forward = name.startswith("forward")
     bu = tile_units(tile, GATES[mode]) if forward else bq
     found = -(-rows // bm) * -(-units // bu)
-    if out_size:
-        found = max(found, splits * -(-rows // bm) * -(-out_size // bq))
-    elif "split" in name:   # the product's plain tiles, N x G*H (forward) or N x H, split
-        columns = units * GATES[mode] if forward else units
+    if out_size or "split" in name:   # the split (or projected) product's plain tiles
+        columns = split_columns(name, mode, units, out_size)
         found = max(found, splits * -(-rows // bm) * -(-columns // bq))
     return found
+
+
+def split_columns(name: str, mode: str, units: int, out_size: int = 0) -> int:
+    """Output columns of the product a persistent loop ``name`` may split (the width of
+    its partial sums): P with a projection, else G*H (forward) or H (data gradient)."""
+    if out_size:
+        return out_size
+    return units * GATES[mode] if name.startswith("forward") else units
 
 
 def forward_sequence_function(mode: str, dtype: str, tile: tuple):

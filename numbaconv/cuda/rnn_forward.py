@@ -80,8 +80,7 @@ def persistent_launch(name, mode, dtype, args, *, rows, units, out_size=0, reduc
                                                      reduce_len, out_size)
     if splits > 1:
         name = name.replace("_sequence", "_split_sequence")
-        columns = out_size or (units * _rnn_kernels.GATES[mode] if name.startswith("forward")
-                               else units)
+        columns = _rnn_kernels.split_columns(name, mode, units, out_size)
         args = args + (scratch("persistent partial sums", (splits, rows, columns), dtype),
                        chunk)
     kernel = _rnn_kernels.kernel(name, mode, dtype, tile)
