@@ -1,13 +1,14 @@
 """Checks that run in a fresh interpreter beside the rest of the suite.
 
 A few tests spend minutes in a subprocess of their own, compiling every kernel afresh
-(NUMBA_BOUNDSCHECK, another vector width) or simulating the CUDA kernels in pure Python, on
-one core, while the rest of the suite also runs on one core most of the time: CI has two.
-So such a test declares its subprocess at import as a :class:`Command` and carries its
-``mark``; when the session has collected its tests, conftest.py starts the collected tests'
-commands one after another on a thread of their own (:func:`start`) and moves those tests to
-the end of the session, where each waits for its command's result (or runs the command then,
-if its turn has not come: at most two at once).
+(NUMBA_BOUNDSCHECK, another vector width), simulating the CUDA kernels in pure Python or
+compiling them for real GPUs, on one core, while the rest of the suite also runs on one core
+most of the time: CI has two. So such a test declares its subprocess at import as a
+:class:`Command` and carries its ``mark``; when the session has collected its tests,
+conftest.py starts the collected tests' commands one after another on a thread of their own
+(:func:`start`) and moves those tests to the end of the session, where each waits for its
+command's result (or runs the command then, if its turn has not come: at most two at once).
+The wall time of each is in the session's summary.
 
 The rest of the suite then runs beside one busy process: conftest.py sets
 ``NUMBACONV_ADAPT_THREADS=0`` so that its calls keep their threads (tests of the busy-machine
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -40,6 +42,7 @@ class Done:
     stdout: str
     stderr: str
     timeout: float
+    seconds: float = 0.0
 
     def check(self, marker: str = "ok") -> None:
         """Assert that the command ended by itself, with status 0, having printed
@@ -57,14 +60,18 @@ class Command:
     ``argv`` after the interpreter; ``env`` updates the session's environment (read when
     the command starts); ``timeout`` in seconds; ``first``: started before the others (the
     longest runs, so that none is left alone at the end of the session); ``enabled`` False:
-    never started in the background (its tests skip)."""
+    never started in the background (its tests skip); ``replaces``: test files that the
+    command runs (a pytest run of them), left out of a session that collects the tests
+    waiting for it (run on their own, they run in the session)."""
 
     def __init__(self, name: str, argv: list, env: Optional[dict] = None,
-                 timeout: float = 900, first: bool = False, enabled: bool = True):
+                 timeout: float = 900, first: bool = False, enabled: bool = True,
+                 replaces: tuple = ()):
         if name in COMMANDS:
             raise ValueError(f"a background command named {name!r} exists already")
         self.name, self.argv, self.env = name, list(argv), dict(env or {})
         self.timeout, self.first, self.enabled = timeout, first, enabled
+        self.replaces = tuple(os.path.abspath(path) for path in replaces)
         self.mark = pytest.mark.background(name)
         self._lock = threading.Lock()
         self._claimed = False
@@ -82,6 +89,7 @@ class Command:
 
     def _run(self) -> None:
         env = dict(os.environ, **self.env)
+        started = time.monotonic()
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             try:
                 self._process = subprocess.Popen([sys.executable, *self.argv], env=env,
@@ -94,7 +102,8 @@ class Command:
                     returncode = None
                 out.seek(0)
                 err.seek(0)
-                self._result = Done(returncode, out.read(), err.read(), self.timeout)
+                self._result = Done(returncode, out.read(), err.read(), self.timeout,
+                                    time.monotonic() - started)
             finally:
                 self._done.set()
 
@@ -145,6 +154,17 @@ def start(names: list) -> None:
                 command._run()
 
     threading.Thread(target=work, name="background checks", daemon=True).start()
+
+
+def report() -> list:
+    """A line for each command that has finished: its wall time and how it ended."""
+    lines = []
+    for command in COMMANDS.values():
+        done = command._result
+        if done is not None:
+            ended = "timed out" if done.returncode is None else f"exit {done.returncode}"
+            lines.append(f"{done.seconds:7.1f} s  {command.name} ({ended})")
+    return lines
 
 
 def stop() -> None:

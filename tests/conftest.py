@@ -60,9 +60,16 @@ def _background_names(item) -> list:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     """The tests that wait for a background command go last, so that the commands run
-    beside the rest of the suite (see tests/background.py)."""
+    beside the rest of the suite (see tests/background.py); the test files that a collected
+    command runs itself are left out."""
     waiting = {item for item in items if _background_names(item)}
-    items[:] = [item for item in items if item not in waiting] + \
+    replaced = {path for item in waiting for name in _background_names(item)
+                for path in background.COMMANDS[name].replaces
+                if background.COMMANDS[name].enabled}
+    left_out = [item for item in items if str(item.path) in replaced]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+    items[:] = [item for item in items if item not in waiting and item not in left_out] + \
         [item for item in items if item in waiting]
 
 
@@ -73,6 +80,14 @@ def pytest_collection_finish(session):
                                for name in _background_names(item)))
     if names:
         background.start(names)
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = background.report()
+    if lines:
+        terminalreporter.section("background commands (wall time)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session, exitstatus):
