@@ -43,12 +43,6 @@ def local_cluster():
         yield cluster
 
 
-# Numba's CUDA simulator runs a block's threads as Python threads that hand the GIL to each
-# other at every barrier: a 0.5 ms switch interval (Python's is 5 ms) makes those hand-overs
-# sooner, the simulator runs about twice as fast; a thread computing alone switches more often.
-if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-    sys.setswitchinterval(5e-4)
-
 # The suite runs beside background.py's subprocesses, which keep a core busy: its calls keep
 # their threads rather than adapt to the load (tests of the adaptation set this themselves).
 os.environ["NUMBACONV_ADAPT_THREADS"] = "0"
