@@ -271,7 +271,7 @@ def test_reductions_are_deterministic():
 #: (two m16n8 products a warp a step, as the 128x128 tile's step runs), two warps along
 #: the rows (two products a warp along the columns), 16 deep (channels-last gathers at 4
 #: places a step), and one warp of two products along the rows, 8 deep (one product a
-#: step). The simulator takes 20-30 s a tile on a Zen 3: no more tiles than arrangements.
+#: step). Each tile costs tens of seconds of simulation: no more tiles than arrangements.
 TF32_TILES = (("channels_first", "16,16,16,2,2"), ("channels_last", "32,16,16,2,4"),
               ("channels_last", "32,16,8,4,2"))
 #: A case with a reduction of more than one step (12 channels: a partial second step), a
