@@ -43,6 +43,12 @@ def local_cluster():
         yield cluster
 
 
+# Under Numba's CUDA simulator (tests/test_cuda.py runs the simulator files so): shared
+# arrays made safe to create from the block's threads, a shorter GIL switch interval.
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+    import simulator
+    simulator.prepare()
+
 # The suite runs beside background.py's subprocesses, which keep a core busy: its calls keep
 # their threads rather than adapt to the load (tests of the adaptation set this themselves).
 os.environ["NUMBACONV_ADAPT_THREADS"] = "0"
