@@ -15,6 +15,46 @@ import types
 FMA = ("FFMA", "DFMA")
 
 
+#: The Numba code library of each kernel compiled so far in this process (see :func:`ptx`).
+_LIBRARIES: dict = {}
+
+
+def ptx(function, signature, cc, launch_bounds=None) -> str:
+    """``numba.cuda.compile_ptx(function, signature, cc=cc, launch_bounds=...)[0]``, with
+    Numba's part of the work (typing and lowering: most of a compile, NVVM the rest) done
+    once per kernel in a process: its code library makes the PTX of each compute
+    capability asked for (NVVM for each), the kernel known by its source (a template's
+    expansion, or the function's code and closure). The lowered IR depends on the compute
+    capability only below 7.5 (``tanh.approx`` under fastmath) and 6.0 (atomics), below
+    every target here: tests/test_cuda_compile.py checks that the PTX is compile_ptx's."""
+    key = (_identity(function), str(signature), launch_bounds)
+    library = _LIBRARIES.get(key)
+    if library is None:
+        library = _LIBRARIES[key] = _library(function, signature, cc, launch_bounds)
+    return library.get_asm_str(cc=cc)
+
+
+def _identity(function):
+    source = getattr(function, "__numbaconv_source__", None)
+    if source is not None:
+        return source
+    cells = tuple(repr(cell.cell_contents) for cell in function.__closure__ or ())
+    return function.__module__, function.__qualname__, function.__code__, cells
+
+
+def _library(function, signature, cc, launch_bounds):
+    """What ``compile_ptx`` compiles before it asks for PTX (numba-cuda 0.30's own helper),
+    or, where a numba-cuda has no such helper, a stand-in that compiles anew each time."""
+    from numba import cuda
+    from numba.cuda import compiler
+    compile_library = getattr(compiler, "_compile_pyfunc_with_fixup", None)
+    if compile_library is None:
+        return types.SimpleNamespace(get_asm_str=lambda cc: cuda.compile_ptx(
+            function, signature, cc=cc, launch_bounds=launch_bounds)[0])
+    return compile_library(function, signature, device=False, abi="numba", cc=cc,
+                           launch_bounds=launch_bounds)[0]
+
+
 def _tool(module: str, name: str):
     try:
         package = __import__(module, fromlist=["__path__"])

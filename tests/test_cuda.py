@@ -2,7 +2,7 @@
 kernels under Numba's simulator in a subprocess (tests/test_cuda_sim.py), since the simulator
 must be switched on before Numba is first imported. Compilation for real GPUs is in
 tests/test_cuda_compile.py and tests/test_cuda_machine_code.py, which a whole session runs
-in subprocesses beside the rest too (see COMPILE_RUNS).
+in a subprocess beside the rest too (see COMPILER).
 """
 
 import importlib.util
@@ -79,16 +79,23 @@ SIMULATOR_RUNS = {
                                          NUMBACONV_CUDA_THREADS="32")),
 }
 
-#: The tests that compile for real GPUs, each file a pytest run in a subprocess beside the
-#: rest of the suite in the same way: minutes of single-threaded NVVM and ptxas work that the
-#: other core takes. Run on their own (``pytest tests/test_cuda_compile.py``), the files run
-#: in the session as any other.
-COMPILE_RUNS = {"compile": "test_cuda_compile.py", "machine code": "test_cuda_machine_code.py"}
-
 #: A hang guard, not a budget: twice what the longest of these runs has taken on the slowest
 #: CI machine seen, beside the suite (docs/cuda.md, "How it is tested").
 TIMEOUT_S = 1800
 HAS_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
+
+#: The tests that compile for real GPUs: minutes of single-threaded NVVM and ptxas work that
+#: the other core takes, one pytest run of both files in a subprocess beside the rest of the
+#: suite, so that the kernels both files compile are lowered once (machine_code.ptx). Run on
+#: their own (``pytest tests/test_cuda_compile.py``), the files run in the session as any
+#: other. Declared first: the longest of these runs starts first.
+COMPILE_FILES = ("test_cuda_compile.py", "test_cuda_machine_code.py")
+COMPILER = background.Command(
+    "the cuda compile and machine-code tests",
+    ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+     *(os.path.join(HERE, name) for name in COMPILE_FILES)],
+    first=True, timeout=TIMEOUT_S, enabled=HAS_NUMBA_CUDA,
+    replaces=tuple(os.path.join(HERE, name) for name in COMPILE_FILES))
 
 SIMULATORS = {
     name: background.Command(
@@ -98,25 +105,24 @@ SIMULATORS = {
         enabled=HAS_NUMBA_CUDA)
     for name, (test_file, settings) in SIMULATOR_RUNS.items()}
 
-COMPILERS = {
-    name: background.Command(
-        f"the cuda {name} tests", ["-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                   os.path.join(HERE, test_file)],
-        first=True, timeout=TIMEOUT_S, enabled=HAS_NUMBA_CUDA,
-        replaces=(os.path.join(HERE, test_file),))
-    for name, test_file in COMPILE_RUNS.items()}
 
-
-def _passed(command, may_skip=False):
-    """Assert that a pytest run in the background passed; ``may_skip``: a run whose file
-    skipped as a whole (a tool missing) skips the waiting test."""
+def _passed(command, test_file=None):
+    """Assert that a pytest run in the background passed, with nothing skipped. A run of
+    several files: ``test_file``'s part of it, which skips the waiting test where that file
+    skipped (a tool missing; the run lists its skips, ``-rs``)."""
     done = command.result()
     assert done.returncode is not None, f"{command.name} took more than {done.timeout:.0f} s"
-    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-    if may_skip and done.returncode == 0 and " passed" not in last and "skipped" in last:
-        pytest.skip(f"{command.name}: {last.strip('= ')}")
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " passed" in last and "skipped" not in last, done.stdout[-3000:]
+    lines = done.stdout.strip().splitlines()
+    last = lines[-1] if lines else ""
+    if test_file is not None:
+        skips = [line for line in lines
+                 if line.startswith("SKIPPED") and f"{test_file}:" in line]
+        if skips:
+            pytest.skip(f"{command.name}: " + "; ".join(skips))
+    assert " passed" in last, done.stdout[-3000:]
+    if test_file is None:
+        assert "skipped" not in last, done.stdout[-3000:]
 
 
 @needs_numba_cuda
@@ -134,19 +140,44 @@ def test_rnn_kernels_under_the_simulator():
 
 
 @needs_numba_cuda
-@COMPILERS["compile"].mark
+@COMPILER.mark
 def test_kernels_compile_for_real_gpus():
     """Every kernel compiles for sm_80 and sm_90 (tests/test_cuda_compile.py), see
-    COMPILE_RUNS."""
-    _passed(COMPILERS["compile"], may_skip=True)
+    COMPILER."""
+    _passed(COMPILER, COMPILE_FILES[0])
 
 
 @needs_numba_cuda
-@COMPILERS["machine code"].mark
+@COMPILER.mark
 def test_machine_code():
     """The GEMMs' and recurrent loops' sm_90 machine code (tests/test_cuda_machine_code.py),
-    see COMPILE_RUNS."""
-    _passed(COMPILERS["machine code"], may_skip=True)
+    see COMPILER."""
+    _passed(COMPILER, COMPILE_FILES[1])
+
+
+def test_a_run_of_two_files_is_read_file_by_file():
+    """_passed on a background pytest run: a file skipped as a whole (a tool missing) skips
+    its own waiting test only; a failure fails both; a one-file run may skip nothing."""
+    class Run:
+        name = "the run"
+
+        def __init__(self, stdout, returncode=0):
+            self.done = background.Done(returncode, stdout, "", 10.0)
+
+        def result(self):
+            return self.done
+
+    out = ("....s\n=== short test summary info ===\nSKIPPED [1] tests/test_cuda_machine_code.py"
+           ":28: ptxas (numba-cuda[cu12]) or nvdisasm (nvidia-cuda-nvdisasm) is missing\n"
+           "4 passed, 1 skipped in 3.00s\n")
+    _passed(Run(out), COMPILE_FILES[0])
+    with pytest.raises(pytest.skip.Exception, match="nvdisasm"):
+        _passed(Run(out), COMPILE_FILES[1])
+    for name in COMPILE_FILES:
+        with pytest.raises(AssertionError):
+            _passed(Run("..F\n1 failed, 2 passed in 1.00s\n", returncode=1), name)
+    with pytest.raises(AssertionError):
+        _passed(Run(out))
 
 
 @needs_numba_cuda

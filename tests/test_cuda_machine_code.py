@@ -43,8 +43,6 @@ def _compiled(dtype, layout, tmp):
     of one dtype/layout."""
     import pathlib
 
-    from numba import cuda
-
     from numbaconv.cuda import _implicit_gemm as ig
     found = {}
     folder = pathlib.Path(tmp)
@@ -53,8 +51,7 @@ def _compiled(dtype, layout, tmp):
             continue    # the weight gradient has one kernel for both layouts
         if dtype != "float32" and "_data_" in label:
             continue    # the data kernel is the forward's template: float32 covers it
-        ptx, _ = cuda.compile_ptx(function, signature, cc=CC,
-                                  launch_bounds=(tile.threads, 2))
+        ptx = machine_code.ptx(function, signature, CC, (tile.threads, 2))
         report = machine_code.assemble(ptx, CC, folder, label)
         trips = tile.bk // function.__numbaconv_unroll__
         found[label] = (report, machine_code.disassemble(report["cubin"]), tile, trips)
@@ -117,8 +114,6 @@ def test_the_loop_reader_counts_what_it_should():
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_depthwise_kernels_compile_without_spills(dtype, tmp_path):
-    from numba import cuda
-
     from numbaconv.cuda import _depthwise as dw
     keys = [("dw_conv", (dtype, cl, mode, stride1, False, bias, False, grouped))
             for cl in (False, True) for mode, bias in (("forward", True), ("data", False))
@@ -126,8 +121,7 @@ def test_depthwise_kernels_compile_without_spills(dtype, tmp_path):
     keys += [("dw_weight", (dtype, cl, (1, 3, 3), False)) for cl in (False, True)]
     lines = []
     for name, key in keys:
-        ptx, _ = cuda.compile_ptx(dw._FUNCTIONS[name](*key), dw._launch_types(name, key),
-                                  cc=CC)
+        ptx = machine_code.ptx(dw._FUNCTIONS[name](*key), dw._launch_types(name, key), CC)
         grouped = name == "dw_conv" and key[-1]
         label = f"{name}_{'_'.join(map(str, key[1:4]))}{'_grouped' if grouped else ''}"
         report = machine_code.assemble(ptx, CC, tmp_path, "kernel")
@@ -155,8 +149,6 @@ def test_depthwise_loops_are_lean(layout, tmp_path):
     """The depthwise (and grouped ``direct``) forward and data kernels' tap loop, and the
     depthwise weight gradient's row loop: 32-bit index arithmetic, no division in the
     weight gradient's loop (its lanes walk their rows), within the bounds above."""
-    from numba import cuda
-
     from numbaconv.cuda import _depthwise as dw
     cl = layout == "channels_last"
     lines = []
@@ -165,8 +157,8 @@ def test_depthwise_loops_are_lean(layout, tmp_path):
         if mode == "data" and not stride1:
             continue            # its tap loop tests the stride's divisibility
         key = ("float32", cl, mode, stride1, False, mode == "forward", False, grouped)
-        ptx, _ = cuda.compile_ptx(dw.dw_conv_function(*key), dw._launch_types("dw_conv", key),
-                                  cc=CC)
+        ptx = machine_code.ptx(dw.dw_conv_function(*key), dw._launch_types("dw_conv", key),
+                               CC)
         report = machine_code.assemble(ptx, CC, tmp_path, "dw_conv")
         loop = machine_code.innermost(machine_code.disassemble(report["cubin"]), "FFMA")
         count, ffma = len(loop), _count(loop, "FFMA")
@@ -175,8 +167,8 @@ def test_depthwise_loops_are_lean(layout, tmp_path):
         assert count / ffma <= DW_CONV_INSTRUCTIONS_PER_FFMA, lines[-1]
     for taps, most in DW_WEIGHT_INSTRUCTIONS_PER_LOAD.items():
         key = ("float32", cl, taps, False)
-        ptx, _ = cuda.compile_ptx(dw.dw_weight_function(*key),
-                                  dw._launch_types("dw_weight", key), cc=CC)
+        ptx = machine_code.ptx(dw.dw_weight_function(*key),
+                               dw._launch_types("dw_weight", key), CC)
         report = machine_code.assemble(ptx, CC, tmp_path, "dw_weight")
         sass = machine_code.disassemble(report["cubin"])
         loop = machine_code.innermost(sass, "LDG")
@@ -191,16 +183,13 @@ def test_depthwise_loops_are_lean(layout, tmp_path):
 def test_64_bit_and_other_ranks_compile(tmp_path):
     """The variants a contiguous 2D float32 call does not compile: 1D and 3D, and 64-bit
     indices (operands past 2**31 elements; they may spill, docs/cuda.md says how much)."""
-    from numba import cuda
-
     from numbaconv.cuda import _implicit_gemm as ig
     for layout, nd, wide in ((False, 1, False), (True, 3, False), (False, 2, True)):
         for label, function, signature, tile in ig.signatures("float32", layout, nd, None,
                                                               wide):
             if "_data_" in label:
                 continue
-            ptx, _ = cuda.compile_ptx(function, signature, cc=CC,
-                                      launch_bounds=(tile.threads, 2))
+            ptx = machine_code.ptx(function, signature, CC, (tile.threads, 2))
             report = machine_code.assemble(ptx, CC, tmp_path, "kernel")
             assert report["registers"] <= REGISTERS_PER_SM // (2 * tile.threads), label
             if label.startswith("weight_gemm") and not wide:
@@ -224,15 +213,13 @@ def test_tf32_step_runs_on_tensor_cores(layout, tmp_path):
     issues HMMA.1688.F32.TF32, as many as the warp's products, within
     :data:`MAX_INSTRUCTIONS_PER_HMMA` instructions each; no division routine, no local
     memory, two blocks per SM."""
-    from numba import cuda
-
     from numbaconv.cuda import _implicit_gemm as ig
     lines = []
     for label, function, signature, tile in ig.signatures("float32", layout == "channels_last",
                                                           tc=True):
         if layout == "channels_last" and label.startswith("weight_gemm"):
             continue
-        ptx, _ = cuda.compile_ptx(function, signature, cc=CC, launch_bounds=(tile.threads, 2))
+        ptx = machine_code.ptx(function, signature, CC, (tile.threads, 2))
         report = machine_code.assemble(ptx, CC, tmp_path, label)
         sass = machine_code.disassemble(report["cubin"])
         loop = machine_code.main_loop(sass, tile.bk // function.__numbaconv_unroll__,
@@ -262,14 +249,12 @@ def test_bias_loop_divides_nothing(layout, tmp_path):
     """``bias_sums`` (32-bit, float32, 256 threads), for each number of carrying digits:
     no call to a division routine, no spill, and its row loop within
     :data:`BIAS_INSTRUCTIONS_PER_ROW` instructions per load."""
-    from numba import cuda
-
     from numbaconv.cuda import _bias
     lines = []
     for dims, most in BIAS_INSTRUCTIONS_PER_ROW.items():
         function = _bias.bias_sums_function("float32", layout == "channels_last", dims,
                                             False, 256)
-        ptx, _ = cuda.compile_ptx(function, _bias.launch_types("float32"), cc=CC)
+        ptx = machine_code.ptx(function, _bias.launch_types("float32"), CC)
         report = machine_code.assemble(ptx, CC, tmp_path, f"bias{dims}")
         sass = machine_code.disassemble(report["cubin"])
         assert "CALL" not in sass, dims
@@ -298,7 +283,7 @@ def test_rnn_product_step_is_register_tiled(tmp_path):
     use): its reduction step at least :data:`MIN_RNN_PRODUCT_FFMA_SHARE` FFMA, as many FFMA
     a thread as its micro tile times the step, no division routine, no spill, and registers
     for at least four blocks an SM."""
-    from numba import cuda, types
+    from numba import types
 
     from numbaconv.config import CUDA_TILE
     from numbaconv.cuda import _rnn_kernels
@@ -308,8 +293,8 @@ def test_rnn_product_step_is_register_tiled(tmp_path):
     lines = []
     for ta, tb in ((False, True), (False, False), (True, False)):
         label = f"rnn_gemm_{'T' if ta else 'N'}{'T' if tb else 'N'}"
-        ptx, _ = cuda.compile_ptx(_rnn_kernels.gemm_function(ta, tb, "float32", CUDA_TILE),
-                                  (a2, a2, a2, types.boolean), cc=CC)
+        ptx = machine_code.ptx(_rnn_kernels.gemm_function(ta, tb, "float32", CUDA_TILE),
+                               (a2, a2, a2, types.boolean), CC)
         report = machine_code.assemble(ptx, CC, tmp_path, label)
         sass = machine_code.disassemble(report["cubin"])
         step = machine_code.main_loop(sass, 1)
@@ -333,7 +318,7 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
     a step (one more with a projection, one more with a split product) and no division
     routine called in the step loop (the tiles are walked by adding), and a product step
     like ``gemm``'s."""
-    from numba import cuda, types
+    from numba import types
 
     from numbaconv.config import CUDA_TILE
     from numbaconv.cuda import _rnn_kernels
@@ -361,7 +346,7 @@ def test_persistent_loops_compile_and_step_as_the_product(tmp_path):
         function = _rnn_kernels.FUNCTIONS[name](mode, "float32", CUDA_TILE)
         bounds = _rnn_kernels.launch_bounds(name, (mode, "float32", CUDA_TILE))
         with machine_code.device_query(CC):
-            ptx, _ = cuda.compile_ptx(function, signature, cc=CC, launch_bounds=bounds)
+            ptx = machine_code.ptx(function, signature, CC, bounds)
         label = f"{name}_{mode}"
         report = machine_code.assemble(ptx, CC, tmp_path, label, relocatable=True)
         sass = machine_code.disassemble(report["cubin"])
