@@ -91,12 +91,11 @@ HAS_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 #: their own (``pytest tests/test_cuda_compile.py``), the files run in the session as any
 #: other. Declared first: the longest of these runs starts first.
 COMPILE_FILES = ("test_cuda_compile.py", "test_cuda_machine_code.py")
+_COMPILE_PATHS = tuple(os.path.join(HERE, name) for name in COMPILE_FILES)
 COMPILER = background.Command(
     "the cuda compile and machine-code tests",
-    ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-     *(os.path.join(HERE, name) for name in COMPILE_FILES)],
-    first=True, timeout=TIMEOUT_S, enabled=HAS_NUMBA_CUDA,
-    replaces=tuple(os.path.join(HERE, name) for name in COMPILE_FILES))
+    ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *_COMPILE_PATHS],
+    first=True, timeout=TIMEOUT_S, enabled=HAS_NUMBA_CUDA, replaces=_COMPILE_PATHS)
 
 SIMULATORS = {
     name: background.Command(
